@@ -1,0 +1,46 @@
+# Sluice: `make run` serves on the embedded default policy; `make test` runs every check.
+# Both do their own set-up: a virtualenv in .venv, generated protobuf code, and (as root, when
+# missing) the Debian packages the tests need.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+POLICY ?= policies/default.yaml
+PYTEST_ARGS ?=
+
+.PHONY: run test setup system-deps lint typecheck unit bench clean proto
+
+run: setup
+	$(BIN)/sluice serve --policy $(POLICY)
+
+test: setup system-deps
+	$(BIN)/ruff format --check gateway tests
+	$(BIN)/ruff check gateway tests
+	$(BIN)/mypy
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+setup: $(VENV)/.stamp-deps proto
+
+proto: gateway/proto/inference_pb2.py
+
+gateway/proto/inference_pb2.py: gateway/proto/inference.proto $(VENV)/.stamp-deps
+	$(BIN)/python -c "from gateway.proto import generate; generate()"
+
+$(VENV)/.stamp-deps: pyproject.toml
+	@if ! $(PYTHON) -c "import ensurepip, venv" 2>/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv; \
+		else echo "python3-venv is missing: run as root or install it" >&2; exit 1; fi; fi
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# Debian packages used by the tests (redis-server, bcc, kernel headers, iproute2, wrk, h2load).
+system-deps:
+	bash deploy/host-setup.sh
+
+bench: setup system-deps
+	$(BIN)/sluice bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache gateway/proto/*_pb2*.py

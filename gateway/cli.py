@@ -1,0 +1,39 @@
+"""The `sluice` command. Each subcommand lives in its own module, which defines
+`configure(parser)` and `run(args) -> int`; modules keep heavy imports (bcc, grpc) inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("gateway.server", "run the gateway"),
+    "policy": ("gateway.policy.commands", "check, print the schema of, or diff policy files"),
+    "mock-backend": ("gateway.mockbackend.commands", "run the simulated inference backend"),
+    "bench": ("gateway.bench", "measure Sluice against the backend direct"),
+    "ebpf": ("gateway.datapath.commands", "attach, inspect or detach the eBPF TC classifier"),
+    "host": ("gateway.hosttune", "plan, apply or roll back host TCP tuning"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = importlib.import_module(args._module).run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

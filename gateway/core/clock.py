@@ -1,0 +1,28 @@
+"""Time as an injected dependency, so decisions are deterministic under test."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class MonotonicClock:
+    """The production clock: seconds from `time.monotonic()`."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+@dataclass
+class ManualClock:
+    """A clock tests move by hand: `clock.t += 0.5`."""
+
+    t: float = 0.0
+
+    def now(self) -> float:
+        return self.t

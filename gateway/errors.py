@@ -1,0 +1,63 @@
+"""The one exception tree of Sluice. Adapters catch `GatewayError`; nothing else escapes a request.
+
+GatewayError
+  + PolicyError          bad YAML/schema: fatal at boot; on reload the old policy keeps serving
+  + UpstreamError        a backend failed us (the adapter maps it to 502/504 or UNAVAILABLE)
+  |   + UpstreamConnectError   could not connect (or the pool is exhausted)
+  |   + UpstreamTimeout        connect / first-byte / idle / total deadline expired
+  |   + UpstreamProtocolError  the backend spoke broken HTTP
+  + NoRouteError         no route matches the request (404 / UNIMPLEMENTED)
+  + StoreUnavailable     Redis down/timeout: each rule says fail_open or fail_closed
+  + DatapathError        BPF compile/attach failure: fatal only if the datapath is required
+  + HostTuneError        a host setting could not be read, applied or rolled back
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+
+class PolicyError(GatewayError):
+    """A policy document is invalid. `errors` holds one `PATH:LINE:COL: message` per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+class UpstreamError(GatewayError):
+    """A backend could not serve the request."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """Connecting to the backend failed, or no connection could be had in time."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """A connect, first-byte, idle or total deadline expired while talking to the backend."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+        super().__init__(f"upstream {phase} timeout")
+
+
+class UpstreamProtocolError(UpstreamError):
+    """The backend answered with something that is not valid HTTP/1.1."""
+
+
+class NoRouteError(GatewayError):
+    """No route of the current policy matches the request."""
+
+
+class StoreUnavailable(GatewayError):
+    """The shared store (Redis) did not answer within its deadline."""
+
+
+class DatapathError(GatewayError):
+    """The eBPF datapath could not be compiled, loaded, attached or read."""
+
+
+class HostTuneError(GatewayError):
+    """A host network setting could not be read, applied or rolled back."""

@@ -1,0 +1,1 @@
+"""The filter chain: one protocol for every filter, one chain for both adapters."""

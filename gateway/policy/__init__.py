@@ -1,0 +1,1 @@
+"""The policy document: model (pydantic), loader (YAML with positions), compiled form, holder."""

@@ -1,0 +1,133 @@
+"""The compiled policy: frozen lookup structures built once at load, used on every request.
+
+Pure (no I/O). Route matching is a linear scan over pre-lowered matchers in policy order; the
+first match wins. Each route owns a weighted round-robin over the endpoints of its backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from gateway.core.balancer import SmoothWeightedRoundRobin
+from gateway.core.request import Protocol, RequestInfo
+from gateway.policy.model import Backend, Policy, Route, Timeouts
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    backend: str
+    protocol: str  # "http" | "grpc"
+    host: str
+    port: int
+    weight: int
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(slots=True)
+class CompiledRoute:
+    name: str
+    protocol: Protocol | None  # None = any listener
+    path_prefix: str
+    methods: frozenset[str]
+    headers: tuple[tuple[str, str | None], ...]
+    endpoints: tuple[Endpoint, ...]
+    timeouts: Timeouts
+    strip_prefix: str
+    backend_protocol: str
+    _rr: SmoothWeightedRoundRobin = field(repr=False)
+
+    def matches(self, info: RequestInfo) -> bool:
+        if self.protocol is not None and info.protocol is not self.protocol:
+            return False
+        if not info.path.startswith(self.path_prefix):
+            return False
+        if self.methods and info.method not in self.methods:
+            return False
+        for name, value in self.headers:
+            got = info.headers.get(name)
+            if got is None or (value is not None and got != value):
+                return False
+        return True
+
+    def pick(self) -> Endpoint | None:
+        i = self._rr.pick()
+        return None if i is None else self.endpoints[i]
+
+    def upstream_path(self, path: str) -> str:
+        if self.strip_prefix and path.startswith(self.strip_prefix):
+            path = path[len(self.strip_prefix) :] or "/"
+            if not path.startswith("/"):
+                path = "/" + path
+        return path
+
+
+@dataclass(slots=True)
+class CompiledPolicy:
+    policy: Policy
+    version: str  # sha256 of the canonical JSON form, first 12 hex digits
+    routes: tuple[CompiledRoute, ...]
+    backends: dict[str, Backend]
+    unary_methods: frozenset[str]
+
+    def match(self, info: RequestInfo) -> CompiledRoute | None:
+        for r in self.routes:
+            if r.matches(info):
+                return r
+        return None
+
+
+def _endpoints(b: Backend, share: float) -> list[tuple[Endpoint, float]]:
+    total = sum(e.weight for e in b.endpoints) or 1
+    out = []
+    for e in b.endpoints:
+        host, port = split_host_port(e.address)
+        out.append((Endpoint(b.name, b.protocol, host, port, e.weight), share * e.weight / total))
+    return out
+
+
+def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> CompiledRoute:
+    targets = [(r.backend, 1)] if r.backend else [(w.backend, w.weight) for w in r.backends]
+    weighted: list[tuple[Endpoint, float]] = []
+    for name, w in targets:
+        weighted += _endpoints(backends[name], float(w))
+    protocols = {backends[name].protocol for name, _ in targets}
+    return CompiledRoute(
+        name=r.name,
+        protocol=None if r.match.protocol == "any" else Protocol(r.match.protocol),
+        path_prefix=r.match.path_prefix,
+        methods=frozenset(m.upper() for m in r.match.methods),
+        headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
+        endpoints=tuple(e for e, _ in weighted),
+        timeouts=r.timeouts or p.timeouts,
+        strip_prefix=r.strip_prefix,
+        backend_protocol=protocols.pop() if len(protocols) == 1 else "mixed",
+        _rr=SmoothWeightedRoundRobin([w for _, w in weighted]),
+    )
+
+
+def policy_version(p: Policy) -> str:
+    canon = json.dumps(p.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+def compile_policy(p: Policy) -> CompiledPolicy:
+    backends = {b.name: b for b in p.backends}
+    unary = frozenset(m for b in p.backends for m in b.unary_methods)
+    return CompiledPolicy(
+        policy=p,
+        version=policy_version(p),
+        routes=tuple(_compile_route(r, p, backends) for r in p.routes),
+        backends=backends,
+        unary_methods=unary,
+    )

@@ -1,0 +1,27 @@
+"""Process settings from the environment (SLUICE_*), read once at boot. Policy lives elsewhere."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    policy_path: Path = DEFAULT_POLICY
+    log_level: str = "INFO"
+    workers: int = 1
+    watch_interval_s: float = 1.0  # how often the policy file is looked at for changes
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = os.environ if env is None else env
+        return cls(
+            policy_path=Path(e.get("SLUICE_POLICY", str(DEFAULT_POLICY))),
+            log_level=e.get("SLUICE_LOG_LEVEL", "INFO").upper(),
+            workers=int(e.get("SLUICE_WORKERS", "1")),
+            watch_interval_s=float(e.get("SLUICE_WATCH_INTERVAL", "1.0")),
+        )

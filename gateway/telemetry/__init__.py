@@ -1,0 +1,1 @@
+"""Telemetry: metrics (every metric defined once) and tracing."""

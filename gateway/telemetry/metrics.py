@@ -1,0 +1,107 @@
+"""Every Prometheus metric of Sluice, defined once, in one registry owned by the process.
+
+Label values come from the policy (route, backend names) or small closed sets (code, protocol):
+never from request data, so the number of series stays bounded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from gateway.filters.base import RequestContext
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Latency buckets up to 60 s: LLM streams are long.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+REQUESTS = Counter(
+    "sluice_requests_total",
+    "Requests finished, by route, backend, status code and protocol.",
+    ["route", "backend", "code", "protocol"],
+    registry=REGISTRY,
+)
+REQUEST_SECONDS = Histogram(
+    "sluice_request_duration_seconds",
+    "Request duration from arrival to the last byte sent.",
+    ["route", "protocol"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+UPSTREAM_FIRST_BYTE_SECONDS = Histogram(
+    "sluice_upstream_first_byte_seconds",
+    "From request sent upstream to response headers received.",
+    ["backend", "protocol"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "sluice_requests_in_flight",
+    "Requests being served now.",
+    ["protocol"],
+    registry=REGISTRY,
+)
+UPSTREAM_ERRORS = Counter(
+    "sluice_upstream_errors_total",
+    "Upstream failures by backend and kind (connect, timeout, protocol, reset).",
+    ["backend", "kind"],
+    registry=REGISTRY,
+)
+REJECTED = Counter(
+    "sluice_rejected_total",
+    "Requests refused before reaching a backend, by reason.",
+    ["reason", "protocol"],
+    registry=REGISTRY,
+)
+CLIENT_CANCELLED = Counter(
+    "sluice_client_cancelled_total",
+    "Requests the client abandoned before the response finished.",
+    ["protocol"],
+    registry=REGISTRY,
+)
+UPSTREAM_CONNECTIONS = Gauge(
+    "sluice_upstream_connections",
+    "Open upstream HTTP connections by backend and state (idle, busy).",
+    ["backend", "state"],
+    registry=REGISTRY,
+)
+POLICY_RELOADS = Counter(
+    "sluice_policy_reloads_total",
+    "Policy reload attempts by result (ok, error, unchanged).",
+    ["result"],
+    registry=REGISTRY,
+)
+POLICY_INFO = Gauge(
+    "sluice_policy_info",
+    "1 for the policy version now serving.",
+    ["version"],
+    registry=REGISTRY,
+)
+POLICY_LAST_RELOAD_OK = Gauge(
+    "sluice_policy_last_reload_success",
+    "1 if the last reload attempt succeeded, 0 if it was rejected.",
+    registry=REGISTRY,
+)
+READY = Gauge("sluice_ready", "1 when the gateway accepts traffic.", registry=REGISTRY)
+
+
+def record_request(ctx: RequestContext) -> None:
+    """Count one finished request. Called once per request by `Gateway.finish`."""
+    route = ctx.route.name if ctx.route is not None else "none"
+    backend = ctx.endpoint.backend if ctx.endpoint is not None else "none"
+    protocol = ctx.info.protocol.value
+    if ctx.info.protocol.value == "grpc":
+        code = str(ctx.grpc_status if ctx.grpc_status is not None else 2)
+    else:
+        code = str(ctx.http_status or 0)
+    REQUESTS.labels(route, backend, code, protocol).inc()
+    REQUEST_SECONDS.labels(route, protocol).observe(ctx.elapsed)
+    if ctx.cancelled:
+        CLIENT_CANCELLED.labels(protocol).inc()
+    if not ctx.verdict.allowed:
+        REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()

@@ -1,0 +1,87 @@
+"""Shared test helpers: strict prerequisites, free ports, real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STRICT = os.environ.get("SLUICE_STRICT") == "1"
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip when a prerequisite is missing; under SLUICE_STRICT=1 (CI) fail instead."""
+    if condition:
+        return
+    if STRICT:
+        pytest.fail(f"prerequisite missing (SLUICE_STRICT=1): {reason}")
+    pytest.skip(reason)
+
+
+def require_root() -> None:
+    require(os.geteuid() == 0, "needs root")
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name) or (
+        f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None
+    )
+    require(path is not None, f"needs the {name} binary")
+    assert path is not None
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+class Proc:
+    """A real child process (`python -m gateway ...`) with its output captured to a file."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=full_env,
+        )
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
