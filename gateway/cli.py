@@ -19,18 +19,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands are listed; only the one being run (`only`) imports its module."""
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).configure(p)
+        if name == only:
+            importlib.import_module(module).configure(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     code: int = importlib.import_module(args._module).run(args)
     return code
 
