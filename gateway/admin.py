@@ -1,0 +1,150 @@
+"""Admin listener (loopback by default): health, readiness, metrics, status page, policy.
+
+GET  /healthz               200 while the process runs
+GET  /readyz                200 once policy and listeners are up; 503 before and during drain
+GET  /metrics               Prometheus text format (all workers' series under --workers N)
+GET  /status                an HTML page an SRE can read: policy, routes, backends, in flight
+GET  /admin/policy          current policy (JSON), version hash, last reload result
+POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file was rejected
+                            (loopback peers only, wherever the listener is bound)
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gateway.telemetry.metrics import REGISTRY
+
+if TYPE_CHECKING:
+    from gateway.server import Server
+
+
+class AdminListener:
+    def __init__(self, runner: web.AppRunner, port: int) -> None:
+        self._runner = runner
+        self.port = port
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+
+def _registry() -> CollectorRegistry:
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return REGISTRY
+    from prometheus_client import multiprocess
+
+    reg = CollectorRegistry()
+    multiprocess.MultiProcessCollector(reg, path=path)  # type: ignore[no-untyped-call]
+    return reg
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, indent=2, default=str), status=status, content_type="application/json"
+    )
+
+
+def build_admin_app(server: Server) -> web.Application:
+    gw = server.gateway
+    registry = _registry()
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        detail: dict[str, Any] = {
+            "ready": gw.ready and not gw.draining,
+            "draining": gw.draining,
+            "policy_version": gw.holder.version,
+            "in_flight": gw.inflight.count,
+        }
+        datapath = getattr(server, "datapath", None)
+        if datapath is not None:
+            detail["datapath"] = datapath.status()
+        return _json(detail, 200 if detail["ready"] else 503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def policy(_: web.Request) -> web.Response:
+        return _json(
+            {
+                "status": gw.holder.status(),
+                "policy": gw.active.policy.policy.model_dump(mode="json"),
+            }
+        )
+
+    async def reload(request: web.Request) -> web.Response:
+        # The admin port may be opened to Prometheus (0.0.0.0 in Kubernetes); changing state
+        # stays a loopback-only right.
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if not peer or peer[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+            return _json({"error": {"type": "forbidden", "message": "loopback only"}}, 403)
+        status = server.reload()
+        ok = bool(gw.holder.last_result.ok)
+        return _json(status, 200 if ok else 422)
+
+    async def status_page(_: web.Request) -> web.Response:
+        return web.Response(text=render_status(server), content_type="text/html")
+
+    app = web.Application(client_max_size=64 * 1024)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/status", status_page)
+    app.router.add_get("/admin/policy", policy)
+    app.router.add_post("/admin/policy/reload", reload)
+    return app
+
+
+def render_status(server: Server) -> str:
+    gw = server.gateway
+    p = gw.active.policy
+    st = gw.holder.status()
+    last = st["last_reload"]
+    assert isinstance(last, dict)
+    e = html.escape
+    rows_routes = "".join(
+        f"<tr><td>{e(r.name)}</td><td>{e(r.protocol.value if r.protocol else 'any')}</td>"
+        f"<td>{e(r.path_prefix)}</td><td>{e(', '.join(x.address for x in r.endpoints))}</td></tr>"
+        for r in p.routes
+    )
+    rows_backends = "".join(
+        f"<tr><td>{e(b.name)}</td><td>{e(b.protocol)}</td>"
+        f"<td>{e(', '.join(f'{x.address} (w={x.weight})' for x in b.endpoints))}</td></tr>"
+        for b in p.backends.values()
+    )
+    errors = "".join(f"<li><code>{e(x)}</code></li>" for x in last["errors"])
+    state = "draining" if gw.draining else ("ready" if gw.ready else "starting")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Sluice status</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px}}
+table{{border-collapse:collapse}}</style></head><body>
+<h1>Sluice</h1>
+<p>State: <b>{state}</b> · in flight: {gw.inflight.count} · ports: {e(str(server.ports))}</p>
+<p>Policy <code>{e(str(st["version"]))}</code> from <code>{e(str(st["path"]))}</code> ·
+reloads: {st["reloads"]} · last reload: {"ok" if last["ok"] else "<b>rejected</b>"}</p>
+<ul>{errors}</ul>
+<h2>Routes (first match wins)</h2>
+<table><tr><th>route</th><th>protocol</th><th>path prefix</th><th>endpoints</th></tr>
+{rows_routes}</table>
+<h2>Backends</h2>
+<table><tr><th>backend</th><th>protocol</th><th>endpoints</th></tr>{rows_backends}</table>
+</body></html>"""
+
+
+async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool) -> AdminListener:
+    runner = web.AppRunner(build_admin_app(server), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+    await site.start()
+    sockets = runner.addresses
+    bound = int(sockets[0][1]) if sockets else port
+    return AdminListener(runner, bound)

@@ -1,0 +1,242 @@
+"""`sluice serve`: process lifecycle.
+
+Start order: policy (fatal if invalid) → simulated backend (if the policy asks) → admin → HTTP and
+gRPC listeners → ready. SIGHUP reloads the policy; SIGTERM/SIGINT drain: not ready, stop accepting,
+let in-flight requests (streams too) finish up to `timeouts.drain_s`, then close in reverse order
+and exit 0. `--workers N` runs N such processes on the same ports (SO_REUSEPORT) under a small
+supervisor that forwards signals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import GatewayError, PolicyError
+from gateway.logs import setup_logging
+from gateway.settings import Settings
+
+log = logging.getLogger("sluice.server")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    s = Settings.from_env()
+    parser.add_argument("--policy", type=Path, default=s.policy_path, help="policy YAML file")
+    parser.add_argument(
+        "--workers", type=int, default=s.workers, help="processes sharing the ports (SO_REUSEPORT)"
+    )
+    parser.add_argument("--log-level", default=s.log_level, help="DEBUG, INFO, WARNING, ERROR")
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    if args.workers > 1:
+        return _supervise(args)
+    try:
+        return _run_loop(
+            _serve(args.policy, reuse_port=os.environ.get("SLUICE_WORKER") is not None)
+        )
+    except PolicyError as e:
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        return 1
+
+
+def _run_loop(main: Any) -> int:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional: the stdlib loop works, only slower
+        return int(asyncio.run(main))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return int(runner.run(main))
+
+
+class Server:
+    """Owns the listeners, the admin site, the watcher and the in-process simulated backend."""
+
+    def __init__(self, policy_path: Path, *, reuse_port: bool = False) -> None:
+        from gateway.app import Gateway
+
+        self.gateway = Gateway(policy_path)  # raises PolicyError: fatal at boot
+        self.reuse_port = reuse_port
+        self._stack = contextlib.AsyncExitStack()
+        self._stopping = asyncio.Event()
+        self.http: Any = None
+        self.grpc: Any = None
+        self.admin: Any = None
+        self.mock: Any = None
+        self.ports: dict[str, int] = {}
+
+    async def start(self) -> None:
+        from gateway.admin import start_admin
+
+        policy = self.gateway.active.policy.policy
+        mock_cfg = policy.mock_backend
+        if mock_cfg.enabled and os.environ.get("SLUICE_NO_MOCK") is None:
+            from gateway.mockbackend import Knobs, start_mock_backend
+
+            self.mock = await start_mock_backend(
+                mock_cfg.http, mock_cfg.grpc, Knobs.from_policy(mock_cfg)
+            )
+            self._stack.push_async_callback(self.mock.close)
+            log.info(
+                "simulated backend on http:%s grpc:%s", self.mock.http_port, self.mock.grpc_port
+            )
+        self._stack.push_async_callback(self.gateway.aclose)
+        lst = policy.listeners
+        if lst.admin is not None:
+            self.admin = await start_admin(
+                self, lst.admin.host, lst.admin.port, reuse_port=self.reuse_port
+            )
+            self._stack.push_async_callback(self.admin.close)
+            self.ports["admin"] = self.admin.port
+        if lst.http is not None:
+            from gateway.adapters.http import start_http
+
+            self.http = await start_http(
+                self.gateway, lst.http.host, lst.http.port, reuse_port=self.reuse_port
+            )
+            self.ports["http"] = self.http.port
+        if lst.grpc is not None:
+            from gateway.adapters.grpc import start_grpc
+
+            self.grpc = await start_grpc(self.gateway, lst.grpc.host, lst.grpc.port)
+            self.ports["grpc"] = self.grpc.port
+        from gateway.policy.watch import PolicyWatcher
+
+        self.watcher = PolicyWatcher(
+            self.gateway.holder, interval_s=Settings.from_env().watch_interval_s
+        )
+        self.watcher.start()
+        self._stack.push_async_callback(self.watcher.stop)
+        self.gateway.ready = True
+        from gateway.telemetry import metrics
+
+        metrics.READY.set(1)
+        # One line a human (and a test) can wait for.
+        log.info(
+            "sluice ready: %s (policy %s)",
+            " ".join(f"{k}={v}" for k, v in self.ports.items()),
+            self.gateway.holder.version,
+        )
+
+    def reload(self) -> dict[str, object]:
+        """SIGHUP and POST /admin/policy/reload come here."""
+        result = self.gateway.holder.reload()
+        if result.changed:
+            self.after_swap()
+        return self.gateway.holder.status()
+
+    def after_swap(self) -> None:
+        """Work that follows a successful swap: forget upstreams that left the policy."""
+        if self.grpc is not None and hasattr(self.grpc, "refresh_unary"):
+            asyncio.get_running_loop().create_task(self.grpc.refresh_unary())
+        if self.gateway._channels is not None:
+            asyncio.get_running_loop().create_task(self.gateway._channels.prune())
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def wait(self) -> None:
+        await self._stopping.wait()
+
+    async def drain_and_close(self) -> None:
+        """Not ready → stop accepting → wait for in-flight requests up to drain_s → close."""
+        from gateway.telemetry import metrics
+
+        drain_s = self.gateway.active.policy.policy.timeouts.drain_s
+        self.gateway.ready = False
+        self.gateway.draining = True
+        metrics.READY.set(0)
+        log.info(
+            "draining: %d requests in flight, up to %.1fs", self.gateway.inflight.count, drain_s
+        )
+        waits = []
+        if self.http is not None:
+            await self.http.stop_accepting()
+        if self.grpc is not None:
+            waits.append(self.grpc.stop(drain_s))
+        waits.append(self.gateway.inflight.wait_idle(drain_s))
+        results = await asyncio.gather(*waits, return_exceptions=True)
+        if self.gateway.inflight.count:
+            log.warning("drain timeout: %d requests cut", self.gateway.inflight.count)
+        for r in results:
+            if isinstance(r, BaseException):
+                log.error("error while draining: %r", r)
+        if self.http is not None:
+            await self.http.close(1.0)
+        await self._stack.aclose()
+        log.info("stopped")
+
+
+async def _serve(policy_path: Path, *, reuse_port: bool) -> int:
+    server = Server(policy_path, reuse_port=reuse_port)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, server.request_stop)
+    loop.add_signal_handler(signal.SIGINT, server.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
+    try:
+        await server.start()
+    except (GatewayError, OSError) as e:
+        log.error("start failed: %s", e)
+        await server.drain_and_close()
+        return 1
+    await server.wait()
+    await server.drain_and_close()
+    return 0
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    """Run `workers` serving processes on the same ports; forward TERM/INT/HUP; exit when all do.
+
+    The simulated backend (if the policy enables it) runs once, in its own child, not per worker.
+    Metrics are aggregated across workers through prometheus-client's multiprocess mode.
+    """
+    from gateway.policy.loader import load_policy
+
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as e:
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        return 1
+    metrics_dir = tempfile.mkdtemp(prefix="sluice-metrics-")
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "SLUICE_NO_MOCK": "1"}
+    mock: subprocess.Popen[bytes] | None = None
+    m = policy.mock_backend
+    if m.enabled:
+        cmd = [sys.executable, "-m", "gateway", "mock-backend"]
+        cmd += ["--http", m.http] if m.http else []
+        cmd += ["--grpc", m.grpc] if m.grpc else []
+        mock = subprocess.Popen(cmd, env=os.environ.copy())
+    workers = []
+    for i in range(args.workers):
+        cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(args.policy)]
+        cmd += ["--workers", "1", "--log-level", args.log_level]
+        workers.append(subprocess.Popen(cmd, env={**env, "SLUICE_WORKER": str(i)}))
+
+    def forward(signum: int, _frame: object) -> None:
+        for c in workers:
+            if c.poll() is None:
+                c.send_signal(signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, forward)
+    codes = [c.wait() for c in workers]
+    if mock is not None:  # the backend goes last, after every worker has drained
+        mock.terminate()
+        codes.append(0 if mock.wait() in (0, -signal.SIGTERM) else 1)
+    with contextlib.suppress(OSError):
+        for f in Path(metrics_dir).iterdir():
+            f.unlink()
+        Path(metrics_dir).rmdir()
+    return max(codes, default=0)

@@ -1,0 +1,151 @@
+"""Real processes: the simulated backend and the gateway, each a `python -m gateway` child."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Proc, free_port, wait_for_port
+
+
+def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 5.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_ready(admin_port: int, proc: Proc, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"gateway exited early:\n{proc.output()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"gateway not ready after {timeout}s:\n{proc.output()}")
+
+
+@dataclass
+class Backend:
+    proc: Proc
+    http_port: int
+    grpc_port: int
+
+    def stats(self) -> Any:
+        return http_json(f"http://127.0.0.1:{self.http_port}/admin/stats")
+
+    def knobs(self, **changes: Any) -> Any:
+        return http_json(f"http://127.0.0.1:{self.http_port}/admin/knobs", "POST", changes)
+
+    def reset(self) -> None:
+        http_json(f"http://127.0.0.1:{self.http_port}/admin/reset", "POST", {})
+
+
+def policy_yaml(backend: Backend, http: int, grpc: int, admin: int, **extra: str) -> str:
+    timeouts = extra.get("timeouts", "first_byte_s: 5\n  drain_s: 10")
+    return f"""\
+version: 1
+listeners:
+  http: {{host: 127.0.0.1, port: {http}}}
+  grpc: {{host: 127.0.0.1, port: {grpc}}}
+  admin: {{host: 127.0.0.1, port: {admin}}}
+limits:
+  max_body_bytes: 1048576
+  max_header_bytes: 8192
+timeouts:
+  {timeouts}
+backends:
+  - name: sim-http
+    protocol: http
+    endpoints: [{{address: "127.0.0.1:{backend.http_port}"}}]
+  - name: sim-grpc
+    protocol: grpc
+    endpoints: [{{address: "127.0.0.1:{backend.grpc_port}"}}]
+    unary_methods: [/sluice.inference.v1.Inference/Infer]
+routes:
+  - name: grpc
+    match: {{protocol: grpc}}
+    backend: sim-grpc
+  - name: {extra.get("http_route_name", "openai")}
+    match: {{protocol: http, path_prefix: /}}
+    backend: sim-http
+"""
+
+
+@dataclass
+class Gateway:
+    proc: Proc
+    policy: Path
+    http_port: int
+    grpc_port: int
+    admin_port: int
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    http, grpc = free_port(), free_port()
+    log = tmp_path_factory.mktemp("backend") / "backend.log"
+    proc = Proc(
+        [
+            "mock-backend",
+            "--http",
+            f"127.0.0.1:{http}",
+            "--grpc",
+            f"127.0.0.1:{grpc}",
+            "--ttft-ms",
+            "20",
+            "--token-delay-ms",
+            "20",
+        ],
+        log,
+    )
+    try:
+        wait_for_port(http)
+        wait_for_port(grpc)
+        yield Backend(proc, http, grpc)
+    finally:
+        proc.stop()
+
+
+def start_gateway(backend: Backend, tmp: Path, workers: int = 1, **extra: str) -> Gateway:
+    http, grpc, admin = free_port(), free_port(), free_port()
+    policy = tmp / "policy.yaml"
+    policy.write_text(policy_yaml(backend, http, grpc, admin, **extra))
+    proc = Proc(
+        ["serve", "--policy", str(policy), "--workers", str(workers)],
+        tmp / "gateway.log",
+        env={"SLUICE_WATCH_INTERVAL": "0.2"},
+    )
+    wait_ready(admin, proc)
+    return Gateway(proc, policy, http, grpc, admin)
+
+
+@pytest.fixture(scope="module")
+def gateway(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gw = start_gateway(backend, tmp_path_factory.mktemp("gateway"))
+    try:
+        yield gw
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
