@@ -72,7 +72,8 @@ class Proc:
         )
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, timeout: float = 10.0) -> int:

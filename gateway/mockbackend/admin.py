@@ -1,0 +1,101 @@
+"""Health, Prometheus gauges and the admin API of the simulated backend, on its HTTP listener.
+
+`/healthz[?deep=true]`, `/metrics` (vLLM-style gauges, in a registry of its own), and
+`/admin/knobs` (GET, POST partial update), `/admin/stats`, `POST /admin/reset` for tests and demos.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.mockbackend.http import MODELS, STATE, error_response
+from gateway.mockbackend.knobs import MockState
+
+METRICS_REGISTRY = web.AppKey("mock_metrics_registry", CollectorRegistry)
+
+
+class VllmGauges(Collector):
+    """The three gauges a load-aware balancer reads from vLLM, computed at scrape time."""
+
+    def __init__(self, state: MockState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterable[Metric]:
+        state, model = self._state, [MODELS[0]]
+        running = GaugeMetricFamily(
+            "vllm:num_requests_running", "Requests being served.", labels=["model_name"]
+        )
+        running.add_metric(model, state.stats.in_flight)
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting",
+            "Requests queued (the `waiting` knob).",
+            labels=["model_name"],
+        )
+        waiting.add_metric(model, state.knobs.waiting)
+        kv = GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache use, 0..1 (the `load` knob).",
+            labels=["model_name"],
+        )
+        kv.add_metric(model, state.knobs.load)
+        return [running, waiting, kv]
+
+
+async def healthz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    status = 200 if state.knobs.healthy else 503
+    body: dict[str, object] = {"status": "ok" if state.knobs.healthy else "unhealthy"}
+    if request.query.get("deep", "").lower() in ("1", "true", "yes"):
+        body |= {
+            "knobs": state.knobs.as_dict(),
+            "in_flight": state.stats.in_flight,
+            "uptime_s": round(time.monotonic() - state.started, 3),
+        }
+    return web.json_response(body, status=status)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def get_knobs(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].knobs.as_dict())
+
+
+async def post_knobs(request: web.Request) -> web.Response:
+    try:
+        patch = json.loads(await request.read())
+        knobs = await request.app[STATE].update(patch)
+    except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        return error_response(400, str(exc), "invalid_request_error")
+    return web.json_response(knobs.as_dict())
+
+
+async def get_stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].stats.as_dict())
+
+
+async def post_reset(request: web.Request) -> web.Response:
+    stats = request.app[STATE].stats
+    stats.reset()
+    return web.json_response(stats.as_dict())
+
+
+def add_routes(app: web.Application) -> None:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(VllmGauges(app[STATE]))
+    app[METRICS_REGISTRY] = registry
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/knobs", get_knobs)
+    app.router.add_post("/admin/knobs", post_knobs)
+    app.router.add_get("/admin/stats", get_stats)
+    app.router.add_post("/admin/reset", post_reset)

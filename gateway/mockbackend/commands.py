@@ -1,0 +1,77 @@
+"""`sluice mock-backend`: run the simulated inference backend until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from gateway.mockbackend.knobs import FAILURE_MODES
+
+log = logging.getLogger("gateway.mockbackend")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http", default="127.0.0.1:18000", help="HTTP listener host:port")
+    parser.add_argument("--grpc", default="127.0.0.1:18001", help="gRPC listener host:port")
+    parser.add_argument("--no-http", action="store_true", help="do not serve HTTP")
+    parser.add_argument("--no-grpc", action="store_true", help="do not serve gRPC")
+    parser.add_argument("--ttft-ms", type=float, default=50.0, help="time to first token (ms)")
+    parser.add_argument("--token-delay-ms", type=float, default=10.0, help="delay per token (ms)")
+    parser.add_argument(
+        "--completion-tokens", type=int, default=16, help="tokens per answer (max_tokens caps)"
+    )
+    parser.add_argument("--error-rate", type=float, default=0.0, help="share of requests failed")
+    parser.add_argument("--failure", choices=FAILURE_MODES, default="none", help="inject a failure")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the error_rate draws")
+    parser.add_argument("--log-level", default="INFO", help="logging level")
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from gateway.mockbackend.knobs import Knobs
+    from gateway.mockbackend.server import start_mock_backend
+
+    patch = {
+        "ttft_ms": args.ttft_ms,
+        "token_delay_ms": args.token_delay_ms,
+        "completion_tokens": args.completion_tokens,
+        "error_rate": args.error_rate,
+        "failure": args.failure,
+        "seed": args.seed,
+    }
+    try:
+        knobs = Knobs().validated(patch)
+    except ValueError as exc:
+        log.error("bad knob: %s", exc)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    handle = await start_mock_backend(
+        None if args.no_http else args.http, None if args.no_grpc else args.grpc, knobs
+    )
+    try:
+        log.info(
+            "mock backend listening: http port %s, grpc port %s", handle.http_port, handle.grpc_port
+        )
+        await stop.wait()
+        log.info("mock backend stopping")
+    finally:
+        await handle.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvloop
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        code: int = uvloop.run(_serve(args))
+    except OSError as exc:
+        log.error("cannot start the mock backend: %s", exc)
+        return 1
+    return code

@@ -1,0 +1,264 @@
+"""OpenAI-compatible HTTP face of the simulated backend (aiohttp): chat and text completions,
+plain JSON or SSE streams paced by the knobs, and the model list. Admin, health and metrics
+routes live in `gateway.mockbackend.admin`; both share one `MockState` through `STATE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from gateway.mockbackend.knobs import (
+    Call,
+    Knobs,
+    MockState,
+    completion_count,
+    estimate_tokens,
+    token_text,
+)
+
+STATE = web.AppKey("mock_state", MockState)
+MAX_BODY = 1 << 20  # request body limit (bytes); larger bodies get 413
+MODELS = ("mock-model", "mock-llama-3-8b", "mock-qwen-2.5-7b")
+
+_DONE = b"data: [DONE]\n\n"
+
+
+def error_response(status: int, message: str, kind: str) -> web.Response:
+    """An OpenAI-style error: {"error": {"message", "type", "param", "code"}}."""
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return web.json_response(body, status=status)
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def record_headers(state: MockState, request: web.BaseRequest) -> None:
+    """Remember what the caller sent (names lower-cased, repeated names joined with ', ')."""
+    seen: dict[str, str] = {}
+    for name, value in request.headers.items():
+        key = name.lower()
+        seen[key] = f"{seen[key]}, {value}" if key in seen else value
+    state.stats.last_headers.append(seen)
+
+
+async def _read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise _BadRequest(413, f"request body larger than {MAX_BODY} bytes") from exc
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _BadRequest(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise _BadRequest(400, "request body must be a JSON object")
+    return body
+
+
+def _prompt_text(body: dict[str, Any], chat: bool) -> str:
+    """The text the prompt token estimate is taken from."""
+    if not chat:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            return "".join(prompt)
+        raise _BadRequest(400, "'prompt' must be a string or a list of strings")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise _BadRequest(400, "'messages' must be a list of objects")
+    parts: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and "text" in p)
+    return "".join(parts)
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclasses.dataclass(slots=True)
+class _Completion:
+    """What one completion request asked for, and the knobs it runs under (a snapshot)."""
+
+    chat: bool
+    model: str
+    n: int
+    prompt_tokens: int
+    knobs: Knobs
+    ident: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.n < self.knobs.completion_tokens else "stop"
+
+    def usage(self) -> dict[str, int]:
+        total = self.prompt_tokens + self.n
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.n,
+            "total_tokens": total,
+        }
+
+    def envelope(self, chunk: bool) -> dict[str, Any]:
+        prefix, obj = (
+            ("chatcmpl-", "chat.completion") if self.chat else ("cmpl-", "text_completion")
+        )
+        if chunk and self.chat:
+            obj += ".chunk"
+        return {
+            "id": prefix + self.ident,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+        }
+
+    def text(self) -> str:
+        return "".join(token_text(i) for i in range(self.n))
+
+    def full(self) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": self.text()}
+        else:
+            choice |= {"text": self.text(), "logprobs": None}
+        return self.envelope(False) | {"choices": [choice], "usage": self.usage()}
+
+    def chunk(self, index: int | None, include_usage: bool) -> dict[str, Any]:
+        """Token `index`'s chunk, or (index None) the chunk carrying finish_reason."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        text = "" if index is None else token_text(index)
+        if self.chat:
+            choice["delta"] = {} if index is None else {"content": text}
+            if index == 0:
+                choice["delta"]["role"] = "assistant"
+        else:
+            choice |= {"text": text, "logprobs": None}
+        if index is None:
+            choice["finish_reason"] = self.finish_reason
+        out = self.envelope(True) | {"choices": [choice]}
+        if include_usage:  # as OpenAI: every chunk has "usage": null, the last one the numbers
+            out["usage"] = None
+        return out
+
+
+async def _inject(state: MockState, job: _Completion, call: Call) -> web.StreamResponse | None:
+    """Apply the failure knobs; a response means 'answer this instead'."""
+    knobs = job.knobs
+    if knobs.failure == "hang":
+        await asyncio.Event().wait()  # until the client goes away or the server shuts down
+    if knobs.failure == "http_5xx" or (knobs.failure == "none" and state.draw_error()):
+        call.fail()
+        return error_response(knobs.error_status, "mock failure", "server_error")
+    if knobs.failure == "unavailable":
+        call.fail()
+        return error_response(503, "mock backend unavailable", "server_error")
+    return None
+
+
+def _abort(request: web.Request, call: Call) -> None:
+    """Drop the TCP connection without a proper end (the `reset` failure)."""
+    call.fail()
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    record_headers(state, request)
+    with state.stats.track(f"{request.method} {request.path}") as call:
+        try:
+            body = await _read_json(request)
+            prompt = _prompt_text(body, chat)
+        except _BadRequest as exc:
+            call.fail()
+            return error_response(exc.status, exc.message, "invalid_request_error")
+        knobs = dataclasses.replace(state.knobs)  # this request's snapshot
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        model = body.get("model")
+        job = _Completion(
+            chat=chat,
+            model=model if isinstance(model, str) and model else MODELS[0],
+            n=completion_count(knobs, max_tokens),
+            prompt_tokens=estimate_tokens(prompt),
+            knobs=knobs,
+        )
+        failure = await _inject(state, job, call)
+        if failure is not None:
+            return failure
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            return await _stream(request, job, call, include_usage)
+        await asyncio.sleep((knobs.ttft_ms + knobs.token_delay_ms * max(job.n - 1, 0)) / 1000)
+        if knobs.failure == "reset":
+            _abort(request, call)
+            return web.Response()
+        return web.json_response(job.full())
+
+
+async def _stream(
+    request: web.Request, job: _Completion, call: Call, include_usage: bool
+) -> web.StreamResponse:
+    """SSE: headers at once, the first token after ttft, then one chunk per token delay."""
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    await asyncio.sleep(job.knobs.ttft_ms / 1000)
+    for i in range(job.n):
+        if i:
+            await asyncio.sleep(job.knobs.token_delay_ms / 1000)
+        await resp.write(_sse(job.chunk(i, include_usage)))
+        if job.knobs.failure == "reset":  # mid-response: after the first token
+            break
+    if job.knobs.failure == "reset":
+        _abort(request, call)
+        return resp
+    await resp.write(_sse(job.chunk(None, include_usage)))
+    if include_usage:
+        await resp.write(_sse(job.envelope(True) | {"choices": [], "usage": job.usage()}))
+    await resp.write(_DONE)
+    await resp.write_eof()
+    return resp
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _complete(request, chat=False)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    record_headers(state, request)
+    with state.stats.track("GET /v1/models"):
+        created = int(time.time())
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "sluice"} for m in MODELS
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+
+async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    rid = request.headers.get("x-request-id")
+    if rid is not None:
+        response.headers["x-request-id"] = rid

@@ -1,0 +1,110 @@
+"""Starts and stops the simulated backend in-process: one aiohttp listener (OpenAI API, health,
+metrics, admin) and one grpc.aio listener, sharing one `MockState`. The handle owns both."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.mockbackend import admin
+from gateway.mockbackend.http import MAX_BODY, STATE, chat_completions, completions, models
+from gateway.mockbackend.http import echo_request_id as _echo_request_id
+from gateway.mockbackend.knobs import Knobs, MockState, Stats
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 0.5  # streams in flight get this long at close, then are cancelled
+
+
+def build_app(state: MockState) -> web.Application:
+    """The whole HTTP listener: OpenAI routes, then health, metrics and admin routes."""
+    app = web.Application(client_max_size=MAX_BODY)
+    app[STATE] = state
+    app.on_response_prepare.append(_echo_request_id)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    admin.add_routes(app)
+    return app
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' → (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(eq=False)
+class MockBackendHandle:
+    """A running simulated backend. Change `knobs` in place, or with `update_knobs` (validated,
+    and it keeps grpc.health in step with the `healthy` knob). Close it exactly once."""
+
+    state: MockState
+    http_port: int | None
+    grpc_port: int | None
+    _runner: web.AppRunner | None
+    _grpc: object | None  # gateway.mockbackend.grpc.GrpcBackend, imported only when used
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.state.knobs
+
+    @property
+    def stats(self) -> Stats:
+        return self.state.stats
+
+    async def update_knobs(self, patch: Mapping[str, object]) -> Knobs:
+        return await self.state.update(patch)
+
+    async def close(self) -> None:
+        """Stop both listeners at once; calls still running after the grace are cancelled."""
+        from gateway.mockbackend.grpc import GrpcBackend
+
+        grpc_backend, self._grpc = self._grpc, None
+        runner, self._runner = self._runner, None
+        stops = []
+        if isinstance(grpc_backend, GrpcBackend):
+            stops.append(grpc_backend.stop(SHUTDOWN_GRACE_S))
+        if runner is not None:
+            stops.append(runner.cleanup())
+        await asyncio.gather(*stops)
+
+
+async def start_mock_backend(
+    http: str | None, grpc: str | None, knobs: Knobs | None = None
+) -> MockBackendHandle:
+    """Listen on `http` and/or `grpc` ('host:port', port 0 picks one) and return the handle."""
+    if http is None and grpc is None:
+        raise ValueError("the mock backend needs an HTTP or a gRPC address")
+    state = MockState(knobs if knobs is not None else Knobs())
+    handle = MockBackendHandle(state, None, None, None, None)
+    try:
+        if http is not None:
+            host, port = split_host_port(http)
+            runner = web.AppRunner(
+                build_app(state),
+                handler_cancellation=True,  # a client that leaves cancels its handler
+                shutdown_timeout=SHUTDOWN_GRACE_S,
+                access_log=None,
+            )
+            handle._runner = runner
+            await runner.setup()
+            await web.TCPSite(runner, host, port).start()
+            handle.http_port = int(runner.addresses[0][1])
+        if grpc is not None:
+            from gateway.mockbackend.grpc import GrpcBackend
+
+            backend = GrpcBackend(state)
+            handle._grpc = backend
+            handle.grpc_port = await backend.start(grpc)
+    except BaseException:
+        await handle.close()
+        raise
+    log.debug("mock backend on http=%s grpc=%s", handle.http_port, handle.grpc_port)
+    return handle

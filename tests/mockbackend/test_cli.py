@@ -1,0 +1,61 @@
+"""`sluice mock-backend` as a real process: it answers on both ports and exits 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gateway.proto import load
+from tests.support import Proc, free_port, wait_for_port
+
+pb2, pb2_grpc = load()
+
+
+@pytest.mark.integration
+def test_cli_serves_then_exits_cleanly(tmp_path: Path) -> None:
+    http_port, grpc_port = free_port(), free_port()
+    args = [
+        "mock-backend",
+        f"--http=127.0.0.1:{http_port}",
+        f"--grpc=127.0.0.1:{grpc_port}",
+        "--ttft-ms=0",
+        "--token-delay-ms=0",
+        "--completion-tokens=3",
+    ]
+    proc = Proc(args, log=tmp_path / "mock.log")
+    try:
+        wait_for_port(http_port)
+        wait_for_port(grpc_port)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/v1/completions",
+            data=json.dumps({"model": "m", "prompt": "abcd"}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            assert json.load(resp)["usage"]["total_tokens"] == 4
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            reply = pb2_grpc.InferenceStub(channel).Infer(pb2.InferRequest(prompt="x"), timeout=5)
+        assert reply.usage.completion_tokens == 3
+    finally:
+        code = proc.stop()
+    output = proc.log_path.read_text()  # stop() closed the log: read the file
+    assert code == 0, output
+    assert f"http port {http_port}, grpc port {grpc_port}" in output
+
+
+@pytest.mark.integration
+def test_cli_port_in_use_fails(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = Proc(["mock-backend", f"--http=127.0.0.1:{port}", "--no-grpc"], tmp_path / "m.log")
+        code = proc.popen.wait(15)
+        proc.stop()
+    assert code == 1, proc.log_path.read_text()
