@@ -67,6 +67,7 @@ class Server:
         from gateway.app import Gateway
 
         self.gateway = Gateway(policy_path)  # raises PolicyError: fatal at boot
+        self.gateway.holder.on_swap(self.after_swap)
         self.reuse_port = reuse_port
         self._stack = contextlib.AsyncExitStack()
         self._stopping = asyncio.Event()
@@ -130,10 +131,8 @@ class Server:
         )
 
     def reload(self) -> dict[str, object]:
-        """SIGHUP and POST /admin/policy/reload come here."""
-        result = self.gateway.holder.reload()
-        if result.changed:
-            self.after_swap()
+        """SIGHUP and POST /admin/policy/reload come here (the file watcher calls the holder)."""
+        self.gateway.holder.reload()
         return self.gateway.holder.status()
 
     def after_swap(self) -> None:

@@ -27,26 +27,44 @@ A = TypeVar("A")  # what the gateway builds from a compiled policy (policy + cha
 class ReloadResult:
     ok: bool
     changed: bool
-    version: str
-    errors: tuple[str, ...] = ()
+    version: str  # the version serving after this attempt (the old one if it failed)
+    errors: tuple[str, ...] = ()  # one `PATH:LINE:COL: message` per problem
 
 
 class PolicyHolder(Generic[A]):
+    """Owns the serving policy. `reload()` is synchronous and never raises: call it from the
+    event loop (SIGHUP, POST /admin/policy/reload, the file watcher); it runs to completion
+    without awaiting, so two reloads never interleave."""
+
     def __init__(self, path: Path, build: Callable[[CompiledPolicy], A]) -> None:
         self.path = path
         self._build = build
         compiled = compile_policy(load_policy(path))  # raises PolicyError: fatal at boot
         self._active: A = build(compiled)
+        self._compiled = compiled
         self.version = compiled.version
-        self.reloads = 0
+        self.reloads = 0  # reload attempts since boot, whatever their result
         self.last_result = ReloadResult(True, True, compiled.version)
         self.last_reload_at = time.time()
+        self.loaded_at = self.last_reload_at  # when the serving version was swapped in
+        self.last_errors: tuple[str, ...] = ()  # errors of the latest failed attempt
+        self.last_error_at: float | None = None
+        self._subscribers: list[Callable[[], None]] = []
         metrics.POLICY_INFO.labels(compiled.version).set(1)
         metrics.POLICY_LAST_RELOAD_OK.set(1)
 
     @property
     def active(self) -> A:
         return self._active
+
+    @property
+    def compiled(self) -> CompiledPolicy:
+        """The compiled policy behind `active` (for /admin/policy and diffs)."""
+        return self._compiled
+
+    def on_swap(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after every successful swap, whoever triggered the reload."""
+        self._subscribers.append(callback)
 
     def reload(self) -> ReloadResult:
         """Validate → compile → build → swap. Any error keeps the old policy serving."""
@@ -58,26 +76,46 @@ class PolicyHolder(Generic[A]):
                 result = ReloadResult(True, False, self.version)
                 metrics.POLICY_RELOADS.labels("unchanged").inc()
             else:
-                self._active = self._build(compiled)
+                active = self._build(compiled)
+                # Only plain assignments from here on: nothing can fail halfway through the swap.
+                self._active, self._compiled = active, compiled
                 metrics.POLICY_INFO.remove(self.version)
                 metrics.POLICY_INFO.labels(compiled.version).set(1)
                 log.info("policy reloaded: %s -> %s", self.version, compiled.version)
                 self.version = compiled.version
+                self.loaded_at = self.last_reload_at
                 result = ReloadResult(True, True, compiled.version)
                 metrics.POLICY_RELOADS.labels("ok").inc()
         except PolicyError as e:
-            result = ReloadResult(False, False, self.version, tuple(e.errors))
-            metrics.POLICY_RELOADS.labels("error").inc()
-            log.error("policy reload rejected, %s keeps serving: %s", self.version, e)
+            result = self._failed(tuple(e.errors))
+        except Exception as e:  # a bug in compile/build must not take the serving policy down
+            log.exception("policy build failed")
+            result = self._failed(
+                (f"{self.path}:1:1: cannot build policy: {type(e).__name__}: {e}",)
+            )
         metrics.POLICY_LAST_RELOAD_OK.set(1 if result.ok else 0)
         self.last_result = result
+        if result.changed:
+            for callback in self._subscribers:
+                try:
+                    callback()
+                except Exception:  # a subscriber's bug must not undo a good reload
+                    log.exception("policy swap subscriber failed")
         return result
+
+    def _failed(self, errors: tuple[str, ...]) -> ReloadResult:
+        self.last_errors = errors
+        self.last_error_at = self.last_reload_at
+        metrics.POLICY_RELOADS.labels("error").inc()
+        log.error("policy reload rejected, %s keeps serving:\n%s", self.version, "\n".join(errors))
+        return ReloadResult(False, False, self.version, errors)
 
     def status(self) -> dict[str, object]:
         r = self.last_result
         return {
             "path": str(self.path),
             "version": self.version,
+            "loaded_at": self.loaded_at,
             "reloads": self.reloads,
             "last_reload": {
                 "ok": r.ok,
@@ -85,4 +123,5 @@ class PolicyHolder(Generic[A]):
                 "errors": list(r.errors),
                 "at": self.last_reload_at,
             },
+            "last_error": {"errors": list(self.last_errors), "at": self.last_error_at},
         }

@@ -1,22 +1,241 @@
-"""The only module that reads YAML. Errors carry PATH:LINE:COL. (Stub: the policy work fills it.)"""
+"""Reads a policy file: YAML → plain data with node positions → `Policy`. The only yaml import.
+
+Every problem becomes one `PATH:LINE:COL: field.path: message` line (1-based), so an SRE can jump
+straight to it. The YAML is composed into nodes with `yaml.SafeLoader` (no Python tags, ever) and
+turned into data by hand, which is what lets us keep positions and refuse what PyYAML accepts
+silently:
+
+- files over `MAX_BYTES` (1 MiB): a policy is a few KiB; anything larger is a mistake or an attack;
+- duplicate mapping keys (PyYAML keeps the last one without a word);
+- alias bombs ("billion laughs"): aliases are allowed, but expanding the document may build at
+  most `MAX_NODES` (100 000) values; nesting deeper than `MAX_DEPTH` is refused too;
+- merge keys (`<<`), explicit tags on collections, non-scalar keys, and an empty document.
+
+Validation runs in two phases: the schema (pydantic), then, if the schema holds, the
+cross-references (`model.reference_errors`), each reported at the node at fault.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from gateway.errors import PolicyError
-from gateway.policy.model import Policy
+from gateway.policy.model import Loc, Policy, format_loc, reference_errors
+
+MAX_BYTES = 1024 * 1024
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+MAX_ERRORS = 50  # more lines than this help nobody; the rest is counted
+
+Pos = tuple[int, int]
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader: constructs only plain YAML types; we never call its Python-object paths."""
+
+
+class _TooBig(Exception):
+    def __init__(self, pos: Pos, message: str) -> None:
+        self.pos = pos
+        self.message = message
+
+
+def _pos(node: yaml.Node) -> Pos:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+class _Builder:
+    """Turns a composed node graph into dicts/lists/scalars and records where each value sits."""
+
+    def __init__(self, loader: _Loader) -> None:
+        self._loader = loader
+        self.nodes = 0
+        self.values: dict[Loc, Pos] = {}  # data path → position of the value node
+        self.keys: dict[Loc, Pos] = {}  # data path → position of its key (for mappings)
+        self.errors: list[tuple[Pos, str, str]] = []  # (position, dotted path, message)
+
+    def build(self, node: yaml.Node, path: Loc, depth: int = 0) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise _TooBig(
+                _pos(node), f"document expands to more than {MAX_NODES} values (alias bomb?)"
+            )
+        if depth > MAX_DEPTH:
+            raise _TooBig(_pos(node), f"nested deeper than {MAX_DEPTH} levels")
+        self.values.setdefault(path, _pos(node))
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, depth)
+        if isinstance(node, yaml.SequenceNode):
+            if node.tag != _SEQ_TAG:
+                self._error(node, path, f"unsupported tag {node.tag!r} on a list")
+            return [self.build(n, (*path, i), depth + 1) for i, n in enumerate(node.value)]
+        try:
+            return self._loader.construct_object(node)
+        except yaml.constructor.ConstructorError as e:
+            self._error(node, path, e.problem or str(e))
+            return None
+
+    def _mapping(self, node: yaml.MappingNode, path: Loc, depth: int) -> dict[str, Any]:
+        if node.tag != _MAP_TAG:
+            self._error(node, path, f"unsupported tag {node.tag!r} on a mapping")
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                self._error(key_node, path, "merge keys (<<) are not supported; repeat the fields")
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                self._error(key_node, path, "mapping keys must be plain strings")
+                continue
+            # The key's text, not its YAML 1.1 value: `on:` or `no:` stay strings, not booleans.
+            key: str = key_node.value
+            child = (*path, key)
+            if key in out:
+                first = self.keys[child]
+                self._error(key_node, child, f"duplicate key {key!r} (first at line {first[0]})")
+                continue
+            self.keys[child] = _pos(key_node)
+            out[key] = self.build(value_node, child, depth + 1)
+        return out
+
+    def _error(self, node: yaml.Node, path: Loc, message: str) -> None:
+        self.errors.append((_pos(node), format_loc(path), message))
+
+
+def _position(loc: Loc, data: Any, b: _Builder, key_first: bool) -> tuple[Loc, Pos]:
+    """The data path that `loc` names (pydantic adds union-member tags, we skip them), and the
+    closest recorded position: the key for an unknown field, else the value, else its parent."""
+    path: list[str | int] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict):
+            key = part if part in cur else str(part)  # dict[int, ...] keys are text in YAML
+            if key in cur:
+                cur = cur[key]
+                path.append(key)
+            elif isinstance(part, str):
+                path.append(part)  # a missing field: name it, point at its parent mapping
+                break
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            cur = cur[part]
+            path.append(part)
+        # anything else is a tag pydantic adds, e.g. 'function-after[...]' or a union member
+    found = tuple(path)
+    if key_first and found in b.keys:
+        return found, b.keys[found]
+    probe = found
+    while probe:
+        if probe in b.values:
+            return found, b.values[probe]
+        probe = probe[:-1]
+    return found, b.values.get((), (1, 1))
+
+
+def _message(err: Any) -> str:
+    msg = str(err["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        msg = msg.removeprefix(prefix)
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    if err["type"] == "missing":
+        return "required field is missing"
+    value = err.get("input")
+    if isinstance(value, str | int | float | bool) and len(repr(value)) <= 80:
+        return f"{msg}, got {value!r}"
+    return msg
+
+
+def _format(name: str, errors: list[tuple[Pos, str, str]]) -> list[str]:
+    errors = sorted(errors, key=lambda e: e[0])
+    lines = [
+        f"{name}:{line}:{col}: {dotted}: {msg}" if dotted else f"{name}:{line}:{col}: {msg}"
+        for (line, col), dotted, msg in errors[:MAX_ERRORS]
+    ]
+    if len(errors) > MAX_ERRORS:
+        lines.append(f"{name}:1:1: ... and {len(errors) - MAX_ERRORS} more errors")
+    return lines
+
+
+def _yaml_error(name: str, text: str, e: yaml.YAMLError) -> PolicyError:
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f"{mark.line + 1}:{mark.column + 1}" if mark else "1:1"
+        what = e.problem or e.context or "invalid YAML"
+        if e.context and e.problem and e.problem.startswith("but "):
+            what = f"{e.context}, {e.problem}"  # PyYAML splits one sentence in two
+        elif e.context and e.problem and e.context_mark:
+            what = f"{what} ({e.context} at line {e.context_mark.line + 1})"
+        return PolicyError([f"{name}:{where}: yaml: {what}"])
+    if isinstance(e, yaml.reader.ReaderError):
+        before = text[: e.position]
+        line, col = before.count("\n") + 1, e.position - (before.rfind("\n") + 1) + 1
+        return PolicyError([f"{name}:{line}:{col}: yaml: {e.reason} (#x{e.character:04x})"])
+    return PolicyError([f"{name}:1:1: yaml: {e}"])
+
+
+def load_policy_text(text: str, name: str = "<policy>") -> Policy:
+    """Validate policy YAML held in memory; `name` prefixes every error line."""
+    if len(text.encode()) > MAX_BYTES:
+        raise PolicyError([f"{name}:1:1: file is larger than {MAX_BYTES} bytes (1 MiB cap)"])
+    try:
+        loader = _Loader(text)
+    except yaml.YAMLError as e:  # the reader checks every character up front
+        raise _yaml_error(name, text, e) from None
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise PolicyError([f"{name}:1:1: the policy document is empty"])
+        b = _Builder(loader)
+        data = b.build(root, ())
+    except yaml.YAMLError as e:
+        raise _yaml_error(name, text, e) from None
+    except _TooBig as e:
+        raise PolicyError([f"{name}:{e.pos[0]}:{e.pos[1]}: {e.message}"]) from None
+    except RecursionError:
+        raise PolicyError([f"{name}:1:1: yaml: nested too deeply"]) from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        line, col = _pos(root)
+        raise PolicyError([f"{name}:{line}:{col}: the top level must be a mapping"])
+    errs = list(b.errors)  # YAML-level problems, reported together with the schema's
+    try:
+        policy = Policy.model_validate(data, context={"defer_references": True})
+    except ValidationError as e:
+        for err in e.errors():
+            key_first = err["type"] == "extra_forbidden"
+            found, pos = _position(tuple(err["loc"]), data, b, key_first)
+            errs.append((pos, format_loc(found), _message(err)))
+        raise PolicyError(_format(name, errs)) from None
+    if errs:
+        raise PolicyError(_format(name, errs))
+    problems = reference_errors(policy)
+    if problems:
+        errs = [(_position(loc, data, b, False)[1], format_loc(loc), msg) for loc, msg in problems]
+        raise PolicyError(_format(name, errs))
+    return policy
 
 
 def load_policy(path: Path) -> Policy:
+    """Read and validate a policy file; raises PolicyError listing every problem found."""
+    name = str(path)
     try:
-        text = path.read_text()
-        data = yaml.safe_load(text) or {}
-        return Policy.model_validate(data)
-    except (OSError, yaml.YAMLError) as e:
-        raise PolicyError([f"{path}:1:1: {e}"]) from e
-    except ValidationError as e:
-        raise PolicyError([f"{path}:1:1: {err['msg']}" for err in e.errors()]) from e
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise PolicyError([f"{name}:1:1: cannot read: {e.strerror or e}"]) from None
+    if len(raw) > MAX_BYTES:
+        raise PolicyError([f"{name}:1:1: file is larger than {MAX_BYTES} bytes (1 MiB cap)"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise PolicyError([f"{name}:{line}:{col}: not valid UTF-8"]) from None
+    return load_policy_text(text, name)

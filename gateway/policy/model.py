@@ -2,13 +2,30 @@
 
 The model validates; `compiled.py` turns a valid model into the frozen lookup structures the hot
 path uses. Nothing here does I/O.
+
+Checks that need the whole document (unknown backend in a route, duplicate names, a route mixing
+protocols) live in `reference_errors`, which returns each problem with the location of the
+offending field, so that the loader can point at its line and column. `Policy` runs it in an
+after-validator too (raising the first problem), unless the validation context holds
+`{"defer_references": True}`, which the loader sets because it reports them all with positions.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+Loc = tuple[str | int, ...]
 
 HostPort = Annotated[
     str,
@@ -20,11 +37,12 @@ HostPort = Annotated[
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf/nan would pass PositiveFloat (`.inf` is valid YAML) and disable a timeout by accident.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Listener(_Model):
-    host: str = Field("0.0.0.0", description="address to bind")
+    host: str = Field(default="0.0.0.0", description="address to bind")
     port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")
 
 
@@ -44,64 +62,84 @@ class Listeners(_Model):
 class Limits(_Model):
     """Size and concurrency bounds of the ingress."""
 
-    max_header_bytes: PositiveInt = Field(16384, description="total request header bytes (431)")
-    max_header_count: PositiveInt = Field(100, description="number of request headers (431)")
-    max_line_bytes: PositiveInt = Field(8190, description="request line / one header line")
+    max_header_bytes: PositiveInt = Field(
+        default=16384, description="total request header bytes (431)"
+    )
+    max_header_count: PositiveInt = Field(
+        default=100, description="number of request headers (431)"
+    )
+    max_line_bytes: PositiveInt = Field(default=8190, description="request line / one header line")
     max_body_bytes: PositiveInt = Field(
-        16 * 1024 * 1024, description="request body bytes (413); also the gRPC request message cap"
+        default=16 * 1024 * 1024,
+        description="request body bytes (413); also the gRPC request message cap",
     )
     max_response_header_bytes: PositiveInt = Field(
-        65536, description="upstream response header bytes before 502"
+        default=65536, description="upstream response header bytes before 502"
     )
     grpc_max_message_bytes: PositiveInt = Field(
-        16 * 1024 * 1024, description="largest gRPC message either way"
+        default=16 * 1024 * 1024, description="largest gRPC message either way"
     )
     grpc_max_concurrent_streams: PositiveInt = Field(
-        100, description="HTTP/2 max concurrent streams per gRPC connection"
+        default=100, description="HTTP/2 max concurrent streams per gRPC connection"
     )
-    grpc_max_metadata_bytes: PositiveInt = Field(16384, description="gRPC metadata bytes")
+    grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
     grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(
-        60.0, description="pings closer than this without data count as strikes (GOAWAY)"
+        default=60.0, description="pings closer than this without data count as strikes (GOAWAY)"
     )
     max_connections_per_backend: PositiveInt = Field(
-        256, description="upstream HTTP connections per endpoint; excess requests wait"
+        default=256, description="upstream HTTP connections per endpoint; excess requests wait"
     )
     max_idle_connections_per_backend: int = Field(
-        32, ge=0, description="idle upstream keep-alive connections kept per endpoint"
+        default=32, ge=0, description="idle upstream keep-alive connections kept per endpoint"
     )
 
 
 class Timeouts(_Model):
-    connect_s: PositiveFloat = Field(2.0, description="TCP connect to a backend (504)")
+    connect_s: PositiveFloat = Field(default=2.0, description="TCP connect to a backend (504)")
     first_byte_s: PositiveFloat = Field(
-        30.0, description="from request sent to response headers (504); LLM prefill can be slow"
+        default=30.0,
+        description="from request sent to response headers (504); LLM prefill can be slow",
     )
     idle_s: PositiveFloat = Field(
-        60.0, description="longest silence between body chunks either way (504 or cut)"
+        default=60.0, description="longest silence between body chunks either way (504 or cut)"
     )
-    total_s: PositiveFloat = Field(600.0, description="whole request, streams included (504)")
-    header_read_s: PositiveFloat = Field(10.0, description="client must send headers within this")
-    keepalive_s: PositiveFloat = Field(75.0, description="idle client keep-alive connection")
+    total_s: PositiveFloat = Field(
+        default=600.0, description="whole request, streams included (504)"
+    )
+    header_read_s: PositiveFloat = Field(
+        default=10.0, description="client must send headers within this"
+    )
+    keepalive_s: PositiveFloat = Field(
+        default=75.0, description="idle client keep-alive connection"
+    )
     upstream_idle_s: PositiveFloat = Field(
-        30.0, description="idle upstream keep-alive connection is closed after this"
+        default=30.0, description="idle upstream keep-alive connection is closed after this"
     )
     drain_s: PositiveFloat = Field(
-        30.0, description="on SIGTERM, in-flight requests (streams too) get this long to finish"
+        default=30.0,
+        description="on SIGTERM, in-flight requests (streams too) get this long to finish",
     )
 
 
 class Endpoint(_Model):
     address: HostPort = Field(description="host:port of one backend instance")
-    weight: int = Field(1, ge=0, le=10000, description="relative share; 0 = out of rotation")
+    weight: int = Field(
+        default=1, ge=0, le=10000, description="relative share; 0 = out of rotation"
+    )
+
+
+GrpcMethod = Annotated[
+    str, Field(pattern=r"^/[A-Za-z0-9_.]+/[A-Za-z0-9_]+$", description="/pkg.Service/Method")
+]
 
 
 class Backend(_Model):
     name: str = Field(
         min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
     )
-    protocol: Literal["http", "grpc"] = Field("http", description="how Sluice talks to it")
+    protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
     endpoints: list[Endpoint] = Field(min_length=1, description="instances, weighted round robin")
-    unary_methods: list[str] = Field(
+    unary_methods: list[GrpcMethod] = Field(
         default_factory=list,
         description="gRPC methods (/pkg.Service/Method) known to be unary: served by a cheaper "
         "unary handler; all others are proxied as stream-stream",
@@ -114,12 +152,16 @@ class Backend(_Model):
 
 class HeaderMatch(_Model):
     name: str = Field(min_length=1, description="header (HTTP) or metadata key (gRPC)")
-    value: str | None = Field(None, description="exact value; null = present with any value")
+    value: str | None = Field(
+        default=None, description="exact value; null = present with any value"
+    )
 
 
 class RouteMatch(_Model):
-    protocol: Literal["http", "grpc", "any"] = Field("any", description="which listener")
-    path_prefix: str = Field("/", description="HTTP path prefix, or gRPC '/pkg.Service/' prefix")
+    protocol: Literal["http", "grpc", "any"] = Field(default="any", description="which listener")
+    path_prefix: str = Field(
+        default="/", description="HTTP path prefix, or gRPC '/pkg.Service/' prefix"
+    )
     methods: list[str] = Field(
         default_factory=list, description="HTTP methods; empty = any (gRPC is always POST)"
     )
@@ -128,7 +170,9 @@ class RouteMatch(_Model):
 
 class WeightedBackend(_Model):
     backend: str = Field(description="backend name")
-    weight: int = Field(1, ge=0, le=10000, description="relative share of this route's traffic")
+    weight: int = Field(
+        default=1, ge=0, le=10000, description="relative share of this route's traffic"
+    )
 
 
 class Route(_Model):
@@ -136,12 +180,14 @@ class Route(_Model):
     match: RouteMatch = Field(
         default_factory=RouteMatch, description="first route that matches wins"
     )
-    backend: str | None = Field(None, description="one backend (or use `backends`)")
+    backend: str | None = Field(default=None, description="one backend (or use `backends`)")
     backends: list[WeightedBackend] = Field(
         default_factory=list, description="weighted split between backends"
     )
-    timeouts: Timeouts | None = Field(None, description="overrides the global timeouts")
-    strip_prefix: str = Field("", description="removed from the HTTP path before forwarding")
+    timeouts: Timeouts | None = Field(default=None, description="overrides the global timeouts")
+    strip_prefix: str = Field(
+        default="", description="removed from the HTTP path before forwarding"
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> Route:
@@ -151,7 +197,7 @@ class Route(_Model):
 
 
 class AccessLog(_Model):
-    enabled: bool = Field(True, description="one JSON line per request on stderr")
+    enabled: bool = Field(default=True, description="one JSON line per request on stderr")
     headers: list[str] = Field(
         default_factory=list,
         description="extra request headers to log; authorization/cookie are never logged",
@@ -161,50 +207,171 @@ class AccessLog(_Model):
 class MockBackend(_Model):
     """The built-in simulated inference server, started in-process (for `make run` and demos)."""
 
-    enabled: bool = Field(False, description="start the simulated backend inside the gateway")
-    http: HostPort | None = Field("127.0.0.1:18000", description="its HTTP listener")
-    grpc: HostPort | None = Field("127.0.0.1:18001", description="its gRPC listener")
-    ttft_ms: float = Field(50.0, ge=0, description="time to first token")
-    token_delay_ms: float = Field(10.0, ge=0, description="delay between streamed tokens")
-    completion_tokens: int = Field(16, ge=1, le=100000, description="tokens per completion")
+    enabled: bool = Field(
+        default=False, description="start the simulated backend inside the gateway"
+    )
+    http: HostPort | None = Field(default="127.0.0.1:18000", description="its HTTP listener")
+    grpc: HostPort | None = Field(default="127.0.0.1:18001", description="its gRPC listener")
+    ttft_ms: float = Field(default=50.0, ge=0, description="time to first token")
+    token_delay_ms: float = Field(default=10.0, ge=0, description="delay between streamed tokens")
+    completion_tokens: int = Field(default=16, ge=1, le=100000, description="tokens per completion")
+
+
+class DatapathBudget(_Model):
+    """A token bucket: `rate` per second, up to `burst` at once; rate 0 means unlimited."""
+
+    rate: int = Field(
+        default=0, ge=0, le=4_000_000_000, description="tokens per second (0 = unlimited)"
+    )
+    burst: int = Field(
+        default=0, ge=0, le=4_000_000_000, description="bucket size (0 = same as rate)"
+    )
 
 
 class Datapath(_Model):
-    """eBPF TC classifier (filled in by the datapath issue)."""
+    """eBPF TC classifier: per-flow counters, per-source admission, deny list, rapid reset."""
 
-    enabled: bool = Field(False, description="attach the TC classifier")
-    required: bool = Field(False, description="refuse to start if it cannot attach")
-    interface: str = Field("eth0", description="interface to attach to")
+    enabled: bool = Field(default=False, description="attach the TC classifier")
+    required: bool = Field(default=False, description="refuse to start if it cannot attach")
+    interface: str = Field(default="eth0", description="interface to attach to")
+    egress: bool = Field(default=True, description="also attach on egress (priority-class marking)")
+    h2c_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=lambda: [8081],
+        description="local ports carrying cleartext h2c: HTTP/2 frames are counted there",
+    )
+    admission_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=list,
+        description="local ports where SYN budgets and the deny list apply (empty = h2c_ports)",
+    )
+    syn_budget: DatapathBudget = Field(
+        default_factory=DatapathBudget, description="new connections per source address (SYN)"
+    )
+    stream_budget: DatapathBudget = Field(
+        default_factory=DatapathBudget,
+        description="new HTTP/2 streams (HEADERS) per source address",
+    )
+    deny_ttl_s: PositiveFloat = Field(
+        default=30.0, description="how long a source shed in the kernel on red stays denied"
+    )
+    rapid_reset_window_s: PositiveFloat = Field(
+        default=1.0, description="window over which RST_STREAM / HEADERS is measured per flow"
+    )
+    rapid_reset_ratio: float = Field(
+        default=0.8,
+        gt=0,
+        le=10,
+        description="RST_STREAM / HEADERS ratio at which a flow is dropped",
+    )
+    rapid_reset_min_headers: PositiveInt = Field(
+        default=100, description="HEADERS needed in the window before a flow can be judged"
+    )
+    class_priority: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: {"critical": 6, "high": 4, "normal": 0, "low": 1},
+        description="priority class -> skb->priority set on egress (0 = leave it); at most 8",
+    )
+    port_class: dict[int, str] = Field(
+        default_factory=dict, description="local port -> priority class of its egress packets"
+    )
+    max_flows: PositiveInt = Field(default=65536, description="flow table size (-DMAX_FLOWS)")
+    max_sources: PositiveInt = Field(
+        default=65536, description="per-source table size (-DMAX_SOURCES)"
+    )
+    max_deny: PositiveInt = Field(default=16384, description="deny list size (-DMAX_DENY)")
+    sync_interval_s: PositiveFloat = Field(
+        default=1.0, description="how often budgets are written and counters read into metrics"
+    )
 
 
 FilterName = Literal["request_id", "access_log", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "route")
 
 
 class Policy(_Model):
-    version: Literal[1] = Field(1, description="schema version")
+    version: Literal[1] = Field(default=1, description="schema version")
     listeners: Listeners = Field(default_factory=Listeners, description="where Sluice listens")
     limits: Limits = Field(default_factory=Limits, description="size/concurrency bounds")
     timeouts: Timeouts = Field(default_factory=Timeouts, description="global timeouts")
     backends: list[Backend] = Field(default_factory=list, description="upstream pools")
     routes: list[Route] = Field(default_factory=list, description="first match wins")
     filters: list[FilterName] = Field(
-        default_factory=lambda: ["request_id", "access_log", "route"],
+        default_factory=lambda: list(DEFAULT_FILTERS),
         description="filter order of the chain",
     )
     access_log: AccessLog = Field(default_factory=AccessLog, description="structured access log")
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
 
-    @model_validator(mode="after")
-    def _references(self) -> Policy:
-        names = [b.name for b in self.backends]
-        dup = {n for n in names if names.count(n) > 1}
+    @field_validator("filters")
+    @classmethod
+    def _filter_order(cls, v: list[str]) -> list[str]:
+        dup = sorted({f for f in v if v.count(f) > 1})
         if dup:
-            raise ValueError(f"duplicate backend names: {sorted(dup)}")
-        known = set(names)
-        for i, r in enumerate(self.routes):
-            targets = [r.backend] if r.backend else [w.backend for w in r.backends]
-            for t in targets:
-                if t not in known:
-                    raise ValueError(f"routes[{i}] ({r.name}): unknown backend {t!r}")
+            raise ValueError(f"each filter may appear once; repeated: {', '.join(dup)}")
+        if "route" not in v:
+            raise ValueError("the filter chain must contain 'route' (nothing is forwarded without)")
+        return v
+
+    @model_validator(mode="after")
+    def _references(self, info: ValidationInfo) -> Policy:
+        if info.context and info.context.get("defer_references"):
+            return self
+        problems = reference_errors(self)
+        if problems:
+            loc, msg = problems[0]
+            raise ValueError(f"{format_loc(loc)}: {msg}")
         return self
+
+
+def format_loc(loc: Loc) -> str:
+    """`("routes", 0, "backend")` → `routes[0].backend`."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
+    """Problems that span fields, each with the location of the field at fault, in file order."""
+    errors: list[tuple[Loc, str]] = []
+    protocols: dict[str, str] = {}
+    for j, b in enumerate(p.backends):
+        if b.name in protocols:
+            errors.append((("backends", j, "name"), f"duplicate backend name {b.name!r}"))
+        protocols.setdefault(b.name, b.protocol)
+        if b.unary_methods and b.protocol != "grpc":
+            errors.append(
+                (("backends", j, "unary_methods"), "unary_methods only apply to grpc backends")
+            )
+    seen_routes: set[str] = set()
+    for i, r in enumerate(p.routes):
+        if r.name in seen_routes:
+            errors.append((("routes", i, "name"), f"duplicate route name {r.name!r}"))
+        seen_routes.add(r.name)
+        refs: list[tuple[Loc, str]] = (
+            [(("routes", i, "backend"), r.backend)]
+            if r.backend is not None
+            else [
+                (("routes", i, "backends", k, "backend"), w.backend)
+                for k, w in enumerate(r.backends)
+            ]
+        )
+        used: set[str] = set()
+        for loc, name in refs:
+            if name not in protocols:
+                known = ", ".join(sorted(protocols)) or "none defined"
+                errors.append((loc, f"unknown backend {name!r} (known: {known})"))
+            else:
+                used.add(protocols[name])
+        if len(used) > 1:
+            errors.append((("routes", i, "backends"), "a route cannot mix http and grpc backends"))
+        elif used and r.match.protocol != "any" and used != {r.match.protocol}:
+            errors.append(
+                (
+                    ("routes", i, "match", "protocol"),
+                    f"route matches {r.match.protocol} requests but its backends speak "
+                    f"{used.pop()}",
+                )
+            )
+        if r.strip_prefix and not r.strip_prefix.startswith("/"):
+            errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+    return errors

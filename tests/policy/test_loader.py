@@ -1,0 +1,193 @@
+"""Loader: every rejected document yields `PATH:LINE:COL: message` lines pointing at the node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.errors import PolicyError
+from gateway.policy.loader import MAX_BYTES, MAX_NODES, load_policy, load_policy_text
+from gateway.policy.model import Policy
+
+GOOD = """\
+version: 1
+backends:
+  - name: a
+    endpoints:
+      - address: 127.0.0.1:9000
+  - name: g
+    protocol: grpc
+    endpoints:
+      - address: 127.0.0.1:9001
+routes:
+  - name: r
+    match: {protocol: http}
+    backend: a
+"""
+
+
+def errors_of(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    prefix = f"{path}:"
+    assert all(line.startswith(prefix) for line in info.value.errors), info.value.errors
+    return [line[len(prefix) :] for line in info.value.errors]
+
+
+def test_good_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    policy = load_policy(path)
+    assert isinstance(policy, Policy)
+    assert [b.name for b in policy.backends] == ["a", "g"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "timeouts:\n  connect_s: fast\n",
+            "2:14: timeouts.connect_s: Input should be a valid number",
+            id="bad-type",
+        ),
+        pytest.param(
+            "timeouts:\n  connect_s: 1\n  conect_s: 2\n",
+            "3:3: timeouts.conect_s: unknown field",
+            id="unknown-field",
+        ),
+        pytest.param(
+            "listeners:\n  http:\n    host: 0.0.0.0\n",
+            "3:5: listeners.http.port: required field is missing",
+            id="missing-field",
+        ),
+        pytest.param(
+            GOOD.replace("    backend: a\n", "    backend: x\n"),
+            "13:14: routes[0].backend: unknown backend 'x' (known: a, g)",
+            id="unknown-backend",
+        ),
+        pytest.param(
+            GOOD + "  - name: s\n    backends:\n      - backend: a\n      - backend: nope\n",
+            "17:18: routes[1].backends[1].backend: unknown backend 'nope'",
+            id="unknown-backend-in-split",
+        ),
+        pytest.param(
+            GOOD + "  - name: m\n    backends: [{backend: a}, {backend: g}]\n",
+            "15:15: routes[1].backends: a route cannot mix http and grpc backends",
+            id="mixed-protocols",
+        ),
+        pytest.param(
+            GOOD.replace("  - name: g\n", "  - name: a\n"),
+            "6:11: backends[1].name: duplicate backend name 'a'",
+            id="duplicate-backend",
+        ),
+        pytest.param(
+            GOOD.replace("    backend: a\n", "    backend: a\n    backend: a\n"),
+            "14:5: routes[0].backend: duplicate key 'backend' (first at line 13)",
+            id="duplicate-key",
+        ),
+        pytest.param(
+            "filters: [request_id, access_log]\n",
+            "1:10: filters: the filter chain must contain 'route'",
+            id="filters-without-route",
+        ),
+        pytest.param(
+            "filters: [route, route]\n",
+            "1:10: filters: each filter may appear once; repeated: route",
+            id="filters-duplicate",
+        ),
+        pytest.param(
+            "timeouts:\n  connect_s: [1, 2\n",
+            "3:1: yaml: expected ',' or ']', but got '<stream end>'",
+            id="yaml-syntax",
+        ),
+        pytest.param("a: 1\n---\nb: 2\n", "2:1: yaml: expected a single document", id="two-docs"),
+        pytest.param("- 1\n- 2\n", "1:1: the top level must be a mapping", id="not-a-mapping"),
+        pytest.param("# nothing\n", "1:1: the policy document is empty", id="empty"),
+        pytest.param(
+            "timeouts:\n  connect_s: .inf\n",
+            "2:14: timeouts.connect_s: Input should be a finite number",
+            id="infinite",
+        ),
+        pytest.param(
+            "x: !!python/object/apply:os.system [true]\n",
+            "1:4: x: unsupported tag 'tag:yaml.org,2002:python/object/apply:os.system'",
+            id="python-tag",
+        ),
+        pytest.param(
+            "base: &b {connect_s: 1}\ntimeouts:\n  <<: *b\n",
+            "3:3: timeouts: merge keys (<<) are not supported",
+            id="merge-key",
+        ),
+    ],
+)
+def test_error_points_at_the_node(tmp_path: Path, text: str, expected: str) -> None:
+    errors = errors_of(tmp_path, text)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_all_errors_are_reported_in_file_order(tmp_path: Path) -> None:
+    text = "timeouts:\n  connect_s: fast\n  bogus: 1\nlisteners:\n  http: {host: x}\n"
+    errors = errors_of(tmp_path, text)
+    assert [e.split(": ")[0] for e in errors] == ["2:14", "3:3", "5:9"]
+
+
+def test_too_large_file_is_refused_before_parsing(tmp_path: Path) -> None:
+    errors = errors_of(tmp_path, "a: " + "x" * MAX_BYTES + "\n")
+    assert errors == [f"1:1: file is larger than {MAX_BYTES} bytes (1 MiB cap)"]
+
+
+def test_alias_bomb_is_refused(tmp_path: Path) -> None:
+    # "Billion laughs": 10^7 values from a few hundred bytes.
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 8):
+        refs = ", ".join([f"*l{i - 1}"] * 10)
+        levels.append(f"l{i}: &l{i} [{refs}]")
+    errors = errors_of(tmp_path, "\n".join(levels) + "\n")
+    assert len(errors) == 1
+    assert errors[0].endswith(f"document expands to more than {MAX_NODES} values (alias bomb?)")
+
+
+def test_small_aliases_are_fine() -> None:
+    text = (
+        GOOD + "  - name: r2\n    match: &m {protocol: http, path_prefix: /v2/}\n    backend: a\n"
+    )
+    text += "  - name: r3\n    match: *m\n    backend: a\n"
+    policy = load_policy_text(text, "mem")
+    assert policy.routes[2].match.path_prefix == "/v2/"
+
+
+def test_recursive_alias_is_refused() -> None:
+    with pytest.raises(PolicyError, match=r"mem:1:4: nested deeper than"):
+        load_policy_text("a: &a [*a]\n", "mem")
+
+
+def test_deep_nesting_is_refused() -> None:
+    with pytest.raises(PolicyError, match="nested"):
+        load_policy_text("[" * 5000, "mem")
+
+
+def test_invalid_utf8_has_a_position(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"version: 1\nx: \xff\n")
+    with pytest.raises(PolicyError, match=r"p.yaml:2:4: not valid UTF-8"):
+        load_policy(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "absent.yaml")
+
+
+def test_yaml_11_booleans_as_keys_stay_strings() -> None:
+    # `on:` or `no:` would be booleans for PyYAML; as keys they are names, reported as such.
+    with pytest.raises(PolicyError, match=r"mem:1:1: on: unknown field"):
+        load_policy_text("on: 1\n", "mem")
+
+
+def test_references_checked_when_built_in_python() -> None:
+    # Outside the loader (no positions), the model still refuses a dangling reference.
+    with pytest.raises(ValueError, match=r"routes\[0\]\.backend: unknown backend 'x'"):
+        Policy.model_validate({"routes": [{"name": "r", "backend": "x"}]})

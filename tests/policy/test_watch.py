@@ -1,0 +1,190 @@
+"""PolicyWatcher: polls stat, debounces, reloads once per settled change, never dies.
+
+`poll(now)` is driven with a manual time for the exact debounce rules; the asyncio tests run the
+real task on a short interval against real files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.holder import PolicyHolder
+from gateway.policy.watch import PolicyWatcher
+
+V1 = """\
+backends:
+  - name: a
+    endpoints: [{address: "127.0.0.1:9000"}]
+routes:
+  - name: main
+    backend: a
+"""
+V2 = V1.replace("9000", "9010")
+V3 = V1.replace("9000", "9020")
+
+
+def build(c: CompiledPolicy) -> CompiledPolicy:
+    return c
+
+
+def make(tmp_path: Path) -> tuple[PolicyHolder[CompiledPolicy], Path]:
+    path = tmp_path / "policy.yaml"
+    path.write_text(V1)
+    return PolicyHolder(path, build), path
+
+
+async def wait_until(cond: object, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_poll_waits_for_the_signature_to_settle(tmp_path: Path) -> None:
+    holder, path = make(tmp_path)
+    w = PolicyWatcher(holder, interval_s=1.0, debounce_s=0.3)
+    w.start()
+    try:
+        assert w.poll(10.0) is None  # nothing changed
+        path.write_text(V2[:40])  # a partial write...
+        assert w.poll(10.1) is None
+        path.write_text(V2[:80])  # ...more of it, 0.1 s later: the clock restarts
+        assert w.poll(10.2) is None
+        path.write_text(V2)
+        assert w.poll(10.3) is None
+        assert w.poll(10.5) is None  # stable for 0.2 s only
+        result = w.poll(10.7)  # stable for longer than 0.3 s
+        assert result is not None and result.ok and result.changed
+        assert holder.reloads == 1
+        assert w.poll(20.0) is None  # nothing new
+        assert holder.reloads == 1
+    finally:
+        await w.stop()
+
+
+async def test_poll_failed_reload_is_not_retried_until_the_file_changes(tmp_path: Path) -> None:
+    holder, path = make(tmp_path)
+    v1 = holder.version
+    w = PolicyWatcher(holder, interval_s=1.0, debounce_s=0.0)
+    w.start()
+    try:
+        path.write_text("routes: [oops\n")
+        result = w.poll(1.0)
+        assert result is not None and not result.ok
+        assert result.errors[0].startswith(f"{path}:2:1: yaml:")
+        assert holder.version == v1
+        for t in (2.0, 3.0, 4.0):
+            assert w.poll(t) is None  # no error storm
+        assert holder.reloads == 1
+        path.unlink()
+        assert w.poll(5.0) is None  # a missing file keeps the old policy, quietly
+        path.write_text(V2)
+        result = w.poll(6.0)
+        assert result is not None and result.changed
+    finally:
+        await w.stop()
+
+
+async def test_good_change_is_reloaded_after_debounce(tmp_path: Path) -> None:
+    holder, path = make(tmp_path)
+    v1 = holder.version
+    w = PolicyWatcher(holder, interval_s=0.02, debounce_s=0.1)
+    w.start()
+    try:
+        path.write_text(V2)
+        await wait_until(lambda: holder.version != v1)
+        assert holder.reloads == 1
+        assert holder.last_result.ok
+    finally:
+        await w.stop()
+
+
+async def test_garbage_is_recorded_and_old_version_stays(tmp_path: Path) -> None:
+    holder, path = make(tmp_path)
+    v1 = holder.version
+    w = PolicyWatcher(holder, interval_s=0.02, debounce_s=0.05)
+    w.start()
+    try:
+        path.write_bytes(b"\x00\x01garbage: [\n")
+        await wait_until(lambda: holder.reloads >= 1)
+        assert not holder.last_result.ok
+        assert holder.last_result.errors[0].startswith(f"{path}:1:1: yaml:")
+        assert holder.version == v1
+        await asyncio.sleep(0.2)
+        assert holder.reloads == 1  # not retried while the file stays the same
+    finally:
+        await w.stop()
+
+
+async def test_rapid_partial_writes_cause_one_reload(tmp_path: Path) -> None:
+    holder, path = make(tmp_path)
+    w = PolicyWatcher(holder, interval_s=0.02, debounce_s=0.3)
+    w.start()
+    try:
+        with path.open("w") as f:  # an editor streaming the file out in chunks
+            for i in range(0, len(V3), 20):
+                f.write(V3[i : i + 20])
+                f.flush()
+                await asyncio.sleep(0.04)
+        await wait_until(lambda: holder.reloads >= 1)
+        await asyncio.sleep(0.4)
+        assert holder.reloads == 1
+        assert holder.last_result.ok and holder.last_result.changed
+    finally:
+        await w.stop()
+
+
+async def test_editor_rename_and_configmap_symlink_swap(tmp_path: Path) -> None:
+    # Kubernetes ConfigMap volume layout: policy.yaml -> ..data/policy.yaml, ..data -> ..v1
+    (tmp_path / "..v1").mkdir()
+    (tmp_path / "..v1" / "policy.yaml").write_text(V1)
+    os.symlink("..v1", tmp_path / "..data")
+    path = tmp_path / "policy.yaml"
+    os.symlink("..data/policy.yaml", path)
+    holder = PolicyHolder(path, build)
+    w = PolicyWatcher(holder, interval_s=0.02, debounce_s=0.05)
+    w.start()
+    try:
+        v1 = holder.version
+        (tmp_path / "..v2").mkdir()
+        (tmp_path / "..v2" / "policy.yaml").write_text(V2)
+        os.symlink("..v2", tmp_path / "..data_tmp")
+        os.rename(tmp_path / "..data_tmp", tmp_path / "..data")  # atomic swap, as kubelet does
+        await wait_until(lambda: holder.version != v1)
+        v2 = holder.version
+        # An editor's write-to-temp-then-rename over the resolved file.
+        tmp = tmp_path / "..v2" / ".policy.yaml.swp"
+        tmp.write_text(V3)
+        os.replace(tmp, tmp_path / "..v2" / "policy.yaml")
+        await wait_until(lambda: holder.version != v2)
+        assert holder.reloads == 2
+    finally:
+        await w.stop()
+
+
+async def test_watcher_survives_a_failing_poll(tmp_path: Path) -> None:
+    holder, path = make(tmp_path)
+    calls = 0
+
+    class Exploding:
+        path = holder.path
+
+        def reload(self):  # type: ignore[no-untyped-def]
+            nonlocal calls
+            calls += 1
+            raise RuntimeError("boom")
+
+    w = PolicyWatcher(Exploding(), interval_s=0.02, debounce_s=0.0)
+    w.start()
+    try:
+        path.write_text(V2)
+        await wait_until(lambda: calls >= 1)
+        path.write_text(V3)
+        await wait_until(lambda: calls >= 2)  # still polling after the exception
+    finally:
+        await w.stop()
+    await w.stop()  # idempotent
