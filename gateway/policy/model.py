@@ -80,7 +80,9 @@ class Limits(_Model):
         default=16 * 1024 * 1024, description="largest gRPC message either way"
     )
     grpc_max_concurrent_streams: PositiveInt = Field(
-        default=100, description="HTTP/2 max concurrent streams per gRPC connection"
+        default=1000,
+        description="HTTP/2 max concurrent streams per gRPC connection; grpc clients do not "
+        "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
     )
     grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
     grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(

@@ -1,0 +1,184 @@
+"""Upstream gRPC channels: one owner for every grpc.aio channel Sluice opens to a backend.
+
+A channel (one HTTP/2 connection) per endpoint address, opened on first use and reused by every
+request and across policy reloads. After a reload, `prune()` detaches the channels of endpoints
+the policy no longer names (or whose channel options changed) and closes them after a grace, so
+requests still running on the old snapshot finish. Unary-method discovery through the backend's
+server reflection lives in `gateway.adapters.reflection` and is reached through `discover_unary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from gateway.adapters.reflection import discover_unary_methods
+
+if TYPE_CHECKING:
+    from gateway.app import Active
+    from gateway.policy.compiled import Endpoint
+    from gateway.policy.holder import PolicyHolder
+    from gateway.policy.model import Limits
+
+log = logging.getLogger("sluice.grpc.channels")
+
+# Bounded caches of multicallables: method names come from clients, so an unbounded cache would
+# let a client grow our memory by sending random method names. Past the bound we build per call.
+MAX_CACHED_METHODS = 4096
+
+Options = tuple[tuple[str, Any], ...]
+UnaryCallable = Callable[..., grpc.aio.UnaryUnaryCall[bytes, bytes]]
+StreamCallable = Callable[..., grpc.aio.StreamStreamCall[bytes, bytes]]
+
+
+def channel_options(limits: Limits) -> Options:
+    """Channel options for one upstream endpoint, derived from the policy limits."""
+    return (
+        # Sluice answers for retries itself (or not at all): a transparent retry of a
+        # non-idempotent LLM call would double-charge the backend.
+        ("grpc.enable_retries", 0),
+        ("grpc.enable_channelz", 0),
+        ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
+        ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
+        ("grpc.max_metadata_size", limits.grpc_max_metadata_bytes),
+        # Pings every 5 min only while calls are active: grpc servers by default strike pings
+        # closer than 5 min (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS), so this
+        # never earns a GOAWAY(too_many_pings), and still finds a dead peer of a long stream.
+        ("grpc.keepalive_time_ms", 300_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 0),
+        # A restarted sidecar backend is back in ~1 s: do not sit in a 120 s backoff.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+        # Each Sluice channel owns its connection (no sharing through the global subchannel
+        # pool), so closing a pruned channel really closes its socket.
+        ("grpc.use_local_subchannel_pool", 1),
+    )
+
+
+class _Upstream:
+    """One endpoint's channel plus its cached multicallables."""
+
+    __slots__ = ("address", "options", "channel", "unary", "stream")
+
+    def __init__(self, address: str, options: Options) -> None:
+        self.address = address
+        self.options = options
+        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.unary: dict[str, UnaryCallable] = {}
+        self.stream: dict[str, StreamCallable] = {}
+
+
+class ChannelPool:
+    """Upstream grpc.aio channels keyed by endpoint address; the gateway owns and closes it."""
+
+    def __init__(self, holder: PolicyHolder[Active]) -> None:
+        self._holder = holder
+        self._upstreams: dict[str, _Upstream] = {}
+        self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
+        self._options_for: tuple[int, Options] | None = None  # (id(limits), options)
+        self._discovery_failed: set[str] = set()
+
+    def _options(self) -> Options:
+        limits = self._holder.active.policy.policy.limits
+        cached = self._options_for
+        if cached is None or cached[0] != id(limits):
+            cached = self._options_for = (id(limits), channel_options(limits))
+        return cached[1]
+
+    def _upstream(self, endpoint: Endpoint) -> _Upstream:
+        up = self._upstreams.get(endpoint.address)
+        if up is None:
+            up = self._upstreams[endpoint.address] = _Upstream(endpoint.address, self._options())
+        return up
+
+    def get(self, endpoint: Endpoint) -> grpc.aio.Channel:
+        """The channel of this endpoint, opened on first use."""
+        return self._upstream(endpoint).channel
+
+    def unary(self, endpoint: Endpoint, method: str) -> UnaryCallable:
+        """A raw-bytes unary multicallable for `method` on this endpoint, cached."""
+        up = self._upstream(endpoint)
+        mc = up.unary.get(method)
+        if mc is None:
+            cache = len(up.unary) < MAX_CACHED_METHODS
+            # A registered method saves core a per-call method-string lookup; its handle lives
+            # as long as the channel, so only cached (bounded) methods are registered.
+            mc = up.channel.unary_unary(method, None, None, _registered_method=cache)  # type: ignore[call-arg]
+            if cache:
+                up.unary[method] = mc
+        return mc
+
+    def stream(self, endpoint: Endpoint, method: str) -> StreamCallable:
+        """A raw-bytes stream-stream multicallable for `method` on this endpoint, cached."""
+        up = self._upstream(endpoint)
+        mc = up.stream.get(method)
+        if mc is None:
+            cache = len(up.stream) < MAX_CACHED_METHODS
+            mc = up.channel.stream_stream(method, None, None, _registered_method=cache)  # type: ignore[call-arg]
+            if cache:
+                up.stream[method] = mc
+        return mc
+
+    async def discover_unary(self, endpoint: Endpoint, timeout: float) -> set[str]:
+        """Unary methods the endpoint's server reflection lists; empty on any failure (best
+        effort: never raises; a failure is logged once per address until it succeeds again)."""
+        try:
+            found = await discover_unary_methods(self.get(endpoint), timeout)
+        except Exception as e:  # a backend without (or with a broken) reflection is normal
+            if endpoint.address not in self._discovery_failed:
+                self._discovery_failed.add(endpoint.address)
+                log.warning("unary discovery via reflection failed for %s: %r", endpoint.address, e)
+            return set()
+        self._discovery_failed.discard(endpoint.address)
+        return found
+
+    def addresses(self) -> set[str]:
+        return set(self._upstreams)
+
+    async def prune(self, grace: float | None = None) -> int:
+        """Detach channels the active policy no longer needs (endpoint gone, or channel options
+        changed) and close them in the background after `grace` seconds (default: the policy's
+        drain time), so calls still running on the old policy can finish. Returns how many."""
+        compiled = self._holder.active.policy
+        wanted = {e.address for r in compiled.routes for e in r.endpoints if e.protocol == "grpc"}
+        options = self._options()
+        stale = [
+            up
+            for addr, up in self._upstreams.items()
+            if addr not in wanted or up.options != options
+        ]
+        if grace is None:
+            grace = compiled.policy.timeouts.drain_s
+        for up in stale:
+            del self._upstreams[up.address]
+            task = asyncio.get_running_loop().create_task(up.channel.close(grace))
+            self._closing[task] = up.channel
+            task.add_done_callback(self._closed)
+        if stale:
+            log.info(
+                "closing %d upstream gRPC channel(s): %s", len(stale), [u.address for u in stale]
+            )
+        return len(stale)
+
+    def _closed(self, task: asyncio.Task[None]) -> None:
+        self._closing.pop(task, None)
+
+    async def aclose(self) -> None:
+        """Close every channel now (pruned ones still in their grace too); calls still running
+        are cancelled."""
+        channels = [up.channel for up in self._upstreams.values()]
+        self._upstreams = {}
+        closing, self._closing = self._closing, {}
+        for task, channel in closing.items():
+            task.cancel()
+            channels.append(channel)
+        await asyncio.gather(*closing, return_exceptions=True)
+        for channel in channels:
+            await channel.close(None)

@@ -1,0 +1,364 @@
+"""gRPC ingress: a generic grpc.aio proxy for any `/pkg.Service/Method`, raw bytes both ways.
+
+One `GenericRpcHandler` answers every method: a unary handler for methods known to be unary (the
+policy's `unary_methods` plus what the backends' server reflection lists), because a stream-stream
+handler costs ~65 % more per call; stream-stream for every other method, which carries
+unary-stream, stream-unary and stream-stream alike since messages are forwarded as they come.
+Per call the adapter only translates: metadata → RequestInfo, the chain's verdict → a status, and
+bytes, metadata, deadline, status and cancellation between the client and the upstream call.
+
+Sluice registers no grpc.health.v1 service of its own on this port: `/grpc.health.v1.Health/*`
+is proxied like any other method, so a client's health check reports the backend behind its
+route (what a transparent sidecar should do). Sluice's own liveness is on the admin listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+import grpc.aio
+
+from gateway.core.request import Protocol, RequestInfo
+from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
+from gateway.filters.base import RequestContext, Status
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from gateway.app import Active, Gateway
+    from gateway.policy.compiled import CompiledPolicy, Endpoint
+    from gateway.policy.model import Limits
+
+log = logging.getLogger("sluice.grpc")
+
+Metadata = Sequence[tuple[str, str | bytes]]
+Context = grpc.aio.ServicerContext[bytes, bytes]
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+
+CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+# Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
+# (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
+# whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
+DROPPED_METADATA = frozenset(
+    {
+        ":authority", ":path", ":method", ":scheme", "host", "te", "content-type", "user-agent",
+        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
+    }
+)  # fmt: skip
+MAX_CACHED_HANDLERS = 4096  # method names come from clients: bound what we remember of them
+DISCOVERY_TIMEOUT_S = 2.0
+
+_UPSTREAM_ERROR = {
+    grpc.StatusCode.UNAVAILABLE: "upstream_unavailable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "upstream_timeout",
+    grpc.StatusCode.CANCELLED: "upstream_cancelled",
+}
+
+
+def server_options(limits: Limits) -> list[tuple[str, Any]]:
+    """grpc.aio server options from the policy limits (read at start: a reload cannot change
+    them on a bound server)."""
+    return [
+        ("grpc.so_reuseport", 1),  # one process per core shares the port (DESIGN: --workers)
+        ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
+        ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
+        ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
+        ("grpc.max_metadata_size", limits.grpc_max_metadata_bytes),
+        # Ping-flood defence: pings closer than the interval are strikes; 2 strikes → GOAWAY.
+        # Idle keepalive pings at or above the interval are fine (long-lived client channels).
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            int(limits.grpc_keepalive_min_ping_interval_s * 1000),
+        ),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.enable_channelz", 0),
+        # Not grpc.minimal_stack: on the server it drops the message-size filter, and the
+        # max_receive_message_length limit above silently stops being enforced (checked).
+    ]
+
+
+def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, details: str) -> None:
+    ctx.grpc_status = code.value[0]
+    context.set_code(code)
+    if details:
+        context.set_details(details)
+
+
+def _reject(ctx: RequestContext, context: Context) -> None:
+    verdict = ctx.verdict
+    if verdict.retry_after is not None:
+        context.set_trailing_metadata((("retry-after", str(math.ceil(verdict.retry_after))),))
+    _status(ctx, context, CODES.get(verdict.grpc_status, grpc.StatusCode.UNKNOWN), verdict.reason)
+
+
+def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
+    code = e.code()
+    ctx.error = _UPSTREAM_ERROR.get(code, "")
+    if ctx.error and ctx.endpoint is not None:
+        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, ctx.error[9:]).inc()
+    trailing = e.trailing_metadata()
+    if trailing:
+        context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
+    _status(ctx, context, code, e.details() or "")
+
+
+def _crashed(ctx: RequestContext, context: Context) -> None:
+    log.exception("gRPC proxy failed on %s", ctx.info.path)
+    ctx.error = "internal"
+    _status(ctx, context, grpc.StatusCode.INTERNAL, "gateway error")
+
+
+def _cancelled(ctx: RequestContext, context: Context) -> None:
+    # The client's own deadline also reaches us as a cancellation: count it as a deadline.
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        ctx.grpc_status, ctx.error = GRPC_DEADLINE_EXCEEDED, "deadline"
+    else:
+        ctx.grpc_status, ctx.cancelled = GRPC_CANCELLED, True
+
+
+class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """The generic handler: picks the unary or the stream-stream behaviour per method name."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+        self.unary: frozenset[str] = frozenset()
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # type: ignore[type-arg]
+
+    def set_unary(self, methods: frozenset[str]) -> None:
+        if methods != self.unary:
+            self.unary = methods
+            self._handlers = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        method: str = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            if method in self.unary:
+                handler = grpc.unary_unary_rpc_method_handler(
+                    functools.partial(_unary_call, self._gw, method)
+                )
+            else:
+                handler = grpc.stream_stream_rpc_method_handler(
+                    functools.partial(_stream_call, self._gw, method)
+                )
+            if len(self._handlers) < MAX_CACHED_HANDLERS:
+                self._handlers[method] = handler
+        return handler
+
+
+def _begin(active: Active, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+    md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
+    headers = {k: v for k, v in md if type(v) is str}
+    info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
+    return RequestContext(info, active.policy), md
+
+
+def _upstream(
+    ctx: RequestContext, md: Metadata, context: Context
+) -> tuple[list[tuple[str, str | bytes]], float]:
+    """Upstream metadata and timeout: what survives of the client's metadata plus the filters',
+    and the client's remaining deadline capped by the route's total timeout."""
+    extra = ctx.upstream_headers
+    out: list[tuple[str, str | bytes]] = [
+        (k, v)
+        for k, v in md
+        if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
+    ]
+    out.extend(extra.items())
+    assert ctx.route is not None
+    timeout = ctx.route.timeouts.total_s
+    remaining = context.time_remaining()
+    if remaining is not None and remaining < timeout:
+        timeout = remaining
+    return out, timeout
+
+
+# Module-level functions wrapped in functools.partial (not bound methods): grpc checks each
+# behaviour with inspect.iscoroutinefunction per call, which is cheap only for plain functions.
+async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context) -> bytes | None:
+    active = gw.active
+    ctx, md = _begin(active, method, context)
+    ctx.bytes_in = len(request)
+    gw.inflight.enter()
+    try:
+        if await active.chain.on_request(ctx) is Status.STOP:
+            _reject(ctx, context)
+            return None
+        assert ctx.endpoint is not None
+        metadata, timeout = _upstream(ctx, md, context)
+        call = gw.channels.unary(ctx.endpoint, method)(request, timeout=timeout, metadata=metadata)
+        try:
+            response: bytes = await call
+        except grpc.aio.AioRpcError as e:
+            _upstream_failed(ctx, context, e)
+            return None
+        except asyncio.CancelledError:
+            call.cancel()
+            _cancelled(ctx, context)
+            raise
+        initial = await call.initial_metadata()
+        if initial:
+            await context.send_initial_metadata(tuple(initial))
+        trailing = await call.trailing_metadata()
+        if trailing:
+            context.set_trailing_metadata(tuple(trailing))
+        ctx.grpc_status = GRPC_OK
+        ctx.bytes_out = len(response)
+        return response
+    except asyncio.CancelledError:
+        if ctx.grpc_status is None:
+            _cancelled(ctx, context)
+        raise
+    except Exception:
+        _crashed(ctx, context)
+        return None
+    finally:
+        gw.inflight.leave()
+        await gw.finish(active, ctx)
+
+
+async def _stream_call(
+    gw: Gateway, method: str, request_iterator: AsyncIterator[bytes], context: Context
+) -> None:
+    active = gw.active
+    ctx, md = _begin(active, method, context)
+    gw.inflight.enter()
+    pump: asyncio.Task[None] | None = None
+    call: grpc.aio.StreamStreamCall[bytes, bytes] | None = None
+    try:
+        if await active.chain.on_request(ctx) is Status.STOP:
+            _reject(ctx, context)
+            return
+        assert ctx.endpoint is not None
+        metadata, timeout = _upstream(ctx, md, context)
+        call = gw.channels.stream(ctx.endpoint, method)(None, timeout=timeout, metadata=metadata)
+        # The one extra task of a streaming call: client → upstream, as messages come.
+        pump = asyncio.get_running_loop().create_task(_pump(context, call, ctx))
+        try:
+            initial = await call.initial_metadata()
+            if initial:
+                await context.send_initial_metadata(tuple(initial))
+            while True:
+                msg = await call.read()
+                if msg is EOF:
+                    break
+                assert isinstance(msg, bytes)
+                ctx.bytes_out += len(msg)
+                await context.write(msg)
+            code = await call.code()
+        except grpc.aio.AioRpcError as e:
+            _upstream_failed(ctx, context, e)
+            return
+        trailing = await call.trailing_metadata()
+        if trailing:
+            context.set_trailing_metadata(tuple(trailing))
+        if code is grpc.StatusCode.OK:
+            ctx.grpc_status = GRPC_OK
+        else:
+            _status(ctx, context, code, await call.details())
+    except asyncio.CancelledError:
+        if ctx.grpc_status is None:
+            _cancelled(ctx, context)
+        raise
+    except Exception:
+        _crashed(ctx, context)
+    finally:
+        if pump is not None and not pump.done():
+            pump.cancel()
+        if call is not None and not call.done():
+            call.cancel()  # client gone or we failed: the upstream must stop at once
+        gw.inflight.leave()
+        await gw.finish(active, ctx)
+
+
+async def _pump(
+    context: Context, call: grpc.aio.StreamStreamCall[bytes, bytes], ctx: RequestContext
+) -> None:
+    """Forward client messages upstream until the client half-closes or either side ends."""
+    try:
+        while True:
+            msg = await context.read()
+            if msg is EOF:
+                break
+            ctx.bytes_in += len(msg)
+            await call.write(msg)
+        await call.done_writing()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # the upstream finished or the client went: the handler reports it
+        pass
+
+
+class GrpcListener:
+    """The bound gRPC server. `stop(grace)` drains; `refresh_unary()` after policy reloads."""
+
+    def __init__(self, gateway: Gateway, server: grpc.aio.Server, port: int, proxy: _Proxy) -> None:
+        self.port = port
+        self._gw = gateway
+        self._server = server
+        self._proxy = proxy
+        self._discovery: asyncio.Task[frozenset[str]] | None = None
+
+    @property
+    def unary_methods(self) -> frozenset[str]:
+        return self._proxy.unary
+
+    async def refresh_unary(self, timeout: float = DISCOVERY_TIMEOUT_S) -> frozenset[str]:
+        """Recompute the unary set: the policy's `unary_methods` at once, then ∪ what server
+        reflection of each `discover_unary` backend lists (bounded by `timeout`, never raises)."""
+        compiled = self._gw.active.policy
+        self._proxy.set_unary(self._proxy.unary | compiled.unary_methods)
+        found = await asyncio.gather(
+            *(self._gw.channels.discover_unary(e, timeout) for e in _discoverable(compiled))
+        )
+        # The policy may have been swapped while we waited: recompute from the current one.
+        methods = self._gw.active.policy.unary_methods.union(*found)
+        self._proxy.set_unary(methods)
+        return methods
+
+    def start_discovery(self) -> None:
+        """Refresh the unary set in the background (serving goes on with stream-stream)."""
+        if self._discovery is not None and not self._discovery.done():
+            self._discovery.cancel()
+        self._discovery = asyncio.get_running_loop().create_task(self.refresh_unary())
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new RPCs now, let in-flight ones (streams too) run up to `grace`, then cancel."""
+        if self._discovery is not None and not self._discovery.done():
+            self._discovery.cancel()
+            await asyncio.gather(self._discovery, return_exceptions=True)
+        await self._server.stop(grace)
+
+
+def _discoverable(compiled: CompiledPolicy) -> list[Endpoint]:
+    seen: dict[str, Endpoint] = {}
+    for route in compiled.routes:
+        for e in route.endpoints:
+            b = compiled.backends.get(e.backend)
+            if b is not None and b.protocol == "grpc" and b.discover_unary:
+                seen.setdefault(e.address, e)
+    return list(seen.values())
+
+
+async def start_grpc(gateway: Gateway, host: str, port: int) -> GrpcListener:
+    """Bind and start the gRPC listener; unary discovery runs in the background."""
+    proxy = _Proxy(gateway)
+    proxy.set_unary(gateway.active.policy.unary_methods)
+    server = grpc.aio.server(
+        migration_thread_pool=None,
+        handlers=[proxy],
+        options=server_options(gateway.active.policy.policy.limits),
+    )
+    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    await server.start()
+    listener = GrpcListener(gateway, server, bound, proxy)
+    listener.start_discovery()
+    return listener
