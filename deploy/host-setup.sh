@@ -40,3 +40,11 @@ if [ "$(id -u)" = 0 ]; then
         fi
     fi
 fi
+
+# bpffs: the eBPF datapath pins its maps under /sys/fs/bpf/sluice, so a restarted gateway (or
+# `sluice ebpf status`) reopens the same counters, budgets and deny entries. Without it the
+# classifier still works; its maps then live only as long as the attached program.
+if [ "$(id -u)" = 0 ] && ! grep -q " /sys/fs/bpf bpf " /proc/mounts; then
+    mkdir -p /sys/fs/bpf
+    mount -t bpf bpf /sys/fs/bpf && echo "host-setup: mounted bpffs on /sys/fs/bpf"
+fi

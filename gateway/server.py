@@ -71,10 +71,12 @@ class Server:
         self.reuse_port = reuse_port
         self._stack = contextlib.AsyncExitStack()
         self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.http: Any = None
         self.grpc: Any = None
         self.admin: Any = None
         self.mock: Any = None
+        self.datapath: Any = None
         self.ports: dict[str, int] = {}
 
     async def start(self) -> None:
@@ -93,6 +95,14 @@ class Server:
                 "simulated backend on http:%s grpc:%s", self.mock.http_port, self.mock.grpc_port
             )
         self._stack.push_async_callback(self.gateway.aclose)
+        from gateway.datapath import Datapath
+
+        # Does nothing while the policy leaves the datapath off (a reload may turn it on).
+        # Raises DatapathError only when the policy marks it required; an optional one that
+        # fails leaves the gateway serving and says so in /readyz and metrics.
+        self.datapath = Datapath(policy.datapath)
+        await self.datapath.start()
+        self._stack.push_async_callback(self.datapath.stop)
         lst = policy.listeners
         if lst.admin is not None:
             self.admin = await start_admin(
@@ -136,11 +146,19 @@ class Server:
         return self.gateway.holder.status()
 
     def after_swap(self) -> None:
-        """Work that follows a successful swap: forget upstreams that left the policy."""
-        if self.grpc is not None and hasattr(self.grpc, "refresh_unary"):
-            asyncio.get_running_loop().create_task(self.grpc.refresh_unary())
+        """Work that follows a successful swap: forget upstreams that left the policy, learn
+        unary methods again, and push the datapath section into the kernel maps."""
+        jobs = []
+        if self.datapath is not None:
+            jobs.append(self.datapath.update_policy(self.gateway.active.policy.policy.datapath))
+        if self.grpc is not None:
+            jobs.append(self.grpc.refresh_unary())
         if self.gateway._channels is not None:
-            asyncio.get_running_loop().create_task(self.gateway._channels.prune())
+            jobs.append(self.gateway._channels.prune())
+        for job in jobs:
+            task = asyncio.get_running_loop().create_task(job)
+            self._tasks.add(task)  # keep a reference until it is done
+            task.add_done_callback(self._tasks.discard)
 
     def request_stop(self) -> None:
         self._stopping.set()

@@ -105,3 +105,31 @@ def record_request(ctx: RequestContext) -> None:
         CLIENT_CANCELLED.labels(protocol).inc()
     if not ctx.verdict.allowed:
         REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()
+
+
+# --- datapath (eBPF TC classifier; written by gateway/datapath/sync.py) ---------------------
+DATAPATH_UP = Gauge(
+    "sluice_datapath_up",
+    "1 while the TC classifier is attached and its maps sync; 0 when off or failed.",
+    registry=REGISTRY,
+)
+DATAPATH_EVENTS = Counter(
+    "sluice_datapath_events_total",
+    "Kernel classifier counters (packets, bytes, syn_drop, stream_drop, deny_drop, "
+    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, ...).",
+    ["event"],
+    registry=REGISTRY,
+)
+DATAPATH_FLOWS = Gauge(
+    "sluice_datapath_flows", "Flows in the classifier's LRU flow table.", registry=REGISTRY
+)
+DATAPATH_DENIED = Gauge(
+    "sluice_datapath_denied_sources",
+    "Source addresses the kernel sheds now (deny entries not yet expired).",
+    registry=REGISTRY,
+)
+DATAPATH_SYNC_ERRORS = Counter(
+    "sluice_datapath_sync_errors_total",
+    "Failed map syncs between the gateway and the classifier.",
+    registry=REGISTRY,
+)
