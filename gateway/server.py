@@ -192,6 +192,9 @@ class Server:
         if self.http is not None:
             await self.http.close(1.0)
         await self._stack.aclose()
+        from gateway.telemetry.accesslog import SINK
+
+        SINK.flush()
         log.info("stopped")
 
 

@@ -133,3 +133,10 @@ DATAPATH_SYNC_ERRORS = Counter(
     "Failed map syncs between the gateway and the classifier.",
     registry=REGISTRY,
 )
+
+# --- access log -----------------------------------------------------------------------------
+ACCESS_LOG_DROPPED = Counter(
+    "sluice_access_log_dropped_total",
+    "Access log lines (or batches) dropped because stderr was stalled or broken.",
+    registry=REGISTRY,
+)
