@@ -6,7 +6,7 @@ never from request data, so the number of series stays bounded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -90,17 +90,37 @@ POLICY_LAST_RELOAD_OK = Gauge(
 READY = Gauge("sluice_ready", "1 when the gateway accepts traffic.", registry=REGISTRY)
 
 
+# Label children cached by their label values: `.labels()` costs a lock and a tuple per call.
+# Keys come from policy names and small closed sets (codes), so the caches stay small; they are
+# bounded anyway, and a full cache only means the slow path.
+_MAX_CACHED = 4096
+_requests_children: dict[tuple[str, str, str, str], Any] = {}
+_seconds_children: dict[tuple[str, str], Any] = {}
+
+
 def record_request(ctx: RequestContext) -> None:
     """Count one finished request. Called once per request by `Gateway.finish`."""
     route = ctx.route.name if ctx.route is not None else "none"
     backend = ctx.endpoint.backend if ctx.endpoint is not None else "none"
     protocol = ctx.info.protocol.value
-    if ctx.info.protocol.value == "grpc":
+    if protocol == "grpc":
         code = str(ctx.grpc_status if ctx.grpc_status is not None else 2)
     else:
         code = str(ctx.http_status or 0)
-    REQUESTS.labels(route, backend, code, protocol).inc()
-    REQUEST_SECONDS.labels(route, protocol).observe(ctx.elapsed)
+    key = (route, backend, code, protocol)
+    counter = _requests_children.get(key)
+    if counter is None:
+        counter = REQUESTS.labels(*key)
+        if len(_requests_children) < _MAX_CACHED:
+            _requests_children[key] = counter
+    counter.inc()
+    key2 = (route, protocol)
+    hist = _seconds_children.get(key2)
+    if hist is None:
+        hist = REQUEST_SECONDS.labels(*key2)
+        if len(_seconds_children) < _MAX_CACHED:
+            _seconds_children[key2] = hist
+    hist.observe(ctx.elapsed)
     if ctx.cancelled:
         CLIENT_CANCELLED.labels(protocol).inc()
     if not ctx.verdict.allowed:
