@@ -28,7 +28,7 @@ class Chain:
             ctx.attrs["_ran"] = ran
 
     async def on_response(self, ctx: RequestContext) -> None:
-        ran = ctx.attrs.get("_ran", len(self.filters))
+        ran = ctx.attrs.get("_ran", 0)  # on_request never ran: nothing to unwind
         for f in reversed(self.filters[:ran]):
             try:
                 await f.on_response(ctx)
