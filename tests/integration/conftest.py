@@ -33,6 +33,8 @@ def wait_ready(admin_port: int, proc: Proc, timeout: float = 30.0) -> None:
             with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
                 if r.status == 200:
                     return
+        except urllib.error.HTTPError as e:
+            e.close()  # 503 while starting; the error holds the response socket open
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.1)

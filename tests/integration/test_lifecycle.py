@@ -83,12 +83,15 @@ async def test_sighup_reloads(backend: Backend, tmp_path: Path) -> None:
 async def test_sigterm_drains_in_flight_streams(backend: Backend, tmp_path: Path) -> None:
     gw = start_gateway(backend, tmp_path)
     tokens = 40  # 40 × 20 ms ≈ 0.8 s per stream, well inside drain_s = 10
+    backend.knobs(completion_tokens=tokens)
     body = {"model": "m", "stream": True, "max_tokens": tokens, "prompt": "x"}
 
     async def http_stream(s: aiohttp.ClientSession) -> int:
         async with s.post(f"{gw.http}/v1/completions", json=body) as r:
             assert r.status == 200
-            return sum(1 async for line in r.content if line.startswith(b"data: {"))
+            lines = [line.strip() async for line in r.content if line.startswith(b"data: ")]
+            assert lines[-1] == b"data: [DONE]"  # the stream ended normally, not cut
+            return sum(1 for line in lines if b'"finish_reason":null' in line)
 
     async def grpc_stream(stub: object) -> int:
         call = stub.Generate(pb2.InferRequest(prompt="x", max_tokens=tokens), timeout=20)  # type: ignore[attr-defined]
@@ -107,8 +110,10 @@ async def test_sigterm_drains_in_flight_streams(backend: Backend, tmp_path: Path
         # Not ready any more, while the streams go on.
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{gw.admin}/readyz", timeout=2)
+        e.value.close()  # an HTTPError holds the response socket open
         assert e.value.code == 503
         counts = await asyncio.gather(*tasks)
+    backend.knobs(completion_tokens=16)
     assert all(c == tokens for c in counts), counts
     assert gw.proc.popen.wait(15) == 0, gw.proc.output()
     gw.proc.stop()

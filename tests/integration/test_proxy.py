@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 
@@ -72,7 +73,9 @@ async def test_headers_forwarded_and_hop_by_hop_dropped(gateway: Gateway, backen
 
 async def test_oversized_body_and_headers_are_refused(gateway: Gateway) -> None:
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{gateway.http}/v1/completions", data=b"x" * (2 * 1024 * 1024)) as r:
+        async with s.post(
+            f"{gateway.http}/v1/completions", data=io.BytesIO(b"x" * (2 * 1024 * 1024))
+        ) as r:
             assert r.status == 413
         async with s.get(f"{gateway.http}/v1/models", headers={"X-Big": "y" * 9000}) as r:
             assert r.status in (431, 400)
@@ -152,10 +155,12 @@ async def test_client_cancel_reaches_the_backend(gateway: Gateway, backend: Back
     assert await _cancelled(backend) == before + 1
 
     body = {"model": "m", "stream": True, "max_tokens": 200, "prompt": "x"}
-    async with aiohttp.ClientSession() as s:
-        r = await s.post(f"{gateway.http}/v1/completions", json=body)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{gateway.http}/v1/completions", json=body) as r,
+    ):
         await r.content.readline()
-        r.close()  # the client goes away mid-stream
+        # leaving the block with the body unread closes the connection: the client is gone
     deadline = time.monotonic() + 3
     while await _cancelled(backend) <= before + 1 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
