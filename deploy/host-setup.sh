@@ -46,5 +46,9 @@ fi
 # classifier still works; its maps then live only as long as the attached program.
 if [ "$(id -u)" = 0 ] && ! grep -q " /sys/fs/bpf bpf " /proc/mounts; then
     mkdir -p /sys/fs/bpf
-    mount -t bpf bpf /sys/fs/bpf && echo "host-setup: mounted bpffs on /sys/fs/bpf"
+    if mount -t bpf bpf /sys/fs/bpf; then
+        echo "host-setup: mounted bpffs on /sys/fs/bpf"
+    else
+        echo "host-setup: could not mount bpffs; pinned eBPF maps are unavailable" >&2
+    fi
 fi
