@@ -1,0 +1,109 @@
+"""`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
+
+    python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
+    python -m tests.bench.run [same options]
+
+Rows, each after a 2 s warm-up run of the same command:
+
+- HTTP backend direct: wrk → nginx returning a fixed `/v1/models` JSON (no nginx on the machine:
+  `sluice mock-backend` instead, said in the output).
+- HTTP nginx proxy: wrk → nginx `proxy_pass` with a keep-alive upstream → the same backend: the
+  reference proxy (DESIGN.md, "The hot path": ~16 µs/req).
+- HTTP Sluice: wrk → `sluice serve` with a policy written here → the same backend.
+- gRPC backend direct: h2load (gRPC-framed unary `Infer`) → `sluice mock-backend`.
+- gRPC Sluice: h2load → `sluice serve` → the same mock backend.
+
+Proxy CPU µs/req is utime+stime of the proxy process (and its children) from /proc/PID/stat,
+read before and after the measured run, divided by the completed requests. The proxies run on
+`--gateway-cpus` (default core 0), load generators and backends on `--load-cpus` (core 1).
+Every process started here is stopped (terminate, then kill) and the temp dir removed, whatever
+happens; every wait has a deadline.
+"""
+
+# Modules: procs (processes, pinning, /proc CPU, readiness, nginx config), loads (wrk, h2load,
+# grpc.aio load and their parsers), runner (the rows of one run), report (Row, ratios, table).
+# This module is the CLI edge: `configure(parser)` and `run(args)`, as gateway/cli.py expects.
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from types import FrameType
+
+from gateway.bench.procs import Procs, check_pinning, wait_idle
+from gateway.bench.report import render, summary
+from gateway.bench.runner import Setup, run_all
+
+__all__ = ["configure", "run"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=int, default=10, help="seconds per measured run")
+    parser.add_argument("--connections", type=int, default=32, help="wrk connections (HTTP)")
+    parser.add_argument("--grpc-connections", type=int, default=4, help="h2load -c (gRPC)")
+    parser.add_argument("--grpc-streams", type=int, default=16, help="h2load -m per connection")
+    parser.add_argument("--only", choices=("http", "grpc"), help="measure one protocol only")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument(
+        "--no-access-log", action="store_true", help="run Sluice with access_log.enabled false"
+    )
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=30.0,
+        help="wait up to this many seconds for the machine to be quiet before starting",
+    )
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep the temp dir (process logs, policy, ...)"
+    )
+    parser.add_argument(
+        "--gateway-cpus", default="0", help="taskset -c list for the proxies ('' = no pinning)"
+    )
+    parser.add_argument(
+        "--load-cpus",
+        default="1",
+        help="taskset -c list for load generators and backends ('' = no pinning)",
+    )
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the children
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 when every row was measured (whatever the verdict), 1 otherwise."""
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    notes: list[str] = []
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
+    procs = Procs(tmp)
+    try:
+        check_pinning(args, notes)
+        wait_idle(args.wait_idle, notes)
+        if not args.no_access_log:
+            notes.append("Sluice access log on (stderr to a temp file); --no-access-log: off")
+        if args.keep_logs:
+            notes.append(f"process logs, policy and h2load logs kept in {tmp}")
+        try:
+            rows = run_all(Setup(args, procs, notes))
+        except Exception as e:
+            print(f"sluice bench: {e}", file=sys.stderr)
+            return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut cleanup
+        procs.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        if not args.keep_logs:
+            shutil.rmtree(tmp, ignore_errors=True)
+    summ = summary(rows)
+    for line in render(rows, summ, notes, args.duration):
+        print(line)
+    if args.json:
+        doc = {"rows": [asdict(r) for r in rows], "summary": summ, "notes": notes}
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    return 1 if any(r.error is not None for r in rows) else 0

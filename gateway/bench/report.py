@@ -1,0 +1,162 @@
+"""Results of `sluice bench`: the `Row` of one measured run, the ratios and verdicts, the table.
+
+Pure: rows in, values and lines out (the access-log tally only reads the file it is given).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HTTP_TARGET_US = 60.0  # DESIGN.md: HTTP full chain ≤ 60 µs/req
+GRPC_TARGET_US = 300.0  # DESIGN.md: gRPC unary ≤ 300 µs/call
+WARMUP_S = 2
+
+
+@dataclass
+class Row:
+    """One measured run. `error` set means no figures (the reason is printed instead)."""
+
+    name: str
+    cmd: list[str] = field(default_factory=list)
+    requests: int = 0
+    rps: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cpu_us_per_req: float | None = None
+    failed: int = 0  # non-2xx, socket errors, failed streams, backend-counted failures
+    other_pct: float | None = None  # busy share of the proxy cores not spent by the proxy
+    backend_completed: int | None = None  # the mock backend's own count (gRPC rows)
+    backend_failed: int | None = None
+    error: str | None = None
+
+
+def access_log_tally(path: Path) -> str:
+    """How many requests the gateway's access log holds, and how many of them were errors."""
+    total = errors = cancelled = 0
+    with open(path, errors="replace") as f:
+        for line in f:
+            if '"request_id"' not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            total += 1
+            if e.get("cancelled"):
+                cancelled += 1
+                continue
+            status, grpc_status = e.get("status"), e.get("grpc_status")
+            if grpc_status is not None:
+                errors += grpc_status != 0
+            elif not isinstance(status, int) or not 100 <= status < 400:
+                errors += 1
+    return (
+        f"Sluice access log: {total} requests, {errors} errors (HTTP status not 1xx-3xx, or "
+        f"grpc-status ≠ 0), {cancelled} cancelled by the client (in flight when a run ended)"
+    )
+
+
+def _by_name(rows: list[Row], prefix: str) -> Row | None:
+    return next((r for r in rows if r.name.startswith(prefix) and r.error is None), None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summary(rows: list[Row]) -> dict[str, Any]:
+    """Ratios and verdicts from the rows that have figures."""
+    out: dict[str, Any] = {}
+    direct, nginx, sluice = (
+        _by_name(rows, "HTTP backend direct"),
+        _by_name(rows, "HTTP nginx proxy"),
+        _by_name(rows, "HTTP Sluice"),
+    )
+    if sluice:
+        out["http_rps_vs_direct"] = _ratio(sluice.rps, direct.rps if direct else None)
+        out["http_cpu_vs_nginx"] = _ratio(
+            sluice.cpu_us_per_req, nginx.cpu_us_per_req if nginx else None
+        )
+        out["http_cpu_us"] = sluice.cpu_us_per_req
+        if sluice.cpu_us_per_req is not None:
+            out["http_pass"] = sluice.cpu_us_per_req <= HTTP_TARGET_US
+    gdirect, gsluice = _by_name(rows, "gRPC backend direct"), _by_name(rows, "gRPC Sluice")
+    if gsluice:
+        out["grpc_rps_vs_direct"] = _ratio(gsluice.rps, gdirect.rps if gdirect else None)
+        out["grpc_cpu_us"] = gsluice.cpu_us_per_req
+        if gsluice.cpu_us_per_req is not None:
+            out["grpc_pass"] = gsluice.cpu_us_per_req <= GRPC_TARGET_US
+    return out
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "—" if v is None else format(v, fmt)
+
+
+def render(rows: list[Row], summ: dict[str, Any], notes: list[str], duration: int) -> Iterator[str]:
+    yield f"sluice bench: {duration} s per measured run, each after a {WARMUP_S} s warm-up run"
+    for n in notes:
+        yield f"  note: {n}"
+    yield ""
+    w = max(len(r.name) for r in rows) + 2
+    yield (
+        f"{'':{w}}{'req/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'proxy CPU µs/req':>18}{'failed':>8}"
+        f"{'other %':>9}"
+    )
+    for r in rows:
+        if r.error is not None:
+            yield f"{r.name:{w}}  not measured: {r.error.splitlines()[0]}"
+            continue
+        yield (
+            f"{r.name:{w}}{_f(r.rps, ',.0f'):>10}{_f(r.p50_ms, '.3f'):>9}{_f(r.p99_ms, '.3f'):>9}"
+            f"{_f(r.cpu_us_per_req, '.1f'):>18}{r.failed:>8}{_f(r.other_pct, '.0f'):>9}"
+        )
+    yield (
+        "  failed: non-2xx, socket errors, failed streams, and calls the mock backend counted as"
+        " failed"
+    )
+    yield (
+        "  other %: busy share of the proxy cores not spent by the proxy process (other processes,"
+        " softirq) — high values mean a noisy machine"
+    )
+    for r in rows:
+        if r.backend_completed is not None:
+            yield (
+                f"  {r.name}: the mock backend counted {r.backend_completed} completed, "
+                f"{r.backend_failed} failed (load generator: {r.requests})"
+            )
+    yield ""
+    if "http_cpu_us" in summ:
+        yield f"HTTP  Sluice req/s ÷ direct req/s:   {_f(summ['http_rps_vs_direct'], '.2f')}"
+        yield f"HTTP  Sluice µs/req ÷ nginx µs/req:  {_f(summ['http_cpu_vs_nginx'], '.2f')}"
+        if "http_pass" in summ:
+            verdict = "PASS" if summ["http_pass"] else "FAIL"
+            yield (
+                f"HTTP  verdict: {summ['http_cpu_us']:.1f} µs/req vs target ≤ {HTTP_TARGET_US:.0f}"
+                f" → {verdict}"
+            )
+    if "grpc_cpu_us" in summ:
+        yield f"gRPC  Sluice req/s ÷ direct req/s:   {_f(summ['grpc_rps_vs_direct'], '.2f')}"
+        if "grpc_pass" in summ:
+            verdict = "PASS" if summ["grpc_pass"] else "FAIL"
+            yield (
+                f"gRPC  verdict: {summ['grpc_cpu_us']:.1f} µs/call vs target ≤ "
+                f"{GRPC_TARGET_US:.0f} → {verdict}"
+            )
+    yield ""
+    yield "load commands (measured runs):"
+    for r in rows:
+        if r.cmd:
+            yield f"  {r.name}: {' '.join(_quote(c) for c in r.cmd)}"
+    for r in rows:
+        if r.error is not None and "\n" in r.error:
+            yield ""
+            yield f"{r.name}: {r.error}"
+
+
+def _quote(arg: str) -> str:
+    return f"'{arg}'" if any(c in arg for c in " \"'$") else arg
