@@ -27,6 +27,8 @@ REQUEST_DROP = HOP_BY_HOP | {
 }
 RESPONSE_DROP = HOP_BY_HOP | {b"content-length"}
 
+JSON = "application/json"  # content type of `error_body`
+
 
 def connection_listed(value: bytes) -> set[bytes]:
     """Names listed in a Connection header: hop-by-hop for this hop only (RFC 9110 §7.6.1)."""

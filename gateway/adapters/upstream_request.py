@@ -1,0 +1,154 @@
+"""Writing one request on an upstream connection and waiting for its response head.
+
+The head is encoded once (`encode_head`); the body goes out as bytes or pulled from a stream
+(`ReplayStream` keeps what was sent, for one stale-connection retry). Every function raises the
+connection's first error, a `Stale` one included: `UpstreamPool.request` decides on a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from gateway.adapters.upstream_conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
+from gateway.adapters.upstream_response import UpstreamResponse
+from gateway.errors import UpstreamProtocolError
+
+if TYPE_CHECKING:
+    from gateway.adapters.pool import UpstreamHost
+    from gateway.policy.model import Timeouts
+
+REPLAY_LIMIT = 64 * 1024  # streamed request bytes kept for a stale-connection retry
+
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class ReplayStream:
+    """A streamed request body and the bytes of it already sent, kept for one replay while they
+    fit in REPLAY_LIMIT (`sent` is emptied past that: no retry is possible any more)."""
+
+    __slots__ = ("source", "sent", "size")
+
+    def __init__(self, source: AsyncIterator[bytes]) -> None:
+        self.source = source
+        self.sent: list[bytes] = []
+        self.size = 0
+
+    @property
+    def replayable(self) -> bool:
+        return self.size <= REPLAY_LIMIT
+
+    def keep(self, piece: bytes) -> None:
+        self.size += len(piece)
+        if self.size <= REPLAY_LIMIT:
+            self.sent.append(piece)
+        elif self.sent:
+            self.sent = []
+
+
+def encode_head(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> bytearray:
+    """Request line + headers, without the final CRLF (the framing header comes last).
+
+    Raises ValueError on CR/LF inside a name, value or the target (header injection): each
+    header line adds exactly one CRLF, so two counts over the joined block check them all.
+    """
+    if "\r" in path or "\n" in path or " " in path:
+        raise ValueError("CR/LF/SP in the upstream request target")
+    lines = [n + b": " + v for n, v in headers]
+    block = b"\r\n".join(lines)
+    n = len(lines) - 1 if lines else 0
+    if block.count(b"\n") != n or block.count(b"\r") != n:
+        raise ValueError("CR/LF in an upstream header")
+    head = bytearray(method.encode("ascii"))
+    head += (
+        b" %b HTTP/1.1\r\n%b\r\n" % (path.encode("latin-1"), block)
+        if lines
+        else (b" %b HTTP/1.1\r\n" % path.encode("latin-1"))
+    )
+    return head
+
+
+def check_open(conn: UpstreamConn) -> None:
+    if conn.closed:  # handed over, then closed before we wrote anything
+        raise Stale() if conn.reused else UpstreamProtocolError("upstream closed")
+
+
+async def send_bytes(conn: UpstreamConn, head: bytearray, body: bytes, t: Timeouts) -> None:
+    assert conn.transport is not None
+    check_open(conn)
+    if len(body) < 65536:  # one write, one syscall (a copy: `head` may be sent again)
+        conn.transport.write(head + body)
+    else:
+        conn.transport.write(head)
+        conn.transport.write(body)
+    if conn.write_paused:
+        conn.arm(SEND, t.idle_s)
+        await drain(conn)
+    check_stale(conn)
+    conn.sent_all = True
+
+
+async def send_stream(
+    conn: UpstreamConn, head: bytearray, stream: ReplayStream, chunked: bool, t: Timeouts
+) -> None:
+    """Write the head, replay what a stale connection lost, then pull the stream through."""
+    transport = conn.transport
+    assert transport is not None
+    check_open(conn)
+    conn.task = asyncio.current_task(conn.loop)
+    conn.arm(SEND, t.idle_s)
+    transport.write(head)
+    for piece in stream.sent:
+        transport.write(piece)
+    async for chunk in stream.source:
+        if not chunk:
+            continue
+        piece = b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk
+        stream.keep(piece)  # before the checks below: a pulled chunk must never be lost
+        if conn.closed or conn.head_done:  # lost, or an early answer (e.g. 413): stop
+            break
+        transport.write(piece)
+        if conn.write_paused:
+            await drain(conn)
+            conn.arm(SEND, t.idle_s)
+        else:
+            conn.deadline = conn.loop.time() + t.idle_s
+    else:
+        if chunked and not conn.closed:
+            transport.write(_LAST_CHUNK)
+        check_stale(conn)
+        conn.sent_all = True
+    conn.task = None
+    if conn.exc is not None:
+        raise conn.exc  # a Stale instance included: the caller decides on a retry
+    if not conn.sent_all:  # early answer: the rest of the body never went out
+        conn.keep_alive = False
+
+
+def check_stale(conn: UpstreamConn) -> None:
+    if conn.exc is not None:
+        raise conn.exc
+
+
+async def drain(conn: UpstreamConn) -> None:
+    while conn.write_paused and conn.exc is None and not conn.closed:
+        await conn.wait()
+    if conn.exc is not None:
+        raise conn.exc
+
+
+async def wait_head(conn: UpstreamConn, host: UpstreamHost, t: Timeouts) -> UpstreamResponse:
+    loop = conn.loop
+    sent_at = loop.time()
+    if not conn.head_done and conn.exc is None:
+        conn.arm(FIRST_BYTE, t.first_byte_s)
+        while not conn.head_done and conn.exc is None:
+            await conn.wait()
+    if not conn.head_done:
+        assert conn.exc is not None
+        raise conn.exc
+    host.fb.observe(loop.time() - sent_at)
+    if not conn.complete:
+        conn.arm(IDLE, t.idle_s)
+    return UpstreamResponse(conn)

@@ -1,0 +1,65 @@
+"""`UpstreamResponse`: the head of an upstream answer and a chunk reader over its connection."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from gateway.adapters.upstream_conn import LOW_WATER, Stale, UpstreamConn
+from gateway.errors import UpstreamProtocolError
+
+
+class UpstreamResponse:
+    """Status, reason and raw headers of an upstream response; its body is read in chunks.
+
+    Call `release()` (or `await aclose()`) exactly when done: the connection goes back to the
+    pool only if the body was read to its end and keep-alive holds, otherwise it is closed.
+    """
+
+    __slots__ = ("status", "reason", "headers", "_conn")
+
+    def __init__(self, conn: UpstreamConn) -> None:
+        self.status = conn.status
+        self.reason = conn.reason.decode("latin-1")
+        self.headers = conn.headers
+        self._conn: UpstreamConn | None = conn
+
+    async def read_chunk(self) -> bytes:
+        """The next body chunk as it arrived; b"" at the end of the body."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        while True:
+            if conn.chunks:
+                chunk = conn.chunks.popleft()
+                conn.buffered -= len(chunk)
+                if conn.paused and conn.buffered <= LOW_WATER and not conn.closed:
+                    conn.paused = False
+                    assert conn.transport is not None
+                    conn.transport.resume_reading()
+                return chunk
+            if conn.complete:
+                self.release()
+                return b""
+            exc = conn.exc
+            if exc is not None:
+                self.release()
+                raise exc if not isinstance(exc, Stale) else UpstreamProtocolError("closed")
+            await conn.wait()
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        while chunk := await self.read_chunk():
+            yield chunk
+
+    @property
+    def complete(self) -> bool:
+        return self._conn is None or (self._conn.complete and not self._conn.chunks)
+
+    def release(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        conn.host.put(conn)
+
+    async def aclose(self) -> None:
+        self.release()
