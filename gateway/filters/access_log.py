@@ -5,9 +5,9 @@ Never logs bodies or credentials: only the header names the policy lists, minus 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
+from json.encoder import encode_basestring_ascii
 
 from gateway.filters.base import RequestContext, Status
 from gateway.policy.compiled import CompiledPolicy
@@ -19,7 +19,7 @@ NEVER_LOGGED = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"}
 )
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+_str = encode_basestring_ascii  # a JSON string literal, quotes and escapes included
 
 
 class _Timestamps:
@@ -45,7 +45,11 @@ class AccessLogFilter:
         cfg = policy.policy.access_log
         # SLUICE_LOG_LEVEL=WARNING (or the `sluice.access` logger set above INFO) silences it too.
         self._enabled = cfg.enabled and log.isEnabledFor(logging.INFO)
-        self._headers = tuple(h.lower() for h in cfg.headers if h.lower() not in NEVER_LOGGED)
+        self._headers = tuple(
+            (h.lower(), _str("h_" + h.lower()))
+            for h in cfg.headers
+            if h.lower() not in NEVER_LOGGED
+        )
         self._sink = sink
         self._ts = _Timestamps()
 
@@ -55,32 +59,35 @@ class AccessLogFilter:
     async def on_response(self, ctx: RequestContext) -> None:
         if not self._enabled:
             return
+        # Formatted by hand rather than json.dumps of a dict (3x cheaper on the request path).
+        # Only client-controlled strings need escaping; route and backend names are validated
+        # by the policy model, numbers are numbers.
         info = ctx.info
         route, endpoint = ctx.route, ctx.endpoint
-        entry: dict[str, object] = {
-            "ts": self._ts.format(ctx.started_wall),
-            "request_id": ctx.request_id,
-            "protocol": info.protocol.value,
-            "method": info.method,
-            "path": info.path[:512],
-            "peer": info.peer,
-            "route": route.name if route is not None else None,
-            "backend": endpoint.backend if endpoint is not None else None,
-            "upstream": endpoint.address if endpoint is not None else None,
-            "status": ctx.http_status,
-            "grpc_status": ctx.grpc_status,
-            "duration_ms": round(ctx.elapsed * 1000, 3),
-            "bytes_in": ctx.bytes_in,
-            "bytes_out": ctx.bytes_out,
-        }
+        line = (
+            f'{{"ts":"{self._ts.format(ctx.started_wall)}","request_id":{_str(ctx.request_id)},'
+            f'"protocol":"{info.protocol.value}","method":{_str(info.method)},'
+            f'"path":{_str(info.path[:512])},"peer":{_str(info.peer)},'
+            f'"route":{_name(route.name if route is not None else None)},'
+            f'"backend":{_name(endpoint.backend if endpoint is not None else None)},'
+            f'"upstream":{_name(endpoint.address if endpoint is not None else None)},'
+            f'"status":{ctx.http_status},'
+            f'"grpc_status":{"null" if ctx.grpc_status is None else ctx.grpc_status},'
+            f'"duration_ms":{ctx.elapsed * 1000:.3f},'
+            f'"bytes_in":{ctx.bytes_in},"bytes_out":{ctx.bytes_out}'
+        )
         if ctx.error:
-            entry["error"] = ctx.error
+            line += f',"error":{_str(ctx.error)}'
         if ctx.cancelled:
-            entry["cancelled"] = True
+            line += ',"cancelled":true'
         if not ctx.verdict.allowed:
-            entry["rejected"] = ctx.verdict.error_type
-        for h in self._headers:
+            line += f',"rejected":{_str(ctx.verdict.error_type)}'
+        for h, key in self._headers:
             value = info.headers.get(h)
             if value is not None:
-                entry["h_" + h] = value[:256]
-        self._sink.emit(_dumps(entry))
+                line += f",{key}:{_str(value[:256])}"
+        self._sink.emit(line + "}")
+
+
+def _name(value: str | None) -> str:
+    return "null" if value is None else f'"{value}"'

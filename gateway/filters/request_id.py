@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 
 from gateway.filters.base import RequestContext, Status
@@ -11,8 +12,13 @@ from gateway.policy.compiled import CompiledPolicy
 _VALID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+# Request ids must be unique, not secret: a per-process PRNG seeded from the OS (at import, so
+# every worker process differs) saves a getrandom() syscall per request.
+_getrandbits = random.Random(os.urandom(32)).getrandbits
+
+
 def new_request_id() -> str:
-    return os.urandom(16).hex()
+    return f"{_getrandbits(128):032x}"
 
 
 class RequestIdFilter:

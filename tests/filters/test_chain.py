@@ -150,7 +150,7 @@ async def test_access_log_never_logs_credentials(caplog: pytest.LogCaptureFixtur
     )
     written: list[bytes] = []
     f = AccessLogFilter(policy, sink=AccessLogSink(written.append))
-    ctx = ctx_for("/v1/x", headers={"authorization": "Bearer secret", "x-tenant": "t1"})
+    ctx = ctx_for('/v1/"x"\n\u00e9', headers={"authorization": "Bearer secret", "x-tenant": "t1"})
     ctx.http_status = 200
     await f.on_response(ctx)
     await f.on_response(ctx)
@@ -160,6 +160,8 @@ async def test_access_log_never_logs_credentials(caplog: pytest.LogCaptureFixtur
     assert len(lines) == 2
     entry = json.loads(lines[0])
     assert entry["status"] == 200 and entry["h_x-tenant"] == "t1"
+    assert entry["path"] == '/v1/"x"\n\u00e9' and entry["route"] is None
+    assert entry["grpc_status"] is None and entry["duration_ms"] >= 0
     assert "secret" not in batch.decode()
     assert "h_authorization" not in entry
 
