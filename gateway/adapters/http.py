@@ -37,6 +37,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from gateway.adapters.headers import JSON, error_body
 from gateway.adapters.http_proxy import SMALL_BODY, HttpProxy
+from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -79,18 +80,20 @@ class _Handler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        if status == 400 and (
-            isinstance(exc, LineTooLong)
-            or (isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc))
+        if status >= 500:  # a bug of ours: aiohttp logs it with its traceback
+            return super().handle_error(request, status, exc, message)
+        # A malformed request (smuggling attempts included): answered in our JSON shape, counted,
+        # not logged with a traceback (an attacker must not be able to flood the log).
+        if isinstance(exc, LineTooLong) or (
+            isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc)
         ):
-            resp = web.Response(
-                status=431,
-                body=error_body("headers_too_large", "request header fields too large"),
-                content_type=JSON,
-            )
-            resp.force_close()
-            return resp
-        return super().handle_error(request, status, exc, message)
+            status, kind, text = 431, "headers_too_large", "request header fields too large"
+        else:
+            kind, text = "bad_request", "malformed HTTP request"
+        metrics.REJECTED.labels(kind, "http").inc()
+        resp = web.Response(status=status, body=error_body(kind, text), content_type=JSON)
+        resp.force_close()
+        return resp
 
 
 class _Server(web.Server):

@@ -22,7 +22,7 @@ from gateway.adapters.http_messages import (
     stream_body,
     upstream_headers,
 )
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import Protocol, RequestInfo, unsafe_path
 from gateway.errors import (
     UpstreamConnectError,
     UpstreamError,
@@ -125,6 +125,9 @@ class HttpProxy:
                 return await self._error(
                     request, ctx, 431, "headers_too_large", "request header fields too large"
                 )
+            if unsafe_path(path):
+                ctx.attrs["_ran"] = 0  # refused before any filter saw it
+                return await self._error(request, ctx, 400, "bad_path", "path not allowed")
             if await active.chain.on_request(ctx) is Status.STOP:
                 vd = ctx.verdict
                 return await self._error(

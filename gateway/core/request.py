@@ -27,3 +27,21 @@ class RequestInfo:
     peer: str = ""
     authority: str = ""
     content_length: int | None = None
+
+
+def unsafe_path(path: str) -> bool:
+    """True for a request path that backends may resolve differently than the route matched it:
+    dot segments (`/v1/../admin`), encoded dots, slashes or backslashes (`%2e`, `%2f`, `%5c`),
+    encoded NUL, or a raw backslash. Such paths are refused rather than normalised, because the
+    gateway forwards the raw path and must not match one path and deliver another."""
+    if "%" in path:
+        low = path.lower()
+        if "%2e" in low or "%2f" in low or "%5c" in low or "%00" in low:
+            return True
+    if "\\" in path:
+        return True
+    if "/." in path:
+        for segment in path.split("/"):
+            if segment == "." or segment == "..":
+                return True
+    return False
