@@ -53,6 +53,7 @@ DROPPED_METADATA = frozenset(
 )  # fmt: skip
 MAX_CACHED_HANDLERS = 4096  # method names come from clients: bound what we remember of them
 DISCOVERY_TIMEOUT_S = 2.0
+MAX_DETAILS = 4096  # characters of an upstream status message passed to the client
 
 _UPSTREAM_ERROR = {
     grpc.StatusCode.UNAVAILABLE: "upstream_unavailable",
@@ -106,7 +107,9 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     trailing = e.trailing_metadata()
     if trailing:
         context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
-    _status(ctx, context, code, e.details() or "")
+    # Details travel in a header: a huge upstream message would make the client's HTTP/2 stack
+    # reset the stream, so keep them well under the usual 8 KiB metadata limit.
+    _status(ctx, context, code, (e.details() or "")[:MAX_DETAILS])
 
 
 def _crashed(ctx: RequestContext, context: Context) -> None:

@@ -59,6 +59,8 @@ class Upstream(pb2_grpc.InferenceServicer):  # type: ignore[misc,name-defined]
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such model", (("x-why", "gone"),))
         if request.prompt == "sleep":
             await self._cancellable(asyncio.sleep(2))
+        if request.prompt == "verbose":
+            await context.abort(grpc.StatusCode.INTERNAL, "why " * 1500)  # 6000 characters
         await context.send_initial_metadata((("x-initial", "hello"),))
         context.set_trailing_metadata((("x-trailing", "bye"), ("x-usage-bin", b"\x01\x02")))
         return pb2.InferResponse(model=request.model, text=request.prompt.upper())
@@ -201,6 +203,14 @@ async def test_upstream_status_details_and_trailers_pass_through(proxy: Any) -> 
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
     assert err.value.details() == "no such model"
     assert ("x-why", "gone") in pairs(err.value.trailing_metadata())
+
+
+async def test_long_upstream_details_are_truncated(proxy: Any) -> None:
+    _, stub, _ = proxy
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Infer(pb2.InferRequest(prompt="verbose"))
+    assert err.value.code() is grpc.StatusCode.INTERNAL
+    assert err.value.details() == ("why " * 1500)[:4096]
 
 
 async def test_deadline_is_forwarded_and_upstream_cancelled(proxy: Any) -> None:
