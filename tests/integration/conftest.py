@@ -85,7 +85,7 @@ routes:
   - name: {extra.get("http_route_name", "openai")}
     match: {{protocol: http, path_prefix: /}}
     backend: sim-http
-"""
+{extra.get("tail", "")}"""
 
 
 @dataclass
