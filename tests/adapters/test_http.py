@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from gateway.adapters.h1 import NativeListener
 from gateway.adapters.http import HttpListener, start_http
 from gateway.app import Gateway
 from tests.support import free_port
@@ -109,12 +110,12 @@ access_log: {{enabled: false}}
 
 @contextlib.asynccontextmanager
 async def gateway(
-    tmp_path: Path, port: int, filters: str = "[request_id, route]"
-) -> AsyncIterator[tuple[Gateway, HttpListener, aiohttp.ClientSession]]:
+    tmp_path: Path, port: int, filters: str = "[request_id, route]", engine: str = "aiohttp"
+) -> AsyncIterator[tuple[Gateway, HttpListener | NativeListener, aiohttp.ClientSession]]:
     p = tmp_path / "policy.yaml"
     p.write_text(POLICY.format(port=port, dead=free_port(), filters=filters))
     gw = Gateway(p)
-    listener = await start_http(gw, "127.0.0.1", 0)
+    listener = await start_http(gw, "127.0.0.1", 0, engine=engine)
     session = aiohttp.ClientSession(f"http://127.0.0.1:{listener.port}")
     try:
         yield gw, listener, session
@@ -124,8 +125,8 @@ async def gateway(
         await gw.aclose()
 
 
-async def test_plain_proxy_and_headers(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (gw, _, c):
+async def test_plain_proxy_and_headers(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (gw, _, c):
         headers = {
             "Connection": "keep-alive, X-Hop",
             "X-Hop": "secret",
@@ -152,8 +153,12 @@ async def test_plain_proxy_and_headers(tmp_path: Path) -> None:
         assert gw.inflight.count == 0
 
 
-async def test_sse_streams_chunk_by_chunk(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c), c.get("/sse") as r:
+async def test_sse_streams_chunk_by_chunk(tmp_path: Path, engine: str) -> None:
+    async with (
+        upstream() as up,
+        gateway(tmp_path, up.port, engine=engine) as (_, _, c),
+        c.get("/sse") as r,
+    ):
         assert r.headers["Content-Type"] == "text/event-stream"
         first = await asyncio.wait_for(r.content.readuntil(b"\n\n"), 2)
         assert first == b"data: 1\n\n"  # arrived while the upstream still waits on the gate
@@ -161,8 +166,8 @@ async def test_sse_streams_chunk_by_chunk(tmp_path: Path) -> None:
         assert await asyncio.wait_for(r.content.readuntil(b"\n\n"), 2) == b"data: 2\n\n"
 
 
-async def test_client_disconnect_cancels_upstream(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (gw, _, c):
+async def test_client_disconnect_cancels_upstream(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (gw, _, c):
         r = await c.get("/sse")
         assert await r.content.readuntil(b"\n\n") == b"data: 1\n\n"
         gone = time.monotonic()
@@ -176,12 +181,12 @@ async def test_client_disconnect_cancels_upstream(tmp_path: Path) -> None:
         assert gw.inflight.count == 0
 
 
-async def test_body_limits(tmp_path: Path) -> None:
+async def test_body_limits(tmp_path: Path, engine: str) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(10):
             yield b"x" * 300
 
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c):
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         async with c.post("/api/big", data=b"x" * 2000) as r:
             assert r.status == 413
             assert (await r.json())["error"]["type"] == "body_too_large"
@@ -191,8 +196,8 @@ async def test_body_limits(tmp_path: Path) -> None:
             assert r.status == 200
 
 
-async def test_oversized_headers_431(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c):
+async def test_oversized_headers_431(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         many = {f"X-H{i}": "v" for i in range(40)}  # over max_header_count (aiohttp's parser)
         async with c.get("/api/x", headers=many) as r:
             assert r.status == 431
@@ -204,8 +209,8 @@ async def test_oversized_headers_431(tmp_path: Path) -> None:
             assert r.status == 431
 
 
-async def test_upstream_errors(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c):
+async def test_upstream_errors(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         async with c.get("/dead") as r:
             assert r.status == 502
             assert (await r.json())["error"]["type"] == "upstream_connect_error"
@@ -216,17 +221,17 @@ async def test_upstream_errors(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 2
 
 
-async def test_no_route_404(tmp_path: Path) -> None:
+async def test_no_route_404(tmp_path: Path, engine: str) -> None:
     # (A chain without `route` is refused by the policy loader; the adapter would answer 404 too.)
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c):
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         r = await c.get("/nowhere")
         assert r.status == 404
         assert (await r.json())["error"]["type"] == "no_route"
         r.release()
 
 
-async def test_drain_closes_connections(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (gw, listener, c):
+async def test_drain_closes_connections(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (gw, listener, c):
         gw.draining = True
         async with c.get("/api/x") as r:
             assert r.status == 200
@@ -239,8 +244,8 @@ async def test_drain_closes_connections(tmp_path: Path) -> None:
                 await fresh.get(f"http://127.0.0.1:{listener.port}/api/x")
 
 
-async def test_finish_runs_once_per_request(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (gw, _, c):
+async def test_finish_runs_once_per_request(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (gw, _, c):
         calls: list[int] = []
         real = gw.finish
 
@@ -256,8 +261,8 @@ async def test_finish_runs_once_per_request(tmp_path: Path) -> None:
         assert json.loads(json.dumps(calls)) == calls
 
 
-async def test_total_timeout(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c):
+async def test_total_timeout(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         async with c.get("/tot/slow") as r:  # no head within total_s: 504
             assert r.status == 504
         async with c.get("/tot/sse") as r:  # head sent, then total_s expires: the stream is cut
@@ -266,8 +271,8 @@ async def test_total_timeout(tmp_path: Path) -> None:
                 await asyncio.wait_for(r.read(), 3)
 
 
-async def test_verdict_retry_after(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, _, c):
+async def test_verdict_retry_after(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         r = await c.get("/drained")
         assert r.status == 503
         assert r.headers["Retry-After"] == "1"
@@ -276,8 +281,8 @@ async def test_verdict_retry_after(tmp_path: Path) -> None:
         r.release()
 
 
-async def test_header_read_deadline(tmp_path: Path) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, listener, _):
+async def test_header_read_deadline(tmp_path: Path, engine: str) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, listener, _):
         reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
         writer.write(b"GET /api/x HTTP/1.1\r\nHost: a\r\n")  # and never the blank line
         t0 = time.monotonic()

@@ -35,8 +35,10 @@ ATTACKS = {
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-async def test_malformed_request_is_refused_and_not_forwarded(tmp_path: Path, name: str) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port) as (_, listener, _c):
+async def test_malformed_request_is_refused_and_not_forwarded(
+    tmp_path: Path, name: str, engine: str
+) -> None:
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, listener, _c):
         reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
         try:
             writer.write(ATTACKS[name])

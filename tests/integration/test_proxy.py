@@ -143,6 +143,12 @@ async def _cancelled(backend: Backend) -> int:
 
 
 async def test_client_cancel_reaches_the_backend(gateway: Gateway, backend: Backend) -> None:
+    # Earlier tests' calls (the deadline test's sleeping Infer) must have ended on the backend
+    # before counting, or their late cancellation would be counted as ours.
+    deadline = time.monotonic() + 5
+    while backend.stats()["in_flight"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert backend.stats()["in_flight"] == 0
     before = await _cancelled(backend)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as ch:
         stub = pb2_grpc.InferenceStub(ch)

@@ -1,0 +1,410 @@
+"""HTTP/1.1 ingress, native engine: an `asyncio.Protocol` with the httptools (llhttp) parser.
+
+Opt-in (`listeners.http.engine: native`); same outward behaviour as the aiohttp engine in
+`gateway.adapters.http`, ~30 µs cheaper per request. This module owns the connections (parsing,
+limits, timers, flow control); the per-request work lives in `gateway.adapters.h1_proxy`.
+
+What a connection does and refuses:
+- timers: one lazily moved deadline per connection (no timer per request): `header_read_s` from
+  the first byte of a request head (and from accept) to its end (slowloris), `keepalive_s` while
+  idle between requests; none while a request is served (the route's `total_s` covers that).
+- refused by the parser, answered with a JSON 400/431 and closed, counted in `REJECTED`, never
+  seen by the chain or `finish`: malformed requests (llhttp strict: CL+TE, duplicate or invalid
+  Content-Length, bare LF, obs-fold, CR/NUL in values, bad chunks), a Transfer-Encoding other
+  than exactly `chunked`, a duplicate Host, CONNECT; a request line or one header line over
+  `max_line_bytes`, more than `max_header_count` headers, or an incomplete head past
+  `max_header_bytes + max_line_bytes` (431). Upgrade requests are served as plain requests (the
+  Upgrade header is hop-by-hop) and the connection is closed after them.
+- pipelining: requests are served strictly in order, one at a time; heads that arrive early
+  wait in a queue (their bodies buffered). Reading goes on while a request is served, so a
+  client disconnect is seen at once and cancels the request task, but stops (pause_reading)
+  once `MAX_PIPELINE` requests or `HIGH_WATER` bytes wait.
+- request bodies are streamed as they arrive: past `HIGH_WATER` unread bytes the socket stops
+  being read until the upstream side drains them below `LOW_WATER` (the pool stops pulling
+  while its own upstream write buffer is full).
+- a body that turns out malformed after its request was handed to the chain (a later read):
+  the request task answers 400 `incomplete body`, as the aiohttp engine does.
+- writes: `drain()` waits on a Future resolved by `resume_writing`.
+- one Task per request (`create_task` is ~1 % of the CPU profile; a task per connection
+  that loops would need a Future per request instead).
+- `Expect: 100-continue` is answered with `100 Continue` when the body is first read (a request
+  refused before that gets its answer and the connection is closed); another Expect gets 417.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+import httptools
+
+from gateway.adapters.h1_proxy import H1Proxy, Req, simple_response
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+__all__ = ["H1Conn", "NativeListener", "start_native"]
+
+HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
+LOW_WATER = 64 * 1024
+MAX_PIPELINE = 8  # request heads waiting behind the one being served
+
+
+class _Refused(Exception):
+    """Raised from a parser callback: the request is refused with this answer."""
+
+    def __init__(self, status: int, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.status, self.kind, self.text = status, kind, text
+
+
+_TOO_LARGE = (431, "headers_too_large", "request header fields too large")
+_BAD = (400, "bad_request", "malformed HTTP request")
+
+
+class H1Conn(asyncio.Protocol):
+    """One client connection: parser callbacks, the request queue, timers and flow control."""
+
+    def __init__(self, server: H1Server) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.closed = False
+        self.stopping = False  # close once the current request is answered
+        self.ignore = False  # no more parsing (after `Connection: close`, an upgrade, an error)
+        self.pending: tuple[int, str, str] | None = None  # refusal to send when the queue ends
+        # Request being parsed, served, and waiting (pipelined).
+        self.cur: Req | None = None
+        self.active: Req | None = None
+        self.queue: deque[Req] = deque()
+        self.queued_bytes = 0
+        self.task: asyncio.Task[None] | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.read_paused = False
+        self.write_paused = False
+        self.drainer: asyncio.Future[None] | None = None
+        # Head being parsed.
+        self.in_head = False
+        self.head_bytes = 0
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.header_size = 0
+        self.host_seen = False
+        self.te_seen = False
+        # One lazily moved deadline.
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    # --- transport events ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if peer else ""
+        self.server.conns.add(self)
+        self.arm(self.server.header_read_s)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self.server.conns.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client left: the pool aborts the upstream request
+        self.queue.clear()
+        self.wake()
+        fut, self.drainer = self.drainer, None
+        if fut is not None and not fut.done():
+            fut.set_exception(ConnectionResetError("client disconnected"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        fut, self.drainer = self.drainer, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.ignore:
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.ignore = True  # served as a plain request; nothing after it is parsed
+            if self.cur is not None:
+                self.cur.keep_alive = False
+            elif self.queue:
+                self.queue[-1].keep_alive = False
+            elif self.active is not None:
+                self.active.keep_alive = False
+            return
+        except httptools.HttpParserError as e:
+            ref = e.__context__ if isinstance(e.__context__, _Refused) else None
+            self.refuse(*((ref.status, ref.kind, ref.text) if ref else _BAD))
+            return
+        if self.in_head:
+            # A head that began inside this chunk is not counted yet (one chunk is bounded).
+            self.head_bytes = 0 if self.head_bytes < 0 else self.head_bytes + len(data)
+            limits = self.server.limits
+            if self.head_bytes > limits.max_header_bytes + limits.max_line_bytes:
+                self.refuse(*_TOO_LARGE)
+
+    def eof_received(self) -> bool:
+        return False  # close; a request in flight is cancelled (as aiohttp does)
+
+    # --- parser callbacks ---
+
+    def on_message_begin(self) -> None:
+        self.in_head = True
+        self.head_bytes = -1  # began inside the chunk being parsed
+        self.url = b""
+        self.headers = []
+        self.header_size = 0
+        self.host_seen = self.te_seen = False
+        if self.active is None:
+            self.arm(self.server.header_read_s)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.server.limits.max_line_bytes:
+            raise _Refused(*_TOO_LARGE)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self.server.limits
+        if len(name) + len(value) + 2 > limits.max_line_bytes:
+            raise _Refused(*_TOO_LARGE)
+        if len(self.headers) >= limits.max_header_count:
+            raise _Refused(*_TOO_LARGE)
+        ln = name.lower()
+        if ln == b"host":
+            if self.host_seen:
+                raise _Refused(*_BAD)
+            self.host_seen = True
+        elif ln == b"transfer-encoding":
+            if self.te_seen or value.strip().lower() != b"chunked":
+                raise _Refused(*_BAD)
+            self.te_seen = True
+        self.header_size += len(name) + len(value) + 4
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.deadline = None
+        parser = self.parser
+        method = parser.get_method().decode("ascii")
+        if method == "CONNECT":
+            raise _Refused(*_BAD)
+        req = Req(method, self.url, self.headers, self.header_size, parser.should_keep_alive())
+        req.http10 = parser.get_http_version() == "1.0"
+        req.chunked = self.te_seen
+        self.cur = req
+        if self.active is None and not self.queue:
+            self.start(req)
+        else:
+            self.queue.append(req)
+            self.flow()
+
+    def on_body(self, body: bytes) -> None:
+        req = self.cur
+        assert req is not None
+        req.body.append(body)
+        req.buffered += len(body)
+        if req is not self.active:
+            self.queued_bytes += len(body)
+        elif self.waiter is not None:
+            self.wake()
+        if not self.read_paused and (req.buffered > HIGH_WATER or self.queued_bytes > HIGH_WATER):
+            self.flow()
+
+    def on_message_complete(self) -> None:
+        req = self.cur
+        assert req is not None
+        req.body_done = True
+        self.cur = None
+        if not req.keep_alive:
+            self.ignore = True  # nothing after `Connection: close` / HTTP/1.0 is parsed
+        if req is self.active:
+            self.wake()
+
+    # --- requests ---
+
+    def start(self, req: Req) -> None:
+        self.active = req
+        self.deadline = None
+        self.task = self.loop.create_task(self.server.proxy.handle(self, req))
+
+    def request_done(self, req: Req) -> None:
+        """Called by the request task as it ends: next queued request, idle timer, or close."""
+        self.active = None
+        self.task = None
+        if self.closed:
+            return
+        assert self.transport is not None
+        if not req.responded:  # nothing (or only part of an answer) went out: cut
+            self.transport.abort()
+            return
+        if req.close or self.stopping:
+            self.transport.close()
+            return
+        if self.queue:
+            nxt = self.queue.popleft()
+            self.queued_bytes -= nxt.buffered
+            self.start(nxt)
+        elif self.pending is not None:
+            self.refuse(*self.pending)
+            return
+        else:
+            s = self.server
+            self.arm(s.header_read_s if self.in_head else s.keepalive_s)
+        self.flow()
+
+    def refuse(self, status: int, kind: str, text: str) -> None:
+        """A request the parser refused: answer it in the JSON shape and close."""
+        self.ignore = True
+        cur = self.cur
+        if cur is not None and cur is self.active and not cur.started and self.task is not None:
+            # Its task has not run yet (the error came in the same read): it never happened.
+            self.task.cancel()
+            self.task = self.active = None
+        elif cur is not None and cur is self.active and not cur.body_done:
+            cur.body_error = True  # the request task answers 400 (incomplete body), as aiohttp
+            self.wake()
+            return
+        if self.pending is None:
+            metrics.REJECTED.labels(kind, "http").inc()
+        if self.active is not None or self.queue:
+            self.pending = (status, kind, text)  # after the requests before it
+            self.flow()
+            return
+        if self.transport is not None and not self.closed:
+            self.transport.write(simple_response(status, kind, text))
+            self.transport.close()
+
+    # --- flow control and waiting ---
+
+    def flow(self) -> None:
+        """Pause reading while too much waits unread (request body, pipelined requests)."""
+        if self.closed or self.transport is None:
+            return
+        act = self.active
+        want = (
+            (act is not None and act.buffered > HIGH_WATER)
+            or len(self.queue) >= MAX_PIPELINE
+            or self.queued_bytes > HIGH_WATER
+            or self.pending is not None
+        )
+        if want and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+        elif self.read_paused and not want:
+            if act is not None and act.buffered > LOW_WATER:
+                return
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def wake(self) -> None:
+        fut, self.waiter = self.waiter, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the active request gets more body bytes, its end, an error or a disconnect."""
+        fut = self.waiter = self.loop.create_future()
+        await fut
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("client disconnected")
+        if self.write_paused:
+            fut = self.drainer = self.loop.create_future()
+            await fut
+
+    # --- timer ---
+
+    def arm(self, seconds: float) -> None:
+        self.deadline = self.loop.time() + seconds
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.deadline is None or self.closed or self.active is not None:
+            return
+        if self.loop.time() >= self.deadline:
+            assert self.transport is not None
+            self.transport.close()  # idle keep-alive, or a head not complete in time
+        else:
+            self.timer = self.loop.call_at(self.deadline, self._expired)
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        if self.active is None and self.transport is not None:
+            self.transport.close()
+
+
+class H1Server:
+    """Settings read at start, the request handler and the open connections of one listener."""
+
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
+        policy = gateway.active.policy.policy
+        self.loop = loop
+        self.limits = policy.limits
+        self.header_read_s = policy.timeouts.header_read_s
+        self.keepalive_s = policy.timeouts.keepalive_s
+        self.proxy = H1Proxy(gateway, loop)
+        self.conns: set[H1Conn] = set()
+
+    def __call__(self) -> H1Conn:
+        return H1Conn(self)
+
+
+class NativeListener:
+    """A bound native HTTP listener: the same interface as `HttpListener`."""
+
+    def __init__(self, server: asyncio.Server, h1: H1Server) -> None:
+        self._server: asyncio.Server | None = server
+        self._h1 = h1
+        self.port: int = int(server.sockets[0].getsockname()[1]) if server.sockets else 0
+
+    async def stop_accepting(self) -> None:
+        """Close the listening socket; open connections keep being served."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.close()
+
+    async def close(self, timeout: float) -> None:
+        """Stop accepting, close idle connections, give requests `timeout` s, then cut the rest."""
+        await self.stop_accepting()
+        conns = self._h1.conns
+        for conn in list(conns):
+            conn.shutdown()
+        tasks = [c.task for c in conns if c.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+        for conn in list(conns):
+            if conn.transport is not None:
+                conn.transport.abort()
+        await asyncio.sleep(0)  # let connection_lost run
+
+
+async def start_native(
+    gateway: Gateway, host: str, port: int, *, reuse_port: bool = False
+) -> NativeListener:
+    """Bind the native HTTP ingress. Limits and timeouts come from the policy at start."""
+    loop = asyncio.get_running_loop()
+    h1 = H1Server(gateway, loop)
+    server = await loop.create_server(
+        h1,
+        host,
+        port,
+        reuse_port=reuse_port or None,
+        backlog=1024,
+    )
+    return NativeListener(server, h1)
