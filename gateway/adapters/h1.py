@@ -50,6 +50,12 @@ __all__ = ["H1Conn", "NativeListener", "start_native"]
 HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
 LOW_WATER = 64 * 1024
 MAX_PIPELINE = 8  # request heads waiting behind the one being served
+# Lingering close (as nginx's lingering_close): after answering a request whose body was not
+# read (413, an early error), half-close and discard what the client still sends for a moment;
+# closing at once with unread input makes the kernel reset the connection, and the client may
+# lose the answer. Bounded in time and bytes.
+LINGER_S = 2.0
+LINGER_BYTES = 16 * 1024 * 1024
 
 
 class _Refused(Exception):
@@ -98,6 +104,7 @@ class H1Conn(asyncio.Protocol):
         # One lazily moved deadline.
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.lingering = -1  # bytes discarded while lingering; -1: not lingering
 
     # --- transport events ---
 
@@ -133,6 +140,10 @@ class H1Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.ignore:
+            if self.lingering >= 0:
+                self.lingering += len(data)
+                if self.lingering > LINGER_BYTES and self.transport is not None:
+                    self.transport.close()
             return
         try:
             self.parser.feed_data(data)
@@ -251,7 +262,10 @@ class H1Conn(asyncio.Protocol):
             self.transport.abort()
             return
         if req.close or self.stopping:
-            self.transport.close()
+            if req.body_done:
+                self.transport.close()
+            else:
+                self.linger_close()
             return
         if self.queue:
             nxt = self.queue.popleft()
@@ -264,6 +278,17 @@ class H1Conn(asyncio.Protocol):
             s = self.server
             self.arm(s.header_read_s if self.in_head else s.keepalive_s)
         self.flow()
+
+    def linger_close(self) -> None:
+        """Half-close after the answer, discard further input until EOF, LINGER_S or
+        LINGER_BYTES, then close."""
+        assert self.transport is not None
+        self.ignore = True
+        self.lingering = 0
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.transport.resume_reading()
+        self.arm(LINGER_S)
 
     def refuse(self, status: int, kind: str, text: str) -> None:
         """A request the parser refused: answer it in the JSON shape and close."""

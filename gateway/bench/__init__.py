@@ -1,6 +1,7 @@
 """`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
 
     python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
+                            [--engine aiohttp|native]
     python -m tests.bench.run [same options]
 
 Rows, each after a 2 s warm-up run of the same command:
@@ -52,6 +53,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument(
         "--no-access-log", action="store_true", help="run Sluice with access_log.enabled false"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("aiohttp", "native"),
+        default="aiohttp",
+        help="Sluice's HTTP ingress engine (listeners.http.engine)",
     )
     parser.add_argument(
         "--wait-idle",

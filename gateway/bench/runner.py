@@ -118,7 +118,11 @@ def mock_stats(http_port: int) -> BackendStats:
 
 
 def policy_doc(
-    ports: dict[str, int], http_backend: int | None, grpc_backend: int | None, access_log: bool
+    ports: dict[str, int],
+    http_backend: int | None,
+    grpc_backend: int | None,
+    access_log: bool,
+    engine: str = "aiohttp",
 ) -> dict[str, Any]:
     backends: list[dict[str, Any]] = []
     routes: list[dict[str, Any]] = []
@@ -136,7 +140,7 @@ def policy_doc(
         )
         routes.append({"name": "grpc", "match": {"protocol": "grpc"}, "backend": "bench-grpc"})
     if http_backend is not None:
-        listeners["http"] = {"host": "127.0.0.1", "port": ports["http"]}
+        listeners["http"] = {"host": "127.0.0.1", "port": ports["http"], "engine": engine}
         backends.append(
             {
                 "name": "bench-http",
@@ -186,7 +190,7 @@ def start_gateway(
     s: Setup, http_backend: int | None, grpc_backend: int | None
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
-    doc = policy_doc(ports, http_backend, grpc_backend, not s.args.no_access_log)
+    doc = policy_doc(ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine)
     path = s.procs.tmp / "bench-policy.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
@@ -242,7 +246,7 @@ def run_all(s: Setup) -> list[Row]:
         if proxy is not None:
             url = f"http://127.0.0.1:{proxy[1]}/v1/models"
             rows.append(run(Row("HTTP nginx proxy"), s.wrk(url), parse_wrk, proxy[0].pid))
-        row = Row("HTTP Sluice")
+        row = Row(f"HTTP Sluice ({a.engine})")
         if gw is None:
             row.error = gw_error
         else:

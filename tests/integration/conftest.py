@@ -62,7 +62,7 @@ def policy_yaml(backend: Backend, http: int, grpc: int, admin: int, **extra: str
     return f"""\
 version: 1
 listeners:
-  http: {{host: 127.0.0.1, port: {http}}}
+  http: {{host: 127.0.0.1, port: {http}, engine: {extra.get("engine", "aiohttp")}}}
   grpc: {{host: 127.0.0.1, port: {grpc}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
 limits:
@@ -144,9 +144,12 @@ def start_gateway(backend: Backend, tmp: Path, workers: int = 1, **extra: str) -
     return Gateway(proc, policy, http, grpc, admin)
 
 
-@pytest.fixture(scope="module")
-def gateway(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = start_gateway(backend, tmp_path_factory.mktemp("gateway"))
+@pytest.fixture(scope="module", params=["aiohttp", "native"])
+def gateway(
+    request: pytest.FixtureRequest, backend: Backend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway process per HTTP ingress engine (listeners.http.engine)."""
+    gw = start_gateway(backend, tmp_path_factory.mktemp("gateway"), engine=request.param)
     try:
         yield gw
     finally:

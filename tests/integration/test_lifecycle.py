@@ -80,8 +80,11 @@ async def test_sighup_reloads(backend: Backend, tmp_path: Path) -> None:
         assert gw.proc.stop() == 0
 
 
-async def test_sigterm_drains_in_flight_streams(backend: Backend, tmp_path: Path) -> None:
-    gw = start_gateway(backend, tmp_path)
+@pytest.mark.parametrize("engine", ["aiohttp", "native"])
+async def test_sigterm_drains_in_flight_streams(
+    backend: Backend, tmp_path: Path, engine: str
+) -> None:
+    gw = start_gateway(backend, tmp_path, engine=engine)
     tokens = 40  # 40 × 20 ms ≈ 0.8 s per stream, well inside drain_s = 10
     backend.knobs(completion_tokens=tokens)
     body = {"model": "m", "stream": True, "max_tokens": tokens, "prompt": "x"}
