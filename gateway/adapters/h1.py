@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.adapters.h1_proxy import H1Proxy, Req, simple_response
+from gateway.adapters.h1_messages import Req, simple_response
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.adapters.h1_server import H1Server
 
-__all__ = ["H1Conn", "NativeListener", "start_native"]
+__all__ = ["H1Conn"]
 
 HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
 LOW_WATER = 64 * 1024
@@ -372,64 +372,3 @@ class H1Conn(asyncio.Protocol):
         self.stopping = True
         if self.active is None and self.transport is not None:
             self.transport.close()
-
-
-class H1Server:
-    """Settings read at start, the request handler and the open connections of one listener."""
-
-    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
-        policy = gateway.active.policy.policy
-        self.loop = loop
-        self.limits = policy.limits
-        self.header_read_s = policy.timeouts.header_read_s
-        self.keepalive_s = policy.timeouts.keepalive_s
-        self.proxy = H1Proxy(gateway, loop)
-        self.conns: set[H1Conn] = set()
-
-    def __call__(self) -> H1Conn:
-        return H1Conn(self)
-
-
-class NativeListener:
-    """A bound native HTTP listener: the same interface as `HttpListener`."""
-
-    def __init__(self, server: asyncio.Server, h1: H1Server) -> None:
-        self._server: asyncio.Server | None = server
-        self._h1 = h1
-        self.port: int = int(server.sockets[0].getsockname()[1]) if server.sockets else 0
-
-    async def stop_accepting(self) -> None:
-        """Close the listening socket; open connections keep being served."""
-        if self._server is not None:
-            server, self._server = self._server, None
-            server.close()
-
-    async def close(self, timeout: float) -> None:
-        """Stop accepting, close idle connections, give requests `timeout` s, then cut the rest."""
-        await self.stop_accepting()
-        conns = self._h1.conns
-        for conn in list(conns):
-            conn.shutdown()
-        tasks = [c.task for c in conns if c.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
-        for conn in list(conns):
-            if conn.transport is not None:
-                conn.transport.abort()
-        await asyncio.sleep(0)  # let connection_lost run
-
-
-async def start_native(
-    gateway: Gateway, host: str, port: int, *, reuse_port: bool = False
-) -> NativeListener:
-    """Bind the native HTTP ingress. Limits and timeouts come from the policy at start."""
-    loop = asyncio.get_running_loop()
-    h1 = H1Server(gateway, loop)
-    server = await loop.create_server(
-        h1,
-        host,
-        port,
-        reuse_port=reuse_port or None,
-        backlog=1024,
-    )
-    return NativeListener(server, h1)

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import TYPE_CHECKING
 
-from gateway.adapters.headers import RESPONSE_DROP, connection_listed, error_body
+from gateway.adapters.h1_messages import CONTINUE, REASONS, Req, date_value, simple_response
+from gateway.adapters.headers import RESPONSE_DROP, connection_listed
 from gateway.adapters.headers import retry_after_value as _retry_after
 from gateway.adapters.http_messages import BodyTooLarge, may_have_body, upstream_headers
 from gateway.adapters.http_proxy import SMALL_BODY, Deadlines
@@ -37,85 +34,6 @@ if TYPE_CHECKING:
     from gateway.app import Active, Gateway
 
 log = logging.getLogger(__name__)
-
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_date: list[object] = [0, b""]
-
-
-def date_value() -> bytes:
-    """The Date header value, formatted once per second."""
-    now = int(time.time())
-    if _date[0] != now:
-        _date[0], _date[1] = now, formatdate(now, usegmt=True).encode()
-    value = _date[1]
-    assert isinstance(value, bytes)
-    return value
-
-
-class Req:
-    """One parsed request head, its body as it arrives, and how its answer went out."""
-
-    __slots__ = (
-        "method",
-        "target",
-        "headers",
-        "header_size",
-        "keep_alive",
-        "http10",
-        "chunked",
-        "body",
-        "buffered",
-        "body_done",
-        "body_error",
-        "continued",
-        "responded",
-        "close",
-        "started",
-    )
-
-    def __init__(
-        self,
-        method: str,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
-        header_size: int,
-        keep_alive: bool,
-    ) -> None:
-        self.method = method
-        self.target = target
-        self.headers = headers
-        self.header_size = header_size
-        self.keep_alive = keep_alive
-        self.http10 = False
-        self.chunked = False
-        self.body: deque[bytes] = deque()
-        self.buffered = 0
-        self.body_done = False
-        self.body_error = False
-        self.continued = False
-        self.responded = False
-        self.close = False
-        self.started = False
-
-
-def simple_response(
-    status: int, kind: str, text: str, extra: bytes = b"", close: bool = True
-) -> bytes:
-    """A complete JSON error response (the shape of `headers.error_body`)."""
-    body = error_body(kind, text)
-    return (
-        b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-        b"%bdate: %b\r\n%b\r\n%b"
-    ) % (
-        status,
-        _REASONS.get(status, b""),
-        len(body),
-        extra,
-        date_value(),
-        b"connection: close\r\n" if close else b"",
-        body,
-    )
 
 
 class H1Proxy:
@@ -254,7 +172,7 @@ class H1Proxy:
         assert transport is not None
         status = up.status
         ctx.http_status = status
-        reason = up.reason.encode("latin-1") if up.reason else _REASONS.get(status, b"")
+        reason = up.reason.encode("latin-1") if up.reason else REASONS.get(status, b"")
         head = bytearray(b"HTTP/1.1 %d %b\r\n" % (status, reason))
         length: int | None = None
         chunked_up = False
@@ -368,7 +286,7 @@ class H1Proxy:
         req.continued = True
         for n, _ in req.headers:
             if n.lower() == b"expect":  # checked to be 100-continue before the chain
-                conn.transport.write(_CONTINUE)
+                conn.transport.write(CONTINUE)
                 return
 
     async def _fail(

@@ -40,7 +40,7 @@ from gateway.adapters.http_proxy import SMALL_BODY, HttpProxy
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.adapters.h1 import NativeListener
+    from gateway.adapters.h1_server import NativeListener
     from gateway.app import Gateway
 
 __all__ = ["SMALL_BODY", "HttpListener", "start_http"]
@@ -143,12 +143,12 @@ async def start_http(
     """Bind the HTTP ingress. Parser limits and keep-alive come from the policy at start.
 
     `engine` overrides the policy's `listeners.http.engine` ("aiohttp" or "native", the
-    `gateway.adapters.h1` server: same interface and behaviour, cheaper, experimental)."""
+    `gateway.adapters.h1_server` server: same interface and behaviour, cheaper, experimental)."""
     policy = gateway.active.policy.policy
     if engine is None:
         engine = policy.listeners.http.engine if policy.listeners.http else "aiohttp"
     if engine == "native":
-        from gateway.adapters.h1 import start_native
+        from gateway.adapters.h1_server import start_native
 
         return await start_native(gateway, host, port, reuse_port=reuse_port)
     limits, timeouts = policy.limits, policy.timeouts

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.adapters.h1 import NativeListener
+from gateway.adapters.h1_server import NativeListener
 from gateway.adapters.http import HttpListener, start_http
 from gateway.app import Gateway
 from tests.support import free_port

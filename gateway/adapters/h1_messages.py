@@ -1,0 +1,90 @@
+"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), the cached Date value
+and complete JSON error responses."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from email.utils import formatdate
+from http import HTTPStatus
+
+from gateway.adapters.headers import error_body
+
+REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_date: list[object] = [0, b""]
+
+
+def date_value() -> bytes:
+    """The Date header value, formatted once per second."""
+    now = int(time.time())
+    if _date[0] != now:
+        _date[0], _date[1] = now, formatdate(now, usegmt=True).encode()
+    value = _date[1]
+    assert isinstance(value, bytes)
+    return value
+
+
+class Req:
+    """One parsed request head, its body as it arrives, and how its answer went out."""
+
+    __slots__ = (
+        "method",
+        "target",
+        "headers",
+        "header_size",
+        "keep_alive",
+        "http10",
+        "chunked",
+        "body",
+        "buffered",
+        "body_done",
+        "body_error",
+        "continued",
+        "responded",
+        "close",
+        "started",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        header_size: int,
+        keep_alive: bool,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.header_size = header_size
+        self.keep_alive = keep_alive
+        self.http10 = False
+        self.chunked = False
+        self.body: deque[bytes] = deque()
+        self.buffered = 0
+        self.body_done = False
+        self.body_error = False
+        self.continued = False
+        self.responded = False
+        self.close = False
+        self.started = False
+
+
+def simple_response(
+    status: int, kind: str, text: str, extra: bytes = b"", close: bool = True
+) -> bytes:
+    """A complete JSON error response (the shape of `headers.error_body`)."""
+    body = error_body(kind, text)
+    return (
+        b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"%bdate: %b\r\n%b\r\n%b"
+    ) % (
+        status,
+        REASONS.get(status, b""),
+        len(body),
+        extra,
+        date_value(),
+        b"connection: close\r\n" if close else b"",
+        body,
+    )
