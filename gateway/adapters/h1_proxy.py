@@ -11,19 +11,20 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from gateway.adapters.admission import admit
 from gateway.adapters.h1_messages import CONTINUE, REASONS, Req, date_value, simple_response
 from gateway.adapters.headers import RESPONSE_DROP, connection_listed
 from gateway.adapters.headers import retry_after_value as _retry_after
 from gateway.adapters.http_messages import BodyTooLarge, may_have_body, upstream_headers
 from gateway.adapters.http_proxy import SMALL_BODY, Deadlines
-from gateway.core.request import Protocol, RequestInfo, unsafe_path
+from gateway.core.request import Protocol, RequestInfo
 from gateway.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from gateway.filters.base import RequestContext, Status
+from gateway.filters.base import RequestContext
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ class H1Proxy:
     async def _serve(self, conn: H1Conn, req: Req) -> None:
         gateway = self.gateway
         active = gateway.active
-        limits = active.policy.policy.limits
         raw = req.headers
         headers: dict[str, str] = {}
         for n, v in raw:  # repeated names: join them, as RFC 9110 §5.3 allows
@@ -75,27 +75,16 @@ class H1Proxy:
         ctx = RequestContext(info, active.policy)
         gateway.inflight.enter()
         try:
-            if req.header_size > limits.max_header_bytes or len(raw) > limits.max_header_count:
-                ctx.attrs["_ran"] = 0  # no filter saw this request: none gets on_response
-                msg = "request header fields too large"
-                return await self._error(conn, req, ctx, 431, "headers_too_large", msg)
             expect = headers.get("expect")
             if expect is not None and expect.lower() != "100-continue":
-                ctx.attrs["_ran"] = 0
+                ctx.attrs["_ran"] = 0  # refused before any filter saw it
                 msg = "only 100-continue is supported"
                 return await self._error(conn, req, ctx, 417, "expectation_failed", msg)
-            if unsafe_path(path):
-                ctx.attrs["_ran"] = 0  # refused before any filter saw it
-                return await self._error(conn, req, ctx, 400, "bad_path", "path not allowed")
-            if await active.chain.on_request(ctx) is Status.STOP:
-                vd = ctx.verdict
-                return await self._error(
-                    conn, req, ctx, vd.http_status, vd.error_type, vd.reason, vd.retry_after
-                )
-            if ctx.route is None or ctx.endpoint is None:
-                return await self._error(conn, req, ctx, 404, "no_route", "no route matches")
-            if cl is not None and cl > limits.max_body_bytes:
-                return await self._error(conn, req, ctx, 413, "body_too_large", "body too large")
+            refusal = await admit(ctx, active, req.header_size, len(raw))
+            if refusal is not None:
+                r = refusal
+                return await self._error(conn, req, ctx, r.status, r.kind, r.message, r.retry_after)
+            assert ctx.route is not None
             upstream_path = ctx.route.upstream_path(path)
             if query:
                 upstream_path += "?" + query

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
+from gateway.adapters.admission import admit
 from gateway.adapters.headers import JSON, error_body, retry_after_value
 from gateway.adapters.http_messages import (
     BodyTooLarge,
@@ -22,14 +23,14 @@ from gateway.adapters.http_messages import (
     stream_body,
     upstream_headers,
 )
-from gateway.core.request import Protocol, RequestInfo, unsafe_path
+from gateway.core.request import Protocol, RequestInfo
 from gateway.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
 )
-from gateway.filters.base import RequestContext, Status
+from gateway.filters.base import RequestContext
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -95,7 +96,6 @@ class HttpProxy:
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         gateway = self.gateway
         active = gateway.active
-        limits = active.policy.policy.limits
         raw = request.raw_headers
         headers = {k.lower(): v for k, v in request.headers.items()}
         if len(headers) != len(raw):  # repeated names: join them, as RFC 9110 §5.3 allows
@@ -120,23 +120,11 @@ class HttpProxy:
         ctx = RequestContext(info, active.policy)
         gateway.inflight.enter()
         try:
-            if size > limits.max_header_bytes or len(raw) > limits.max_header_count:
-                ctx.attrs["_ran"] = 0  # no filter saw this request: none gets on_response
-                return await self._error(
-                    request, ctx, 431, "headers_too_large", "request header fields too large"
-                )
-            if unsafe_path(path):
-                ctx.attrs["_ran"] = 0  # refused before any filter saw it
-                return await self._error(request, ctx, 400, "bad_path", "path not allowed")
-            if await active.chain.on_request(ctx) is Status.STOP:
-                vd = ctx.verdict
-                return await self._error(
-                    request, ctx, vd.http_status, vd.error_type, vd.reason, vd.retry_after
-                )
-            if ctx.route is None or ctx.endpoint is None:
-                return await self._error(request, ctx, 404, "no_route", "no route matches")
-            if cl is not None and cl > limits.max_body_bytes:
-                return await self._error(request, ctx, 413, "body_too_large", "body too large")
+            refusal = await admit(ctx, active, size, len(raw))
+            if refusal is not None:
+                r = refusal
+                return await self._error(request, ctx, r.status, r.kind, r.message, r.retry_after)
+            assert ctx.route is not None
             upstream_path = ctx.route.upstream_path(path)
             if query:
                 upstream_path += "?" + query
