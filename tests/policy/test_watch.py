@@ -13,27 +13,13 @@ from pathlib import Path
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.holder import PolicyHolder
 from gateway.policy.watch import PolicyWatcher
+from tests.policy.test_holder import V1, V2, build, holder_at
 
-V1 = """\
-backends:
-  - name: a
-    endpoints: [{address: "127.0.0.1:9000"}]
-routes:
-  - name: main
-    backend: a
-"""
-V2 = V1.replace("9000", "9010")
 V3 = V1.replace("9000", "9020")
 
 
-def build(c: CompiledPolicy) -> CompiledPolicy:
-    return c
-
-
 def make(tmp_path: Path) -> tuple[PolicyHolder[CompiledPolicy], Path]:
-    path = tmp_path / "policy.yaml"
-    path.write_text(V1)
-    return PolicyHolder(path, build), path
+    return holder_at(tmp_path)
 
 
 async def wait_until(cond: object, timeout: float = 5.0) -> None:
