@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gateway.telemetry.metrics import REGISTRY
+from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY
 
 if TYPE_CHECKING:
     from gateway.server import Server
@@ -71,6 +71,7 @@ def build_admin_app(server: Server) -> web.Application:
         return _json(detail, 200 if detail["ready"] else 503)
 
     async def metrics(_: web.Request) -> web.Response:
+        IN_FLIGHT.set(gw.inflight.count)  # exact for this process; other workers sample it
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

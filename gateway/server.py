@@ -138,6 +138,8 @@ class Server:
         from gateway.telemetry import metrics
 
         metrics.READY.set(1)
+        sampler = asyncio.get_running_loop().create_task(self._sample_in_flight())
+        self._stack.callback(sampler.cancel)
         # One line a human (and a test) can wait for.
         log.info(
             "sluice ready: %s (policy %s)",
@@ -164,6 +166,14 @@ class Server:
             task = asyncio.get_running_loop().create_task(job)
             self._tasks.add(task)  # keep a reference until it is done
             task.add_done_callback(self._tasks.discard)
+
+    async def _sample_in_flight(self) -> None:
+        """The in-flight gauge, set once a second (a gauge write per request would cost more)."""
+        from gateway.telemetry import metrics
+
+        while True:
+            metrics.IN_FLIGHT.set(self.gateway.inflight.count)
+            await asyncio.sleep(1.0)
 
     def request_stop(self) -> None:
         self._stopping.set()

@@ -42,9 +42,9 @@ UPSTREAM_FIRST_BYTE_SECONDS = Histogram(
 )
 IN_FLIGHT = Gauge(
     "sluice_requests_in_flight",
-    "Requests being served now.",
-    ["protocol"],
+    "Requests being served now (sampled every second; summed over workers).",
     registry=REGISTRY,
+    multiprocess_mode="livesum",
 )
 UPSTREAM_ERRORS = Counter(
     "sluice_upstream_errors_total",

@@ -186,3 +186,4 @@ async def test_metrics_count_requests(gateway: Gateway) -> None:
     ]
     assert line and float(line[0].rsplit(" ", 1)[1]) >= 1
     assert "sluice_request_duration_seconds_bucket" in text
+    assert "sluice_requests_in_flight 0.0" in text  # sampled every second; nothing in flight
