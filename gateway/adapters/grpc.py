@@ -89,7 +89,9 @@ def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, detail
     ctx.grpc_status = code.value[0]
     context.set_code(code)
     if details:
-        context.set_details(details)
+        # Details travel in a header: a huge upstream message would make the client's HTTP/2
+        # stack reset the stream, so keep them well under the usual 8 KiB metadata limit.
+        context.set_details(details[:MAX_DETAILS])
 
 
 def _reject(ctx: RequestContext, context: Context) -> None:
@@ -107,9 +109,7 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     trailing = e.trailing_metadata()
     if trailing:
         context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
-    # Details travel in a header: a huge upstream message would make the client's HTTP/2 stack
-    # reset the stream, so keep them well under the usual 8 KiB metadata limit.
-    _status(ctx, context, code, (e.details() or "")[:MAX_DETAILS])
+    _status(ctx, context, code, e.details() or "")
 
 
 def _crashed(ctx: RequestContext, context: Context) -> None:
@@ -224,8 +224,10 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
         _crashed(ctx, context)
         return None
     finally:
-        gw.inflight.leave()
-        await gw.finish(active, ctx)
+        try:
+            await gw.finish(active, ctx)
+        finally:
+            gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
 
 async def _stream_call(
@@ -278,8 +280,10 @@ async def _stream_call(
             pump.cancel()
         if call is not None and not call.done():
             call.cancel()  # client gone or we failed: the upstream must stop at once
-        gw.inflight.leave()
-        await gw.finish(active, ctx)
+        try:
+            await gw.finish(active, ctx)
+        finally:
+            gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
 
 async def _pump(

@@ -68,6 +68,8 @@ class Upstream(pb2_grpc.InferenceServicer):  # type: ignore[misc,name-defined]
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         self.seen.metadata = dict(context.invocation_metadata() or ())
         yield pb2.GenerateChunk(text="first", index=0)
+        if request.prompt == "verbose":
+            await context.abort(grpc.StatusCode.INTERNAL, "why " * 1500)
         if request.prompt == "hang":
             await self._cancellable(asyncio.sleep(30))
         if request.prompt == "gated":
@@ -209,6 +211,10 @@ async def test_long_upstream_details_are_truncated(proxy: Any) -> None:
     _, stub, _ = proxy
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Infer(pb2.InferRequest(prompt="verbose"))
+    assert err.value.code() is grpc.StatusCode.INTERNAL
+    assert err.value.details() == ("why " * 1500)[:4096]
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # the streaming handler caps them too
+        _ = [c async for c in stub.Generate(pb2.InferRequest(prompt="verbose", max_tokens=2))]
     assert err.value.code() is grpc.StatusCode.INTERNAL
     assert err.value.details() == ("why " * 1500)[:4096]
 
