@@ -1,34 +1,27 @@
-"""Composition root: builds the policy holder, the chain per policy, and the upstream pools.
+"""Composition root: builds the services (once), the policy holder, the chain per policy, and
+the upstream pools.
 
-No I/O at import. `Gateway` is what adapters are handed: the active policy snapshot (policy +
-chain), the upstream pools, and the in-flight tracker the drain waits on.
+No I/O at import. `Gateway` is what adapters are handed: the active `Snapshot` (policy + chain),
+the long-lived `Services`, the upstream pools, and the in-flight tracker the drain waits on.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.filters.base import RequestContext
-from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.holder import PolicyHolder
+from gateway.services import Services
+from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.adapters.channels import ChannelPool
     from gateway.adapters.pool import UpstreamPool
-
-
-@dataclass(frozen=True, slots=True)
-class Active:
-    """What one request sees from arrival to end: a policy and the chain built for it."""
-
-    policy: CompiledPolicy
-    chain: Chain
 
 
 class InFlight:
@@ -62,20 +55,25 @@ class InFlight:
 class Gateway:
     """Owns the policy holder and the upstream pools; the server owns the listeners."""
 
-    def __init__(self, policy_path: Path) -> None:
-        self.holder: PolicyHolder[Active] = PolicyHolder(policy_path, self._build)
+    def __init__(self, policy_path: Path, services: Services | None = None) -> None:
+        self.services = services if services is not None else Services()
+        self.holder: PolicyHolder[Snapshot] = PolicyHolder(policy_path, self._build)
+        self.holder.on_swap(self._activate)
+        self.holder.active.chain.activate()
         self.inflight = InFlight()
         self.ready = False
         self.draining = False
         self._http_pool: UpstreamPool | None = None
         self._channels: ChannelPool | None = None
 
-    @staticmethod
-    def _build(policy: CompiledPolicy) -> Active:
-        return Active(policy, build_chain(policy))
+    def _build(self, policy: CompiledPolicy) -> Snapshot:
+        return Snapshot(policy, build_chain(policy, self.services))
+
+    def _activate(self) -> None:
+        self.holder.active.chain.activate()
 
     @property
-    def active(self) -> Active:
+    def active(self) -> Snapshot:
         return self.holder.active
 
     @property
@@ -94,7 +92,7 @@ class Gateway:
             self._channels = ChannelPool(self.holder)
         return self._channels
 
-    async def finish(self, active: Active, ctx: RequestContext) -> None:
+    async def finish(self, active: Snapshot, ctx: RequestContext) -> None:
         """Run on_response (reverse order) and record the request's metrics. Never raises."""
         await active.chain.on_response(ctx)
         metrics.record_request(ctx)
@@ -104,3 +102,4 @@ class Gateway:
             await self._http_pool.aclose()
         if self._channels is not None:
             await self._channels.aclose()
+        await self.services.aclose()

@@ -10,7 +10,7 @@ from gateway.core.request import unsafe_path
 from gateway.filters.base import RequestContext, Status
 
 if TYPE_CHECKING:
-    from gateway.app import Active
+    from gateway.snapshot import Snapshot as Active
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +33,10 @@ async def admit(
     """None: forward to `ctx.endpoint`. A refusal before the chain leaves `on_response` unrun."""
     limits = active.policy.policy.limits
     if header_bytes > limits.max_header_bytes or header_count > limits.max_header_count:
-        ctx.attrs["_ran"] = 0  # no filter saw this request: none gets on_response
+        ctx.ran = 0  # no filter saw this request: none gets on_response
         return HEADERS_TOO_LARGE
     if unsafe_path(ctx.info.path):
-        ctx.attrs["_ran"] = 0
+        ctx.ran = 0
         return BAD_PATH
     if await active.chain.on_request(ctx) is Status.STOP:
         v = ctx.verdict

@@ -20,10 +20,10 @@ import grpc.aio
 from gateway.adapters.reflection import discover_unary_methods
 
 if TYPE_CHECKING:
-    from gateway.app import Active
     from gateway.policy.compiled import Endpoint
     from gateway.policy.holder import PolicyHolder
     from gateway.policy.model import Limits
+    from gateway.snapshot import Snapshot as Active
 
 log = logging.getLogger("sluice.grpc.channels")
 

@@ -24,15 +24,17 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 import grpc.aio
 
+from gateway.core.outcome import OUTCOME_OF, Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
 from gateway.filters.base import RequestContext, Status
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.app import Active, Gateway
+    from gateway.app import Gateway
     from gateway.policy.compiled import CompiledPolicy, Endpoint
     from gateway.policy.model import Limits
+    from gateway.snapshot import Snapshot as Active
 
 log = logging.getLogger("sluice.grpc")
 
@@ -103,9 +105,12 @@ def _reject(ctx: RequestContext, context: Context) -> None:
 
 def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
     code = e.code()
-    ctx.error = _UPSTREAM_ERROR.get(code, "")
-    if ctx.error and ctx.endpoint is not None:
-        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, ctx.error[9:]).inc()
+    kind = _UPSTREAM_ERROR.get(code, "")
+    ctx.outcome = Outcome.UPSTREAM_ERROR
+    if kind:
+        ctx.outcome = OUTCOME_OF[kind]
+        if ctx.endpoint is not None:
+            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind[9:]).inc()
     trailing = e.trailing_metadata()
     if trailing:
         context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
@@ -114,7 +119,7 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
 
 def _crashed(ctx: RequestContext, context: Context) -> None:
     log.exception("gRPC proxy failed on %s", ctx.info.path)
-    ctx.error = "internal"
+    ctx.outcome = Outcome.INTERNAL
     _status(ctx, context, grpc.StatusCode.INTERNAL, "gateway error")
 
 
@@ -122,9 +127,9 @@ def _cancelled(ctx: RequestContext, context: Context) -> None:
     # The client's own deadline also reaches us as a cancellation: count it as a deadline.
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
-        ctx.grpc_status, ctx.error = GRPC_DEADLINE_EXCEEDED, "deadline"
+        ctx.grpc_status, ctx.outcome = GRPC_DEADLINE_EXCEEDED, Outcome.DEADLINE
     else:
-        ctx.grpc_status, ctx.cancelled = GRPC_CANCELLED, True
+        ctx.grpc_status, ctx.outcome = GRPC_CANCELLED, Outcome.CLIENT_CANCELLED
 
 
 class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]

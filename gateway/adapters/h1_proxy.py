@@ -17,6 +17,7 @@ from gateway.adapters.headers import RESPONSE_DROP, connection_listed
 from gateway.adapters.headers import retry_after_value as _retry_after
 from gateway.adapters.http_messages import BodyTooLarge, may_have_body, upstream_headers
 from gateway.adapters.http_proxy import SMALL_BODY, Deadlines
+from gateway.core.outcome import OUTCOME_OF, Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.errors import (
     UpstreamConnectError,
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
     from gateway.adapters.h1 import H1Conn
     from gateway.adapters.upstream_response import UpstreamResponse
-    from gateway.app import Active, Gateway
+    from gateway.app import Gateway
+    from gateway.snapshot import Snapshot as Active
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class H1Proxy:
         try:
             expect = headers.get("expect")
             if expect is not None and expect.lower() != "100-continue":
-                ctx.attrs["_ran"] = 0  # refused before any filter saw it
+                ctx.ran = 0  # refused before any filter saw it
                 msg = "only 100-continue is supported"
                 return await self._error(conn, req, ctx, 417, "expectation_failed", msg)
             refusal = await admit(ctx, active, req.header_size, len(raw))
@@ -90,8 +92,8 @@ class H1Proxy:
                 upstream_path += "?" + query
             return await self._forward(conn, req, ctx, active, upstream_path)
         except asyncio.CancelledError:
-            ctx.cancelled = True
-            ctx.error = ctx.error or "client_cancelled"
+            if ctx.outcome is Outcome.OK:
+                ctx.outcome = Outcome.CLIENT_CANCELLED
             raise
         finally:
             try:
@@ -145,11 +147,9 @@ class H1Proxy:
             metrics.UPSTREAM_ERRORS.labels(endpoint.backend, "protocol").inc()
             await self._fail(conn, req, ctx, 502, "upstream_protocol_error", str(e))
         except EOFError:  # the client's body was malformed or cut
-            ctx.cancelled = True
             await self._fail(conn, req, ctx, 400, "bad_request", "incomplete body")
         except ConnectionError:  # the client went away while we wrote to it
-            ctx.cancelled = True
-            ctx.error = "client_disconnected"
+            ctx.outcome = Outcome.CLIENT_CANCELLED
             raise
         finally:
             self.deadlines.discard(task)
@@ -281,7 +281,7 @@ class H1Proxy:
     async def _fail(
         self, conn: H1Conn, req: Req, ctx: RequestContext, status: int, kind: str, text: str
     ) -> None:
-        ctx.error = kind
+        ctx.outcome = OUTCOME_OF.get(kind, Outcome.INTERNAL)
         if not req.responded:
             return await self._error(conn, req, ctx, status, kind, text)
         # The head is gone already: all we can do is cut the connection (truncated body).
@@ -300,8 +300,8 @@ class H1Proxy:
         retry_after: float | None = None,
     ) -> None:
         ctx.http_status = status
-        if not ctx.error and status >= 400:
-            ctx.error = error_type
+        if ctx.outcome is Outcome.OK and status >= 400:
+            ctx.outcome = OUTCOME_OF.get(error_type, Outcome.REJECTED)
         extra = b""
         if retry_after is not None:
             extra += b"retry-after: %b\r\n" % _retry_after(retry_after).encode()

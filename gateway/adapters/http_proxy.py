@@ -23,6 +23,7 @@ from gateway.adapters.http_messages import (
     stream_body,
     upstream_headers,
 )
+from gateway.core.outcome import OUTCOME_OF, Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.errors import (
     UpstreamConnectError,
@@ -36,7 +37,8 @@ from gateway.telemetry import metrics
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from gateway.app import Active, Gateway
+    from gateway.app import Gateway
+    from gateway.snapshot import Snapshot as Active
 
 SMALL_BODY = 64 * 1024  # a body this small with a known length is read whole: one write upstream
 
@@ -130,8 +132,8 @@ class HttpProxy:
                 upstream_path += "?" + query
             return await self._forward(request, ctx, active, raw, upstream_path)
         except asyncio.CancelledError:
-            ctx.cancelled = True
-            ctx.error = ctx.error or "client_cancelled"
+            if ctx.outcome is Outcome.OK:
+                ctx.outcome = Outcome.CLIENT_CANCELLED
             raise
         finally:
             try:
@@ -218,11 +220,9 @@ class HttpProxy:
             metrics.UPSTREAM_ERRORS.labels(endpoint.backend, "protocol").inc()
             return await self._fail(request, ctx, resp, 502, "upstream_protocol_error", str(e))
         except (EOFError, BadHttpMessage):  # the client hung up inside its own body
-            ctx.cancelled = True
             return await self._fail(request, ctx, resp, 400, "bad_request", "incomplete body")
         except ConnectionError:  # the client went away while we wrote to it
-            ctx.cancelled = True
-            ctx.error = "client_disconnected"
+            ctx.outcome = Outcome.CLIENT_CANCELLED
             raise
         finally:
             self.deadlines.discard(task)
@@ -236,7 +236,7 @@ class HttpProxy:
         error_type: str,
         message: str,
     ) -> web.StreamResponse:
-        ctx.error = error_type
+        ctx.outcome = OUTCOME_OF.get(error_type, Outcome.INTERNAL)
         if resp is None or not resp.prepared:
             return await self._error(request, ctx, status, error_type, message)
         # The head is gone already: all we can do is cut the connection (truncated body).
@@ -254,8 +254,8 @@ class HttpProxy:
         retry_after: float | None = None,
     ) -> web.StreamResponse:
         ctx.http_status = status
-        if not ctx.error and status >= 400:
-            ctx.error = error_type
+        if ctx.outcome is Outcome.OK and status >= 400:
+            ctx.outcome = OUTCOME_OF.get(error_type, Outcome.REJECTED)
         body = error_body(error_type or "error", message)
         resp = web.Response(status=status, body=body, content_type=JSON)
         if retry_after is not None:

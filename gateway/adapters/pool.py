@@ -54,10 +54,10 @@ from gateway.errors import UpstreamConnectError, UpstreamProtocolError, Upstream
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.app import Active
     from gateway.policy.compiled import Endpoint
     from gateway.policy.holder import PolicyHolder
     from gateway.policy.model import Limits, Timeouts
+    from gateway.snapshot import Snapshot as Active
 
 __all__ = [
     "HIGH_WATER",

@@ -1,9 +1,17 @@
-"""Verdict: what the chain decided about a request; adapters turn it into bytes."""
+"""Verdict: what the chain decided about a request; the forwarding path turns it into bytes.
+
+A rejection carries everything the client sees: HTTP status, gRPC code, the JSON error's `type`
+and message, `Retry-After`, and extra headers (HTTP response headers; gRPC trailing metadata),
+e.g. `WWW-Authenticate` or `x-ratelimit-*`. Every refusal of the request path, from a header
+bound to a rate limit, is one of these.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+Headers = tuple[tuple[str, str], ...]  # lower-case names
 
 
 class Action(enum.Enum):
@@ -34,7 +42,8 @@ class Verdict:
     grpc_status: int = GRPC_OK
     error_type: str = ""  # machine-readable, e.g. "rate_limited"; goes into the JSON error body
     reason: str = ""  # short human text, safe to show the client (never a secret or a token)
-    retry_after: float | None = None  # seconds; sent as Retry-After on 429/503
+    retry_after: float | None = None  # seconds; sent as Retry-After (HTTP and gRPC trailer)
+    headers: Headers = ()  # HTTP response headers / gRPC trailing metadata, lower-case names
 
     @property
     def allowed(self) -> bool:
@@ -50,8 +59,24 @@ def reject(
     error_type: str,
     reason: str,
     retry_after: float | None = None,
+    headers: Headers = (),
 ) -> Verdict:
-    return Verdict(Action.REJECT, http_status, grpc_status, error_type, reason, retry_after)
+    return Verdict(
+        Action.REJECT, http_status, grpc_status, error_type, reason, retry_after, headers
+    )
 
 
+# The refusals of the request path itself (filters add their own).
 NO_ROUTE = reject(404, GRPC_UNIMPLEMENTED, "no_route", "no route matches this request")
+NO_ENDPOINT = reject(503, GRPC_UNAVAILABLE, "no_healthy_upstream", "no backend available", 1.0)
+HEADERS_TOO_LARGE = reject(
+    431, GRPC_RESOURCE_EXHAUSTED, "headers_too_large", "request header fields too large"
+)
+BAD_PATH = reject(400, GRPC_INVALID_ARGUMENT, "bad_path", "path not allowed")
+BODY_TOO_LARGE = reject(413, GRPC_RESOURCE_EXHAUSTED, "body_too_large", "body too large")
+BODY_TIMEOUT = reject(
+    408, GRPC_DEADLINE_EXCEEDED, "body_timeout", "request body not received in time"
+)
+BAD_EXPECT = reject(
+    417, GRPC_INVALID_ARGUMENT, "expectation_failed", "only 100-continue is supported"
+)

@@ -1,17 +1,37 @@
-"""Filter protocol and the per-request context that flows through the chain.
+"""The filter contract: the per-request context and the hooks a filter may implement.
 
-A filter's `on_request` returns CONTINUE or STOP; on STOP it has set `ctx.verdict` and the adapter
-answers at once. `on_response` runs in reverse order for every filter whose `on_request` ran,
-after the response (or the failure) is known: status, bytes and timing are in the context then.
+Phases, in order (every hook is optional; the chain is split per phase when it is built, so a
+hook a filter leaves out costs nothing per request):
+
+- `on_request(ctx) -> Status` (plain, or a coroutine when it must await): headers, peer, path
+  are known. STOP means `ctx.verdict` is set and the request is answered now.
+- `on_body(ctx, body) -> Status`: the request body (`gateway.core.body.RequestBody`): model,
+  max_tokens, stream, prompt size, for JSON bodies up to the policy's cap; sizes only otherwise.
+  A filter may rewrite a parsed body (`body.set`). Runs for HTTP requests only, after every
+  `on_request`, before the upstream is contacted. STOP rejects as in `on_request`.
+- `on_event(ctx, event) -> Status`: what comes back: the response head, each SSE event, the
+  JSON body of a non-streaming completion (up to a cap), gRPC trailing metadata. STOP ends the
+  response cleanly (SSE error event + `[DONE]`; gRPC status from `ctx.verdict`), the outcome
+  becomes STREAM_CUT. Usage found in the response is in `ctx.usage` before the event is seen.
+- `on_response(ctx) -> None` (plain or coroutine): the request is over (`ctx.outcome` says how);
+  runs in reverse order for every filter whose `on_request` ran, whatever happened.
+- `activate() -> None`: called once when the policy the filter was built for goes live (at start
+  and after a successful reload; never for a build that is thrown away).
+
+Filters are built per policy by `factory(section, services)` from their own policy section and
+the long-lived `gateway.services.Services`; state that must outlive a reload lives there.
 """
 
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.core.body import RequestBody, Usage
+from gateway.core.outcome import Outcome
 from gateway.core.request import RequestInfo
 from gateway.core.verdict import ALLOW, Verdict
 
@@ -21,7 +41,45 @@ if TYPE_CHECKING:
 
 class Status(enum.Enum):
     CONTINUE = enum.auto()
-    STOP = enum.auto()  # ctx.verdict is set; adapters respond now
+    STOP = enum.auto()  # ctx.verdict is set: answer now (or end the response cleanly)
+
+
+class EventKind(enum.Enum):
+    HEAD = "head"  # response status and headers are known (HTTP); initial metadata (gRPC)
+    SSE = "sse"  # one server-sent event of a streaming response
+    JSON = "json"  # the JSON body of a non-streaming response (parsed, up to a cap)
+    TRAILERS = "trailers"  # gRPC trailing metadata
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    kind: EventKind
+    status: int = 0  # HEAD: the upstream HTTP status / 0 for gRPC
+    data: bytes = b""  # SSE: the event's data
+    doc: Any = None  # SSE / JSON: the parsed JSON (None if not JSON)
+    metadata: tuple[tuple[str, str], ...] = ()  # HEAD: response headers / TRAILERS: metadata
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, as established by the auth filter."""
+
+    provider: str  # the auth provider's name
+    subject: str  # `sub` claim ("" if absent)
+    claims: Mapping[str, Any]  # verified claims (never the token itself)
+
+
+@dataclass(slots=True)
+class Decision:
+    """One filter decision, kept for the trace of the request (bounded per request)."""
+
+    at: float  # time.monotonic()
+    filter: str
+    name: str  # e.g. "auth.ok", "limit.reject", "route.pick"
+    detail: str = ""  # short, safe to log
+
+
+MAX_DECISIONS = 32
 
 
 @dataclass(slots=True)
@@ -37,21 +95,56 @@ class RequestContext:
     endpoint: Endpoint | None = None
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
-    # Filled by the adapter as the response goes out.
+    # How it ended (set by the forwarding path; filters read it in on_response).
+    outcome: Outcome = Outcome.OK
+    detail: str = ""  # short safe text about the outcome, for the log (never a secret)
     http_status: int = 0
     grpc_status: int | None = None
     bytes_in: int = 0
     bytes_out: int = 0
-    error: str = ""  # short machine-readable cause of a failure ("upstream_timeout", ...)
-    cancelled: bool = False
+    first_byte_at: float | None = None  # monotonic time the first response byte went out
+    ran: int = 0  # filters whose on_request ran (on_response unwinds those)
+    attempts: int = 0  # upstream tries (retries included)
     # Headers/metadata filters add to the upstream request (lower-case names).
     upstream_headers: dict[str, str] = field(default_factory=dict)
-    # Free slots for later filters (auth claims, token reservations, spans, ...).
-    attrs: dict[str, Any] = field(default_factory=dict)
+    # Headers filters add to the client response (HTTP) / trailing metadata (gRPC).
+    response_headers: list[tuple[str, str]] = field(default_factory=list)
+    # Typed slots the filters fill.
+    principal: Principal | None = None  # auth
+    priority: int | None = None  # 0 = highest (limits, shedding)
+    reservation: Any = None  # the limiter's token reservation, reconciled in on_response
+    body: RequestBody | None = None  # the body phase's view of the request body
+    usage: Usage | None = None  # what the backend reported (JSON usage, final SSE chunk, trailer)
+    trace_id: int = 0  # 128-bit W3C trace id (0 = none yet)
+    parent_span_id: int = 0  # the client's span, from an incoming traceparent
+    trace_flags: int = 0
+    decisions: list[Decision] | None = None  # filled only when something is recorded
 
     def stop(self, verdict: Verdict) -> Status:
         self.verdict = verdict
         return Status.STOP
+
+    def decide(self, filter_name: str, name: str, detail: str = "") -> None:
+        """Record a decision for the trace (cheap; bounded to MAX_DECISIONS per request)."""
+        d = self.decisions
+        if d is None:
+            d = self.decisions = []
+        if len(d) < MAX_DECISIONS:
+            d.append(Decision(time.monotonic(), filter_name, name, detail))
+
+    @property
+    def error(self) -> str:
+        """The outcome's label, "" when OK; a rejection's own type when Sluice refused."""
+        if self.outcome is Outcome.OK:
+            return ""
+        if self.outcome is Outcome.REJECTED and self.verdict.error_type:
+            return self.verdict.error_type
+        value: str = self.outcome.value
+        return value
+
+    @property
+    def cancelled(self) -> bool:
+        return self.outcome is Outcome.CLIENT_CANCELLED
 
     @property
     def elapsed(self) -> float:
@@ -59,8 +152,10 @@ class RequestContext:
 
 
 class Filter(Protocol):
+    """Every hook but `name` is optional (see the module docstring)."""
+
     name: str
 
-    async def on_request(self, ctx: RequestContext) -> Status: ...
 
-    async def on_response(self, ctx: RequestContext) -> None: ...
+RequestHook = Any  # Callable[[RequestContext], Status | Awaitable[Status]]
+MaybeAwaitable = Status | Awaitable[Status]

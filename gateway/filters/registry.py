@@ -1,25 +1,44 @@
-"""Filter names in the policy → filter classes; the chain is built once per policy load."""
+"""Filter names in the policy → factories; the chain is built once per policy load.
+
+Each filter is built by `factory(section, services)` from its own policy section (what
+`FilterSpec.section` picks out of the compiled policy) and the long-lived services, never from
+the whole policy. A factory may return None when its section asks for nothing (the filter is
+then left out of the chain and costs nothing).
+"""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.filters.base import Filter
 from gateway.filters.chain import Chain
 from gateway.policy.compiled import CompiledPolicy
+from gateway.services import Services
 
-FILTERS: dict[str, str] = {
-    "request_id": "gateway.filters.request_id:RequestIdFilter",
-    "access_log": "gateway.filters.access_log:AccessLogFilter",
-    "route": "gateway.filters.routing:RouteFilter",
+
+@dataclass(frozen=True, slots=True)
+class FilterSpec:
+    factory: str  # "module:callable", imported only when the filter is used
+    section: Callable[[CompiledPolicy], Any]  # the part of the policy the filter is built from
+
+
+FILTERS: dict[str, FilterSpec] = {
+    "request_id": FilterSpec("gateway.filters.request_id:build", lambda c: None),
+    "access_log": FilterSpec("gateway.filters.access_log:build", lambda c: c.policy.access_log),
+    "route": FilterSpec("gateway.filters.routing:build", lambda c: c),
 }
 
 
-def build_chain(policy: CompiledPolicy) -> Chain:
+def build_chain(policy: CompiledPolicy, services: Services) -> Chain:
     filters: list[Filter] = []
     for name in policy.policy.filters:
-        module, _, cls = FILTERS[name].partition(":")
-        factory: Any = getattr(importlib.import_module(module), cls)
-        filters.append(factory(policy))
+        spec = FILTERS[name]
+        module, _, attr = spec.factory.partition(":")
+        factory: Any = getattr(importlib.import_module(module), attr)
+        f = factory(spec.section(policy), services)
+        if f is not None:
+            filters.append(f)
     return Chain(filters)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import random
 import re
+from typing import Any
 
 from gateway.filters.base import RequestContext, Status
-from gateway.policy.compiled import CompiledPolicy
+from gateway.services import Services
 
 _VALID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -24,15 +25,13 @@ def new_request_id() -> str:
 class RequestIdFilter:
     name = "request_id"
 
-    def __init__(self, policy: CompiledPolicy) -> None:
-        pass
-
-    async def on_request(self, ctx: RequestContext) -> Status:
+    def on_request(self, ctx: RequestContext) -> Status:
         incoming = ctx.info.headers.get("x-request-id")
         rid = incoming if incoming is not None and _VALID.match(incoming) else new_request_id()
         ctx.request_id = rid
         ctx.upstream_headers["x-request-id"] = rid
         return Status.CONTINUE
 
-    async def on_response(self, ctx: RequestContext) -> None:
-        return None
+
+def build(section: Any, services: Services) -> RequestIdFilter:
+    return RequestIdFilter()

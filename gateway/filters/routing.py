@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.core.verdict import GRPC_UNAVAILABLE, NO_ROUTE, reject
+from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
 from gateway.filters.base import RequestContext, Status
 from gateway.policy.compiled import CompiledPolicy
-
-NO_ENDPOINT = reject(503, GRPC_UNAVAILABLE, "no_healthy_upstream", "no backend available", 1.0)
+from gateway.services import Services
 
 
 class RouteFilter:
@@ -15,7 +14,7 @@ class RouteFilter:
     def __init__(self, policy: CompiledPolicy) -> None:
         self._policy = policy
 
-    async def on_request(self, ctx: RequestContext) -> Status:
+    def on_request(self, ctx: RequestContext) -> Status:
         route = self._policy.match(ctx.info)
         if route is None:
             return ctx.stop(NO_ROUTE)
@@ -26,5 +25,6 @@ class RouteFilter:
         ctx.endpoint = endpoint
         return Status.CONTINUE
 
-    async def on_response(self, ctx: RequestContext) -> None:
-        return None
+
+def build(section: CompiledPolicy, services: Services) -> RouteFilter:
+    return RouteFilter(section)

@@ -1,0 +1,124 @@
+"""The request body as the chain sees it in the body phase, and LLM token usage.
+
+Pure: the forwarding path reads the body (up to the policy's `body.max_json_bytes`), parses it
+and hands a `RequestBody` to the filters' `on_body`. Bodies that are larger, not JSON or
+malformed are `opaque`: fields are unknown, `size` comes from Content-Length, and the bytes
+pass through unchanged. A filter may rewrite a parsed body (`set`); the forwarding path then
+serialises it again before it goes upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+CHARS_PER_TOKEN = 4  # the usual estimate for English text (DESIGN: prompt bytes / 4)
+
+
+@dataclass(slots=True)
+class RequestBody:
+    raw: bytes  # as received; b"" when the body was not read (too large: it streams)
+    size: int  # bytes: len(raw), or Content-Length (0 when unknown) for an unread body
+    doc: dict[str, Any] | None = None  # the parsed JSON object; None for an opaque body
+    model: str | None = None
+    max_tokens: int | None = None  # max_tokens, else max_completion_tokens
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    prompt_chars: int = 0  # characters of prompt text; the body size when unknown
+    dirty: bool = False  # a filter changed `doc`: serialise it again before forwarding
+    usage_added: bool = False  # Sluice asked the backend for usage the client did not ask for
+
+    @property
+    def parsed(self) -> bool:
+        return self.doc is not None
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        return (self.prompt_chars + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+    def set(self, key: str, value: Any) -> None:
+        """Rewrite one top-level field of a parsed body (no-op on an opaque body)."""
+        if self.doc is None:
+            return
+        self.doc[key] = value
+        self.dirty = True
+        if key == "stream_options":
+            self.stream_options = value if isinstance(value, dict) else None
+
+    @property
+    def wants_usage(self) -> bool:
+        """A streaming request whose client asked for the final usage chunk."""
+        opts = self.stream_options
+        return bool(opts and opts.get("include_usage") is True)
+
+
+def opaque(size: int, raw: bytes = b"") -> RequestBody:
+    """A body the gateway did not understand: sizes only."""
+    return RequestBody(raw, size, prompt_chars=size)
+
+
+def from_doc(raw: bytes, doc: Any) -> RequestBody:
+    """Fields of an OpenAI-style request (chat or text completion); anything else is opaque."""
+    if not isinstance(doc, dict):
+        return opaque(len(raw), raw)
+    model = doc.get("model")
+    mt = doc.get("max_tokens")
+    if mt is None:
+        mt = doc.get("max_completion_tokens")
+    opts = doc.get("stream_options")
+    return RequestBody(
+        raw,
+        len(raw),
+        doc,
+        model=model if isinstance(model, str) else None,
+        max_tokens=mt if type(mt) is int and mt >= 0 else None,
+        stream=doc.get("stream") is True,
+        stream_options=opts if isinstance(opts, dict) else None,
+        prompt_chars=_prompt_chars(doc, len(raw)),
+    )
+
+
+def _prompt_chars(doc: dict[str, Any], fallback: int) -> int:
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        n = 0
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                n += len(content)
+            elif isinstance(content, list):  # content parts: count the text ones
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        n += len(part["text"])
+        return n
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(p) for p in prompt if isinstance(p, str))
+    return fallback
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a backend reports for one request (OpenAI `usage`)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def usage_from(doc: Any) -> Usage | None:
+    """`usage` of an OpenAI-style response or final stream chunk, if it carries one."""
+    if not isinstance(doc, dict):
+        return None
+    u = doc.get("usage")
+    if not isinstance(u, dict):
+        return None
+    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+    if type(p) is not int or type(c) is not int or p < 0 or c < 0:
+        return None
+    return Usage(p, c)
