@@ -68,6 +68,7 @@ def build_admin_app(server: Server) -> web.Application:
         datapath = getattr(server, "datapath", None)
         if datapath is not None:
             detail["datapath"] = datapath.status()
+        detail.update(gw.services.readiness())
         return _json(detail, 200 if detail["ready"] else 503)
 
     async def metrics(_: web.Request) -> web.Response:

@@ -44,6 +44,16 @@ class Services:
         """The owner of `key` if it exists (for /readyz, /admin/state), else None."""
         return self._owners.get(key)
 
+    def readiness(self) -> dict[str, Any]:
+        """`/readyz` detail: each owner with a `readiness()` method, under its key (e.g. JWKS
+        age and last error, the limit store's mode). Informational: never makes the gateway
+        unready by itself."""
+        return {k: o.readiness() for k, o in self._owners.items() if hasattr(o, "readiness")}
+
+    def state(self) -> dict[str, Any]:
+        """`/admin/state`: each owner with a `state()` method (JSON-able), under its key."""
+        return {k: o.state() for k, o in self._owners.items() if hasattr(o, "state")}
+
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str = "") -> asyncio.Task[Any]:
         """Run a background task owned by the services (cancelled at `aclose`). Needs a
         running loop; a task that fails is logged, never silently lost."""
