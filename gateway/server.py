@@ -104,6 +104,7 @@ class Server:
         self.datapath = Datapath(policy.datapath)
         await self.datapath.start()
         self._stack.push_async_callback(self.datapath.stop)
+        self.gateway.services.deny = self.datapath.deny  # red overload may shed in the kernel
         lst = policy.listeners
         if lst.admin is not None:
             self.admin = await start_admin(
@@ -245,7 +246,12 @@ def _supervise(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr)
         return 1
     metrics_dir = tempfile.mkdtemp(prefix="sluice-metrics-")
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "SLUICE_NO_MOCK": "1"}
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
+        "SLUICE_NO_MOCK": "1",
+        "SLUICE_WORKERS": str(args.workers),  # memory rate limits give each worker 1/N
+    }
     mock: subprocess.Popen[bytes] | None = None
     m = policy.mock_backend
     if m.enabled:

@@ -32,6 +32,9 @@ class Services:
         self._owners: dict[str, Any] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
+        # Sheds a source address in the kernel for ttl seconds (None: the datapath's default);
+        # False when the datapath is not running. Set by the server, which owns the datapath.
+        self.deny: Callable[[str, float | None], bool] | None = None
 
     def get(self, key: str, factory: Callable[[], T]) -> T:
         """The one owner of `key`, created by `factory()` on first use."""

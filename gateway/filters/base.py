@@ -3,7 +3,8 @@
 Phases, in order (every hook is optional; the chain is split per phase when it is built, so a
 hook a filter leaves out costs nothing per request):
 
-- `on_request(ctx) -> Status` (plain, or a coroutine when it must await): headers, peer, path
+- `on_request(ctx) -> Status` (plain, or a coroutine when it must await; a plain one may
+  also return an awaitable for the rare request that must wait): headers, peer, path
   are known. STOP means `ctx.verdict` is set and the request is answered now.
 - `on_body(ctx, body) -> Status`: the request body (`gateway.core.body.RequestBody`): model,
   max_tokens, stream, prompt size, for JSON bodies up to the policy's cap; sizes only otherwise.

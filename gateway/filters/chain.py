@@ -1,7 +1,9 @@
 """The chain runs filters in policy order; `on_response` runs in reverse for those that ran.
 
 It is split per phase at build time: a filter without a hook is not called in that phase, and
-plain (non-coroutine) hooks are called without an await.
+plain (non-coroutine) hooks are called without an await. A plain `on_request` may return an
+awaitable instead of a Status when, for this one request, it must wait (the rate limiter's
+yellow queue, a `strict` Redis decision): the chain awaits it; the common path stays plain.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Chain:
             status = (await fn(ctx)) if co else fn(ctx)
             if status is Status.STOP:
                 return Status.STOP
+            if status is not Status.CONTINUE and await status is Status.STOP:
+                return Status.STOP  # a plain hook that must wait this time returned an awaitable
         ctx.ran = n
         return Status.CONTINUE
 

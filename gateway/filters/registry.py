@@ -28,6 +28,7 @@ class FilterSpec:
 FILTERS: dict[str, FilterSpec] = {
     "request_id": FilterSpec("gateway.filters.request_id:build", lambda c: None),
     "access_log": FilterSpec("gateway.filters.access_log:build", lambda c: c.policy.access_log),
+    "ratelimit": FilterSpec("gateway.filters.ratelimit:build", lambda c: c),
     "route": FilterSpec("gateway.filters.routing:build", lambda c: c),
 }
 

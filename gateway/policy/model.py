@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.policy.ratelimits import RateLimits
+
 Loc = tuple[str | int, ...]
 
 HostPort = Annotated[
@@ -289,8 +291,8 @@ class Datapath(_Model):
     )
 
 
-FilterName = Literal["request_id", "access_log", "route"]
-DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "route")
+FilterName = Literal["request_id", "access_log", "ratelimit", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "ratelimit", "route")
 
 
 class Policy(_Model):
@@ -307,6 +309,9 @@ class Policy(_Model):
     access_log: AccessLog = Field(default_factory=AccessLog, description="structured access log")
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
+    rate_limits: RateLimits | None = Field(
+        default=None, description="adaptive request and LLM-token limits, overload colours"
+    )
 
     @field_validator("filters")
     @classmethod
@@ -381,4 +386,6 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+    if p.rate_limits is not None and "ratelimit" not in p.filters:
+        errors.append((("filters",), "rate_limits is configured but 'ratelimit' is not in filters"))
     return errors

@@ -160,3 +160,88 @@ ACCESS_LOG_DROPPED = Counter(
     "Access log lines (or batches) dropped because stderr was stalled or broken.",
     registry=REGISTRY,
 )
+
+# --- rate limits (gateway/ratelimit; counters flushed from plain ints once a second) --------
+RL_DECISIONS = Counter(
+    "sluice_ratelimit_decisions_total",
+    "Limiter decisions by rule: admit, reject_qps, reject_tokens, reject_pressure, "
+    "shed_yellow, shed_red, shadow_reject, shadow_shed, queued, strict_fallback, token_cut.",
+    ["rule", "decision"],
+    registry=REGISTRY,
+)
+RL_SIGNAL = Gauge(
+    "sluice_ratelimit_signal",
+    "Highest signal of any key of a rule over the last second: qps (offered / limit), "
+    "tokens (1 - available / capacity), pressure (the weighted score).",
+    ["rule", "signal"],
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+RL_KEYS = Gauge(
+    "sluice_ratelimit_keys",
+    "Keys a rule remembers, by colour (green, yellow, red).",
+    ["rule", "colour"],
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+RL_COLOUR = Gauge(
+    "sluice_ratelimit_colour",
+    "Overload colour (0 green, 1 yellow, 2 red) of the gateway and of each backend pool.",
+    ["scope"],
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+RL_COLOUR_CHANGES = Counter(
+    "sluice_ratelimit_colour_changes_total",
+    "Colour transitions of keys and pools, by the colour entered (yellow/red count as alerts).",
+    ["scope", "to"],
+    registry=REGISTRY,
+)
+RL_STORE_MODE = Gauge(
+    "sluice_ratelimit_store_mode",
+    "1 for the limiter's current mode: memory, redis (leased shares), fallback (Redis away: "
+    "local buckets sized by limit / live replicas).",
+    ["mode"],
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+RL_REDIS_ERRORS = Counter(
+    "sluice_ratelimit_redis_errors_total",
+    "Redis calls of the limiter that failed or passed their deadline, by operation.",
+    ["op"],
+    registry=REGISTRY,
+)
+RL_SYNC_SECONDS = Histogram(
+    "sluice_ratelimit_sync_seconds",
+    "Duration of one lease sync (one pipelined round trip for every active key).",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
+    registry=REGISTRY,
+)
+RL_REPLICAS = Gauge(
+    "sluice_ratelimit_replicas",
+    "Live replicas announced in Redis (the fallback divides each limit by it).",
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+RL_OUTSTANDING = Gauge(
+    "sluice_ratelimit_leased",
+    "Shares leased from Redis and not yet used, by rule and kind (requests, tokens): the "
+    "bound on how far replicas can overshoot a global limit between two syncs.",
+    ["rule", "kind"],
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+RL_TOKENS = Counter(
+    "sluice_ratelimit_tokens_total",
+    "LLM tokens by rule: reserved at admission, refunded after the real usage, charged "
+    "beyond the reservation (overruns).",
+    ["rule", "kind"],
+    registry=REGISTRY,
+)
+RL_CONCURRENCY = Gauge(
+    "sluice_concurrency",
+    "Adaptive concurrency per backend pool: limit and in_flight.",
+    ["pool", "kind"],
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)

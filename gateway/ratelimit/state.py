@@ -1,0 +1,90 @@
+"""Per-rule and per-pool runtime state of the limiter (what outlives a reload).
+
+`RuleState` holds one rule's keys (bounded LRU), its local scale, the keys the next sync must
+report, its decision counters and the peak signals of the current second. `PoolState` holds a
+backend pool's adaptive concurrency limit and its colour. Both are plain containers: the
+decisions are `gateway.core`'s, the I/O is the sync loop's.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from gateway.core.concurrency import GradientLimit, LimitParams
+from gateway.core.keystate import KeyState, RuleMath
+from gateway.core.overload import Colour, ColourMachine, Thresholds
+from gateway.ratelimit.compiled import CompiledRule
+
+# Decision counters, by index (flushed into sluice_ratelimit_decisions_total every second).
+DECISIONS = (
+    "admit", "reject_qps", "reject_tokens", "reject_pressure", "shed_yellow", "shed_red",
+    "shadow_reject", "shadow_shed", "queued", "strict_fallback", "token_cut",
+)  # fmt: skip
+ADMIT, REJECT_QPS, REJECT_TOKENS, REJECT_PRESSURE, SHED_YELLOW, SHED_RED = range(6)
+SHADOW_REJECT, SHADOW_SHED, QUEUED, STRICT_FALLBACK, TOKEN_CUT = range(6, 11)
+
+
+class RuleState:
+    __slots__ = (
+        "rule", "math", "keys", "max_keys", "scale", "dirty", "leased", "counts", "flushed",
+        "peak_q", "peak_t", "hot", "evicted", "tokens", "min_tokens",
+    )  # fmt: skip
+
+    def __init__(self, rule: CompiledRule, max_keys: int, scale: float) -> None:
+        self.rule = rule
+        self.math: RuleMath = rule.math
+        self.keys: OrderedDict[str, KeyState] = OrderedDict()
+        self.max_keys = max_keys
+        self.scale = scale  # share of the limits decided locally (1/workers, 1/replicas)
+        self.dirty: dict[str, KeyState] = {}  # touched since the last sync (Redis only)
+        self.leased: dict[str, KeyState] = {}  # keys holding a share
+        self.counts = [0] * len(DECISIONS)
+        self.flushed = [0] * len(DECISIONS)
+        self.peak_q = 0.0  # highest signals seen since the last flush
+        self.peak_t = 0.0
+        self.hot: dict[str, KeyState] = {}  # keys that are not green
+        self.evicted = 0
+        self.tokens = [0.0, 0.0, 0.0]  # reserved, refunded, charged beyond the reservation
+        self.min_tokens = 1024.0  # a typical reservation (the smallest token share asked)
+
+    def key(self, k: str, now: float) -> KeyState:
+        keys = self.keys
+        ks = keys.get(k)
+        if ks is None:
+            ks = keys[k] = KeyState(self.math, self.scale, now, k)
+            if len(keys) > self.max_keys:
+                old, _ = keys.popitem(last=False)
+                self.evicted += 1
+                self.hot.pop(old, None)
+        else:
+            keys.move_to_end(k)
+        return ks
+
+    def recolour(self, k: str, ks: KeyState) -> None:
+        """Keep `hot` in step after `ks` changed colour."""
+        if ks.colour is Colour.GREEN:
+            self.hot.pop(k, None)
+        else:
+            self.hot[k] = ks
+
+    def colours(self) -> tuple[int, int, int]:
+        y = sum(1 for ks in self.hot.values() if ks.colour is Colour.YELLOW)
+        r = len(self.hot) - y
+        return len(self.keys) - len(self.hot), y, r
+
+
+class PoolState:
+    """One backend pool: the adaptive concurrency limit and the colour it drives."""
+
+    __slots__ = ("name", "limit", "machine", "thresholds")
+
+    def __init__(self, name: str, params: LimitParams, th: Thresholds, now: float) -> None:
+        self.name = name
+        self.limit = GradientLimit(params, now)
+        self.machine = ColourMachine(now)
+        self.thresholds = th
+
+    def observe(self, now: float) -> Colour | None:
+        """Move the colour from the utilisation (the one signal stands for both)."""
+        u = self.limit.utilisation
+        return self.machine.update(self.thresholds.band(u, u), now)

@@ -1,0 +1,212 @@
+"""The limiter's background loop, the one place it awaits Redis (strict rules aside).
+
+Every sync interval (sooner when a key's share runs low, never closer than a fifth of the
+interval): one pipelined round trip that reports every active key and leases new shares.
+Every second: the replica announces itself (the live count sizes the fallback), counters go
+to Prometheus, idle non-green keys get their colour re-evaluated, the colour history moves.
+
+When a call fails or passes its deadline the limiter falls back (every rule decides locally,
+sized by limit / live replicas), and Redis is retried in the background with a jittered
+backoff (0.25 s doubling to 5 s): a (re)connect gets its own budget (`connect_timeout_ms`),
+which no request ever waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+from gateway.core.lease import apply, report, restore
+from gateway.core.overload import Colour
+from gateway.errors import StoreUnavailable
+from gateway.ratelimit.state import DECISIONS
+from gateway.store.base import SyncOp, key_name
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from gateway.ratelimit.owner import Limiter
+
+log = logging.getLogger("sluice.ratelimit")
+
+MAX_OPS = 5000  # keys reported in one round trip; the rest wait for the next
+ANNOUNCE_S = 1.0
+RETRY_MIN_S, RETRY_MAX_S = 0.25, 5.0
+IDLE_OBSERVE_S = 1.0
+
+
+async def run(lim: Limiter) -> None:
+    next_flush = next_announce = retry_at = last_sync = 0.0
+    backoff = RETRY_MIN_S
+    while True:
+        cfg = lim.store_cfg
+        interval = cfg.sync_interval_ms / 1000 if cfg is not None else 1.0
+        try:
+            await asyncio.wait_for(lim.wake.wait(), interval)
+        except TimeoutError:
+            pass
+        lim.wake.clear()
+        gap = interval / 5 - (lim.now() - last_sync)
+        if gap > 0:
+            await asyncio.sleep(gap)
+        now = lim.now()
+        store = lim.store
+        if store is not None and cfg is not None:
+            if lim.mode == "fallback":
+                if now >= retry_at:
+                    if await reconnect(lim):
+                        backoff, next_announce = RETRY_MIN_S, now + ANNOUNCE_S
+                    else:
+                        retry_at = now + backoff * (0.5 + random.random())
+                        backoff = min(RETRY_MAX_S, backoff * 2)
+            else:
+                await sync_once(lim)
+                last_sync = now
+                if lim.mode == "redis" and now >= next_announce:
+                    await announce(lim)
+                    next_announce = now + ANNOUNCE_S
+        if now >= next_flush:
+            flush(lim, now)
+            next_flush = now + 1.0
+
+
+async def reconnect(lim: Limiter) -> bool:
+    store, cfg = lim.store, lim.store_cfg
+    assert store is not None and cfg is not None
+    try:
+        await store.connect(cfg.connect_timeout_ms / 1000)
+        lim.replicas = await store.announce(lim.replica_id, cfg.replica_ttl_s)
+    except StoreUnavailable as exc:
+        lim.last_error = str(exc)
+        metrics.RL_REDIS_ERRORS.labels("connect").inc()
+        return False
+    metrics.RL_REPLICAS.set(lim.replicas)
+    lim.set_mode("redis")
+    lim.wake.set()  # lease at once
+    return True
+
+
+async def announce(lim: Limiter) -> None:
+    store, cfg = lim.store, lim.store_cfg
+    assert store is not None and cfg is not None
+    try:
+        n = await store.announce(lim.replica_id, cfg.replica_ttl_s)
+    except StoreUnavailable as exc:
+        metrics.RL_REDIS_ERRORS.labels("announce").inc()
+        lim.fallback(str(exc))
+        return
+    if n != lim.replicas:
+        lim.replicas = n
+        lim.set_mode(lim.mode)  # re-sizes the local scale
+    metrics.RL_REPLICAS.set(n)
+
+
+async def sync_once(lim: Limiter) -> None:
+    """Report every active key and lease new shares, in one pipelined round trip."""
+    store, cfg = lim.store, lim.store_cfg
+    if store is None or cfg is None:
+        return
+    now = lim.now()
+    ops: list[SyncOp] = []
+    refs = []
+    for rs in lim.rules.values():
+        rule = rs.rule
+        todo = rs.dirty
+        rs.dirty = {}
+        for k, ks in rs.leased.items():
+            todo.setdefault(k, ks)
+        for k, ks in todo.items():
+            if len(ops) >= MAX_OPS:
+                rs.dirty[k] = ks
+                continue
+            r = report(ks, rs.math, now, rs.min_tokens)
+            if r is None:
+                continue
+            if rule.strict:
+                r.want_req = r.want_tok = 0.0  # strict keys are decided by Redis, not leased
+            if ks.rkey is None:
+                ks.rkey = key_name(cfg.key_prefix, rule.name, rule.params, k)
+            ops.append(
+                SyncOp(
+                    ks.rkey,
+                    rule.params,
+                    r.req_delta,
+                    r.tok_delta,
+                    r.offered,
+                    r.want_req,
+                    r.want_tok,
+                    r.reset,
+                )  # fmt: skip
+            )
+            refs.append((rs, k, ks, r))
+    if not ops:
+        return
+    t0 = time.perf_counter()
+    try:
+        results = await store.sync(ops)
+    except StoreUnavailable as exc:
+        for rs, k, ks, r in refs:
+            restore(ks, r)
+            rs.dirty[k] = ks
+        metrics.RL_REDIS_ERRORS.labels("sync").inc()
+        lim.fallback(str(exc))
+        return
+    metrics.RL_SYNC_SECONDS.observe(time.perf_counter() - t0)
+    if lim.mode != "redis":  # went away while we waited (a strict call failed meanwhile)
+        for rs, k, ks, r in refs:
+            restore(ks, r)
+            rs.dirty[k] = ks
+        return
+    for (rs, k, ks, r), res in zip(refs, results, strict=True):
+        apply(ks, r, res.granted_req, res.granted_tok, res.admitted, res.offered, res.tokens)
+        if ks.leased:
+            rs.leased[k] = ks
+        else:
+            rs.leased.pop(k, None)
+
+
+def flush(lim: Limiter, now: float) -> None:
+    """Once a second: counters and gauges to Prometheus, idle colours, the history."""
+    worst_key = Colour.GREEN
+    for rs in lim.rules.values():
+        name = rs.rule.name
+        for i, n in enumerate(rs.counts):
+            d = n - rs.flushed[i]
+            if d:
+                metrics.RL_DECISIONS.labels(name, DECISIONS[i]).inc(d)
+                rs.flushed[i] = n
+        for kind, i in (("reserved", 0), ("refunded", 1), ("charged", 2)):
+            if rs.tokens[i]:
+                metrics.RL_TOKENS.labels(name, kind).inc(rs.tokens[i])
+                rs.tokens[i] = 0.0
+        w = rs.math.weights
+        metrics.RL_SIGNAL.labels(name, "qps").set(rs.peak_q)
+        metrics.RL_SIGNAL.labels(name, "tokens").set(rs.peak_t)
+        metrics.RL_SIGNAL.labels(name, "pressure").set(w.q * rs.peak_q + w.t * min(rs.peak_t, 1))
+        rs.peak_q = rs.peak_t = 0.0
+        for k, ks in list(rs.hot.items()):
+            if now - ks.last >= IDLE_OBSERVE_S and ks.observe(rs.math, rs.scale, now):
+                rs.recolour(k, ks)
+            worst_key = max(worst_key, ks.colour)
+        g, y, r = rs.colours()
+        for label, n in (("green", g), ("yellow", y), ("red", r)):
+            metrics.RL_KEYS.labels(name, label).set(n)
+        leased_req = sum(max(0.0, ks.req_share) for ks in rs.leased.values())
+        leased_tok = sum(max(0.0, ks.tok_share) for ks in rs.leased.values())
+        metrics.RL_OUTSTANDING.labels(name, "requests").set(leased_req)
+        metrics.RL_OUTSTANDING.labels(name, "tokens").set(leased_tok)
+    gateway = Colour.GREEN
+    for p in lim.pools.values():
+        p.observe(now)
+        gateway = max(gateway, p.machine.colour)
+        metrics.RL_COLOUR.labels(f"pool:{p.name}").set(int(p.machine.colour))
+        metrics.RL_CONCURRENCY.labels(p.name, "limit").set(p.limit.limit)
+        metrics.RL_CONCURRENCY.labels(p.name, "in_flight").set(p.limit.in_flight)
+    lim.colour = gateway
+    metrics.RL_COLOUR.labels("gateway").set(int(gateway))
+    lim.history.note(gateway, now)
+    lim.key_history.note(worst_key, now)
+    if gateway is not Colour.RED and worst_key is not Colour.RED:
+        lim.red_sources.clear()  # counts of shed sources only matter within a red episode

@@ -1,0 +1,1 @@
+"""Where shared limit state lives: the in-process memory twin and Redis (Lua scripts)."""
