@@ -1,0 +1,74 @@
+"""Private redis-server processes for tests (never the machine's Redis on 6379): one server
+that can be killed and restarted on the same port, and a small Redis Cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support import free_port, require_binary, wait_for_port
+
+
+class RedisServer:
+    def __init__(self, workdir: Path, port: int | None = None, *, cluster: bool = False) -> None:
+        self.binary = require_binary("redis-server")
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.cluster = cluster
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no",
+        ]  # fmt: skip
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for_port(self.port, timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:
+    """`masters` cluster-enabled servers joined with `redis-cli --cluster create`."""
+    cli = require_binary("redis-cli")
+    nodes = [RedisServer(workdir / f"node{i}", cluster=True).start() for i in range(masters)]
+    try:
+        addrs = [f"127.0.0.1:{n.port}" for n in nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                [cli, "-p", str(nodes[0].port), "cluster", "info"], capture_output=True, text=True
+            ).stdout
+            if "cluster_state:ok" in out:
+                return nodes
+            time.sleep(0.1)
+        raise TimeoutError("redis cluster did not become ok")
+    except BaseException:
+        for n in nodes:
+            n.stop()
+        raise
