@@ -177,16 +177,16 @@ class RateLimitFilter:
     ) -> Status | Awaitable[Status] | None:
         """None: go on with the next rule; else what the request gets now."""
         colour = ks.colour
-        k = ks.name
-        if code is Code.ADMIT:
-            if colour and sheds(colour, t.prio, self.top, self.lowest):
+        if colour and sheds(colour, t.prio, self.top, self.lowest):
+            if code is Code.ADMIT:
                 ks.undo()
-                if rule.enforce:
-                    return self._shed(ctx, t, colour, "key", rule.name, rs)
-                rs.counts[SHADOW_SHED] += 1
-                return None
+            if rule.enforce:
+                return self._shed(ctx, t, colour, "key", rule.name, rs)
+            rs.counts[SHADOW_SHED] += 1
+            return None
+        if code is Code.ADMIT:
             rs.counts[ADMIT] += 1
-            t.entries.append((rs, k, ks))
+            t.entries.append((rs, ks.name, ks))
             return None
         if not rule.enforce:
             rs.counts[SHADOW_REJECT] += 1
@@ -454,8 +454,8 @@ class TokenRateLimitFilter(RateLimitFilter):
             status = self._late(ctx, t, body.model)
             if status is not Status.CONTINUE:
                 return status
-        if not self.c.has_tokens or t.tokens is not None:
-            return Status.CONTINUE
+        if not self.c.has_tokens or t.tokens is not None or not body.size:
+            return Status.CONTINUE  # no body (GET /v1/models...): nothing to reserve
         prompt = body.prompt_tokens_estimate
         status = self._reserve(ctx, t, estimate(prompt, body.max_tokens, self.default_max), prompt)
         if status is Status.CONTINUE and body.stream and body.parsed and not body.wants_usage:
