@@ -5,6 +5,7 @@ GET  /readyz                200 once policy and listeners are up; 503 before and
 GET  /metrics               Prometheus text format (all workers' series under --workers N)
 GET  /status                an HTML page an SRE can read: policy, routes, backends, in flight
 GET  /admin/policy          current policy (JSON), version hash, last reload result
+GET  /admin/state           what the long-lived owners keep (JSON): limits, colours, ...
 POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file was rejected
                             (loopback peers only, wherever the listener is bound)
 """
@@ -94,6 +95,9 @@ def build_admin_app(server: Server) -> web.Application:
         ok = bool(gw.holder.last_result.ok)
         return _json(status, 200 if ok else 422)
 
+    async def admin_state(_: web.Request) -> web.Response:
+        return _json(gw.services.state())
+
     async def status_page(_: web.Request) -> web.Response:
         return web.Response(text=render_status(server), content_type="text/html")
 
@@ -103,6 +107,7 @@ def build_admin_app(server: Server) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", status_page)
     app.router.add_get("/admin/policy", policy)
+    app.router.add_get("/admin/state", admin_state)
     app.router.add_post("/admin/policy/reload", reload)
     return app
 

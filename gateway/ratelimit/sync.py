@@ -189,6 +189,8 @@ def flush(lim: Limiter, now: float) -> None:
         for k, ks in list(rs.hot.items()):
             if now - ks.last >= IDLE_OBSERVE_S and ks.observe(rs.math, rs.scale, now):
                 rs.recolour(k, ks)
+                assert ks.changed is not None
+                lim.colour_changed("key", f"{name}[{k}]", ks.changed, ks.colour)
             worst_key = max(worst_key, ks.colour)
         g, y, r = rs.colours()
         for label, n in (("green", g), ("yellow", y), ("red", r)):
