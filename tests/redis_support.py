@@ -3,6 +3,8 @@ that can be killed and restarted on the same port, and a small Redis Cluster."""
 
 from __future__ import annotations
 
+import random
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -10,12 +12,26 @@ from pathlib import Path
 from tests.support import free_port, require_binary, wait_for_port
 
 
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too (so at most 55535)."""
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
 class RedisServer:
     def __init__(self, workdir: Path, port: int | None = None, *, cluster: bool = False) -> None:
         self.binary = require_binary("redis-server")
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        self.port = port or (cluster_port() if cluster else free_port())
         self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -33,7 +49,11 @@ class RedisServer:
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        wait_for_port(self.port, timeout=10)
+        try:
+            wait_for_port(self.port, timeout=30)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:

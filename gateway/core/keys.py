@@ -76,7 +76,10 @@ def _header(name: str) -> KeyFn:
 def _source_ip(
     info: RequestInfo, claims: Mapping[str, Any] | None, r: str | None, m: str | None
 ) -> str:
-    return source_ip(info.peer)
+    peer = info.peer
+    if peer and not peer.startswith("ipv"):
+        return peer  # HTTP: the address itself
+    return source_ip(peer)
 
 
 def _route(

@@ -56,6 +56,9 @@ from gateway.services import Services
 from gateway.store.base import SyncOp, key_name
 
 NAME = "ratelimit"
+_ADMIT = Code.ADMIT
+_CONTINUE = Status.CONTINUE
+_OK = Outcome.OK
 _COUNTER = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
 _REASON = {Code.QPS: "qps", Code.TOKENS: "tokens", Code.PRESSURE: "pressure"}
 SHED_RETRY_S = {Colour.YELLOW: 1.0, Colour.RED: 2.0}
@@ -95,6 +98,7 @@ class RateLimitFilter:
         self.red_deny = o.red_deny
         self.deny_after, self.deny_ttl = o.red_deny_after, o.red_deny_ttl_s
         self.default_max = c.section.default_max_tokens
+        self.grpc_tokens = c.has_tokens  # gRPC requests reserve in the request phase
         self.trailer = c.section.grpc_usage_trailer
         for _, rs in (*self.early, *self.late):
             rs.min_tokens = float(max(1, self.default_max))
@@ -125,6 +129,10 @@ class RateLimitFilter:
             colour = pool.machine.colour
             if colour and sheds(colour, prio, self.top, self.lowest):
                 return self._shed(ctx, t, colour, "pool", pool.name)
+            if pool.limit.in_flight >= pool.limit.limit:  # the hard limit, for every class
+                self.lim.rejected(pool.name, "concurrency")
+                ctx.decide(NAME, "shed", f"pool:{pool.name}:concurrency")
+                return ctx.stop(_CONCURRENCY)
             t.pool = pool
         return self._rules(ctx, t, self.early, 0)
 
@@ -144,7 +152,12 @@ class RateLimitFilter:
                 t.strict.append((rule, rs))
                 continue
             k = rule.key(info, t.claims, t.route, None)
-            ks = rs.key(k, now)
+            keys = rs.keys
+            ks = keys.get(k)
+            if ks is None:
+                ks = rs.key(k, now)
+            else:
+                keys.move_to_end(k)
             code = ks.request(rule.math, rs.scale, now)
             if ks.q > rs.peak_q:
                 rs.peak_q = ks.q
@@ -156,11 +169,18 @@ class RateLimitFilter:
                 rs.dirty[k] = ks
                 if ks.leased and (ks.req_share < 1.0 or ks.tok_share <= 0.0):
                     lim.wake.set()  # the share runs low: sync now
+            if code is _ADMIT and not ks.colour:  # the common case, inline
+                rs.counts[ADMIT] += 1
+                t.entries.append((rs, k, ks))
+                continue
             status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
             if status is not None:
                 return status
         if t.strict:
             return self._strict(ctx, t)
+        if t.pool is None and not self.grpc_tokens:
+            ctx.reservation = t
+            return _CONTINUE
         return self._admitted(ctx, t)
 
     def _judge(
@@ -286,7 +306,7 @@ class RateLimitFilter:
         if t.pool is not None:
             t.pool.limit.start()
             self._pool_moved(t.pool)
-        if self.c.has_tokens and ctx.info.protocol is Protocol.GRPC:
+        if self.grpc_tokens and ctx.info.protocol is Protocol.GRPC:
             # gRPC bodies are not parsed: reserve the default estimate.
             return self._reserve(ctx, t, estimate(0, None, self.default_max), 0)
         return Status.CONTINUE
@@ -396,6 +416,8 @@ class RateLimitFilter:
     # -- response phase -----------------------------------------------------------------------
     def on_response(self, ctx: RequestContext) -> None:
         t = ctx.reservation
+        if t is None or (t.pool is None and t.tokens is None and ctx.outcome is _OK):
+            return  # nothing reserved, nothing to give back: the common QPS-only case
         if not isinstance(t, Ticket):
             return
         self._release(ctx, t)
@@ -502,6 +524,9 @@ class TokenRateLimitFilter(RateLimitFilter):
         return Status.CONTINUE
 
 
+_CONCURRENCY = reject(
+    503, GRPC_UNAVAILABLE, "overloaded", "the backend pool is at its concurrency limit", 1.0
+)
 _OVERRUN = reject(
     429,
     GRPC_RESOURCE_EXHAUSTED,

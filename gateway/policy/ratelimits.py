@@ -41,7 +41,8 @@ class RedisStoreOptions(_Model):
     deadline_ms: PositiveFloat = Field(
         default=20.0,
         le=5000,
-        description="hard deadline of every Redis call; past it the rule decides locally",
+        description="hard deadline of a Redis call a request waits for (strict rules); past "
+        "it the rule decides locally. Background syncs get max(deadline_ms, sync_interval_ms)",
     )
     sync_interval_ms: PositiveFloat = Field(
         default=50.0,

@@ -24,9 +24,11 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections import Counter, OrderedDict, deque
 from typing import Any
 
+from gateway.core.clock import MonotonicClock
 from gateway.core.concurrency import LimitParams
 from gateway.core.overload import Colour, History, Thresholds
 from gateway.policy.ratelimits import RedisStoreOptions
@@ -46,7 +48,9 @@ MAX_SOURCES = 10_000  # sources counted while red (for the datapath deny list)
 class Limiter:
     def __init__(self, services: Services) -> None:
         self.services = services
-        self.now = services.clock.now
+        clock = services.clock
+        # The production clock's method is one Python frame more than time.monotonic itself.
+        self.now = time.monotonic if isinstance(clock, MonotonicClock) else clock.now
         self.rules: dict[str, RuleState] = {}
         self.pools: dict[str, PoolState] = {}
         self.compiled: CompiledLimits | None = None
@@ -132,12 +136,14 @@ class Limiter:
             same = old is not None and (old.url, old.cluster, old.key_prefix) == (
                 cfg.url, cfg.cluster, cfg.key_prefix,
             )  # fmt: skip
-            if same and self.store is not None:
-                self.store.deadline_s = cfg.deadline_ms / 1000  # type: ignore[attr-defined]
+            deadline = cfg.deadline_ms / 1000
+            background = max(cfg.deadline_ms, cfg.sync_interval_ms) / 1000
+            if same and isinstance(self.store, RedisStore):
+                self.store.deadline_s, self.store.sync_deadline_s = deadline, background
                 return
             client = redis_for(self.services, cfg.url, cluster=cfg.cluster)
             self.store = RedisStore(
-                client, prefix=cfg.key_prefix, deadline_s=cfg.deadline_ms / 1000
+                client, prefix=cfg.key_prefix, deadline_s=deadline, sync_deadline_s=background
             )
             self.fallback("not connected yet")
         self.wake.set()
@@ -150,9 +156,10 @@ class Limiter:
             return 1.0 / self.workers
         return 1.0 / max(1, self.replicas)
 
-    def set_mode(self, mode: str) -> None:
+    def set_mode(self, mode: str, reason: str = "") -> None:
         if mode != self.mode:
-            log.warning("rate limits: store mode %s -> %s", self.mode, mode)
+            why = f" ({reason})" if reason else ""
+            log.warning("rate limits: store mode %s -> %s%s", self.mode, mode, why)
         self.mode = mode
         for m in ("memory", "redis", "fallback"):
             metrics.RL_STORE_MODE.labels(m).set(1 if m == mode else 0)
@@ -170,7 +177,7 @@ class Limiter:
                 drop(ks)
                 rs.dirty[k] = ks
             rs.leased.clear()
-        self.set_mode("fallback")
+        self.set_mode("fallback", reason)
 
     # -- what the request path reports --------------------------------------------------------
     def rejected(self, rule: str, reason: str) -> None:

@@ -40,11 +40,14 @@ IDLE_OBSERVE_S = 1.0
 async def run(lim: Limiter) -> None:
     next_flush = next_announce = retry_at = last_sync = 0.0
     backoff = RETRY_MIN_S
-    while True:
+    # Also ends by itself once the services close: a cancellation that races a Redis call's
+    # own deadline can be lost inside the client (seen with redis-py on Python 3.11).
+    while not lim.services.closed:
         cfg = lim.store_cfg
         interval = cfg.sync_interval_ms / 1000 if cfg is not None else 1.0
-        try:
-            await asyncio.wait_for(lim.wake.wait(), interval)
+        try:  # (not wait_for: on 3.11 it can lose a cancellation that races its timeout)
+            async with asyncio.timeout(interval):
+                await lim.wake.wait()
         except TimeoutError:
             pass
         lim.wake.clear()

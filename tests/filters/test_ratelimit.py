@@ -339,20 +339,23 @@ async def test_yellow_queue_is_bounded() -> None:
 
 
 async def test_pool_colour_sheds_by_priority_when_the_backend_saturates() -> None:
-    rl = {"priority": PRIO, "concurrency": {"initial_limit": 10, "min_limit": 1}}
+    rl = {"priority": PRIO, "concurrency": {"initial_limit": 40, "min_limit": 1}}
     rig = Rig(rl)
     rig.lim.activate(rig.filter.c)  # creates the pools (and the loop)
     ctxs = []
-    for _ in range(10):
+    for _ in range(39):
         ctx = rig.ctx(headers={"x-tier": "gold"})
         assert await rig.request(ctx) is Status.CONTINUE
         ctxs.append(ctx)
     pool = rig.lim.pools["a"]
-    assert pool.machine.colour.label == "red" and pool.limit.in_flight == 10
+    assert pool.machine.colour.label == "red" and pool.limit.in_flight == 39
     free, gold = rig.ctx(headers={"x-tier": "free"}), rig.ctx(headers={"x-tier": "gold"})
     assert await rig.request(free) is Status.STOP and free.verdict.http_status == 503
     assert free.verdict.grpc_status == 14 and free.verdict.retry_after
-    assert await rig.request(gold) is Status.CONTINUE
+    assert await rig.request(gold) is Status.CONTINUE  # the top class gets the last slots
+    over = rig.ctx(headers={"x-tier": "gold"})
+    assert await rig.request(over) is Status.STOP  # but never more than the limit
+    assert "concurrency limit" in over.verdict.reason
     for c in [*ctxs, gold]:
         c.first_byte_at = c.started + 0.01
         await rig.chain.on_response(c)
