@@ -99,6 +99,8 @@ class RateLimitFilter:
         self.deny_after, self.deny_ttl = o.red_deny_after, o.red_deny_ttl_s
         self.default_max = c.section.default_max_tokens
         self.grpc_tokens = c.has_tokens  # gRPC requests reserve in the request phase
+        # Only QPS rules, decided locally: the request holds nothing for the later phases.
+        self.simple = not c.has_tokens and not c.late and not any(r.strict for r in c.rules)
         self.trailer = c.section.grpc_usage_trailer
         for _, rs in (*self.early, *self.late):
             rs.min_tokens = float(max(1, self.default_max))
@@ -124,6 +126,8 @@ class RateLimitFilter:
                 route = r.name
                 if self.lim.pools:
                     pool = self.lim.pools.get(c.pool_of_route.get(route, ""))
+        if pool is None and self.simple:
+            return self._fast(ctx, prio, claims, route)
         t = Ticket(prio, claims, route)
         if pool is not None:
             colour = pool.machine.colour
@@ -136,6 +140,53 @@ class RateLimitFilter:
             t.pool = pool
         return self._rules(ctx, t, self.early, 0)
 
+    def _fast(
+        self, ctx: RequestContext, prio: int, claims: Any, route: str | None
+    ) -> Status | Awaitable[Status]:
+        """QPS-only rules, no pool: nothing to hold for later phases, so no Ticket unless a
+        rule refuses or sheds (then `_rules` takes over from there). Same steps as `_rules`."""
+        lim = self.lim
+        now = self.now()
+        info = ctx.info
+        shared = lim.store is not None
+        rules = self.early
+        done: list[tuple[RuleState, str, KeyState]] | None = None
+        for i in range(len(rules)):
+            rule, rs = rules[i]
+            k = rule.key(info, claims, route, None)
+            keys = rs.keys
+            ks = keys.get(k)
+            if ks is None:
+                ks = rs.key(k, now)
+            else:
+                keys.move_to_end(k)
+            code = ks.request(rule.math, rs.scale, now)
+            if ks.q > rs.peak_q:
+                rs.peak_q = ks.q
+            if ks.t > rs.peak_t:
+                rs.peak_t = ks.t
+            if ks.changed is not None:
+                self._recoloured(rs, k, ks)
+            if shared:
+                rs.dirty[k] = ks
+                if ks.leased and ks.req_share < 1.0:
+                    lim.wake.set()
+            if code is _ADMIT and not ks.colour:
+                rs.counts[ADMIT] += 1
+                if i + 1 < len(rules):
+                    if done is None:
+                        done = []
+                    done.append((rs, k, ks))
+                continue
+            t = Ticket(prio, claims, route)
+            if done:
+                t.entries = done
+            status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
+            if status is not None:
+                return status
+            return self._rules(ctx, t, rules, i + 1)
+        return _CONTINUE
+
     def _rules(
         self, ctx: RequestContext, t: Ticket, rules: tuple[Rule, ...], start: int
     ) -> Status | Awaitable[Status]:
@@ -146,11 +197,14 @@ class RateLimitFilter:
         redis_up = lim.mode == "redis"
         for i in range(start, len(rules)):
             rule, rs = rules[i]
-            if rule.strict and redis_up:
-                if t.strict is None:
-                    t.strict = []
-                t.strict.append((rule, rs))
-                continue
+            if rule.strict:
+                if redis_up:
+                    if t.strict is None:
+                        t.strict = []
+                    t.strict.append((rule, rs))
+                    continue
+                if shared:
+                    rs.counts[STRICT_FALLBACK] += 1  # Redis away: decided here instead
             k = rule.key(info, t.claims, t.route, None)
             keys = rs.keys
             ks = keys.get(k)
@@ -283,7 +337,7 @@ class RateLimitFilter:
                 res = None
             now = self.now()
             if res is None:
-                rs.counts[STRICT_FALLBACK] += 1
+                rs.counts[STRICT_FALLBACK] += 1  # this request's call failed: decided here
                 code = ks.request(rule.math, rs.scale, now)
             else:
                 code = Code.ADMIT if res.granted_req >= 1.0 else Code.QPS

@@ -49,6 +49,11 @@ RULES = [
 ]  # fmt: skip
 
 
+# The same three keys without a token budget: no body or response phase for the limiter.
+QPS_RULES = [{k: v for k, v in r.items() if k not in ("tokens_per_second", "burst_tokens")}
+             for r in RULES]  # fmt: skip
+
+
 def report(rows: list[tuple[str, str]]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
@@ -249,9 +254,12 @@ def _gateway_rows(args: argparse.Namespace) -> None:
             variants: list[tuple[str, list[dict[str, Any]], Any]] = [
                 ("limits off", [], "memory"),
                 ("memory, 1 rule", RULES[:1], "memory"),
-                ("memory, 3 rules", RULES, "memory"),
+                ("memory, 3 QPS rules", QPS_RULES, "memory"),
+                ("memory, 3 rules (1 with tokens)", RULES, "memory"),
                 ("redis leased, 1 rule", RULES[:1], {"redis": {"url": url}}),
-                ("redis leased, 3 rules", RULES, {"redis": {"url": url}}),
+                ("redis leased, 3 QPS rules", QPS_RULES, {"redis": {"url": url}}),
+                ("redis leased, 3 rules (1 with tokens)", RULES, {"redis": {"url": url}}),
+                ("limits off (again)", [], "memory"),
             ]
             base = None
             for name, rules, store in variants:
@@ -274,7 +282,7 @@ def _gateway_rows(args: argparse.Namespace) -> None:
                 cpu = row.cpu_us_per_req or 0.0
                 if base is None:
                     base = cpu
-                extra = "" if name == "limits off" else f"  (+{cpu - base:.1f})"
+                extra = "" if name.startswith("limits off") else f"  (+{cpu - base:.1f})"
                 err = f"  ERROR {row.error}" if row.error else ""
                 results.append((name, f"{row.rps:,.0f} req/s  {cpu:.1f} µs/req{extra}{err}"))
     finally:

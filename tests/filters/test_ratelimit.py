@@ -390,3 +390,12 @@ async def test_state_for_admin() -> None:
     assert {"qps_utilisation", "token_utilisation", "pressure"} <= set(rule["hottest"][0])
     assert st["rejections"]["by_reason"]["qps"] == 5
     assert rig.services.readiness()["ratelimit"]["mode"] == "memory"
+
+
+async def test_keys_are_bounded_least_recently_used_first() -> None:
+    rig = Rig({"rules": [RULE], "max_keys": 50})
+    for i in range(500):  # an attacker rotating its key
+        await rig.send(1, 0.0001, headers={"x-tenant": f"k{i}"})
+    rs = next(iter(rig.lim.rules.values()))
+    assert len(rs.keys) == 50 and rs.evicted == 450
+    assert "k499" in rs.keys and "k0" not in rs.keys

@@ -50,12 +50,12 @@ rate_limits:
       tokens_per_second: 0.001
       burst_tokens: {burst}
       on_overrun: {on_overrun}
-"""
+{extra}"""
 
 
 @contextlib.asynccontextmanager
 async def rig(
-    tmp_path: Path, engine: str, on_overrun: str = "allow", default_max: int = 64
+    tmp_path: Path, engine: str, on_overrun: str = "allow", default_max: int = 64, extra: str = ""
 ) -> AsyncIterator[tuple[Gateway, aiohttp.ClientSession, int]]:
     mock = await start_mock_backend(
         "127.0.0.1:0", "127.0.0.1:0", Knobs(ttft_ms=1, token_delay_ms=1, completion_tokens=12)
@@ -68,6 +68,7 @@ async def rig(
             burst=BURST,
             on_overrun=on_overrun,
             default_max=default_max,
+            extra=extra,
         )  # fmt: skip
     )
     gw = Gateway(p)
@@ -154,3 +155,53 @@ async def test_grpc_trailer_usage_settles_the_bucket(tmp_path: Path) -> None:
         used = int(trailers["x-mock-usage-tokens"])
         assert used > 0
         assert tokens_left(gw, "g") == pytest.approx(BURST - used, abs=1)
+
+
+BURST_RULE = """    - name: burst
+      key: [header:x-burst]
+      qps: 0.2
+      window_s: 10
+"""
+
+
+@pytest.mark.parametrize("engine", ["aiohttp", "native"])
+async def test_http_refusal_carries_retry_after_and_ratelimit_headers(
+    tmp_path: Path, engine: str
+) -> None:
+    async with rig(tmp_path, engine, extra=BURST_RULE) as (_, s, _):
+        statuses = []
+        for _ in range(4):
+            async with s.get("/v1/models", headers={"x-burst": "k"}) as r:
+                statuses.append(r.status)
+                body = await r.read()
+                headers = r.headers
+        assert statuses.count(200) == 2 and statuses[-1] == 429
+        assert json.loads(body)["error"]["type"] == "rate_limited"
+        assert int(headers["Retry-After"]) >= 1
+        assert headers["x-ratelimit-limit-requests"] == "2"  # 0.2/s over a 10 s window
+        assert headers["x-ratelimit-remaining-requests"] == "0"
+        assert headers["x-ratelimit-reset-requests"].endswith("s")
+
+
+async def test_grpc_refusal_is_resource_exhausted_with_the_same_metadata(tmp_path: Path) -> None:
+    pb2, pb2_grpc = load()
+    async with rig(tmp_path, "native", extra=BURST_RULE) as (_, _, port):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = pb2_grpc.InferenceStub(ch)
+            codes = []
+            for _ in range(4):
+                call = stub.Infer(
+                    pb2.InferRequest(model="m", prompt="hi"),
+                    metadata=(("x-burst", "g"), ("x-tenant", "g")),
+                    timeout=10,
+                )
+                try:
+                    await call
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code())
+                    trailers = dict(e.trailing_metadata() or ())
+        assert codes.count(grpc.StatusCode.OK) == 2
+        assert codes[-1] is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert trailers["x-ratelimit-limit-requests"] == "2"
+        assert "retry-after" in trailers and "x-ratelimit-reset-requests" in trailers
