@@ -73,9 +73,14 @@ async def test_blackholed_redis_hits_the_deadline() -> None:
     of seconds, bounds the call."""
     import asyncio
 
+    writers: list[asyncio.StreamWriter] = []
+    gone = asyncio.Event()
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
         await reader.read(1 << 16)
-        await asyncio.sleep(10)
+        await gone.wait()  # never answers
+        writer.close()
 
     srv = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
@@ -87,5 +92,10 @@ async def test_blackholed_redis_hits_the_deadline() -> None:
     with pytest.raises(StoreUnavailable):
         await store.sync([SyncOp(key_name("t", "r", P, "z"), P, want_req=1)])
     assert time.perf_counter() - t0 < 1.0
-    srv.close()
     await client.aclose()
+    gone.set()
+    srv.close()
+    for w in writers:
+        w.close()
+        await w.wait_closed()
+    await srv.wait_closed()
