@@ -43,6 +43,7 @@ log = logging.getLogger("sluice.ratelimit")
 SERVICE_KEY = "ratelimit"
 MAX_RECENT = 50
 MAX_SOURCES = 10_000  # sources counted while red (for the datapath deny list)
+ALERT_EVERY_S = 10.0
 
 
 class Limiter:
@@ -74,6 +75,7 @@ class Limiter:
         self.task: asyncio.Task[None] | None = None
         self._log_budget = 0.0
         self._log_at = 0.0
+        self._alerted: dict[str, float] = {}  # key or pool -> when its last alert was logged
 
     # -- building and activating --------------------------------------------------------------
     def rule_state(self, rule: CompiledRule, max_keys: int) -> RuleState:
@@ -188,12 +190,19 @@ class Limiter:
         now = self.now()
         self.transitions.append((now, scope, name, f"{old.label}->{new.label}"))
         metrics.RL_COLOUR_CHANGES.labels(scope, new.label).inc()
-        # An alert line per transition into yellow or red, at most 10 a second.
+        # An alert line per transition into yellow or red: at most one per key or pool every
+        # ALERT_EVERY_S, and 10 a second in all (a flapping key must not flood the log).
         if new > old:
+            last = self._alerted.get(name)
+            if last is not None and now - last < ALERT_EVERY_S:
+                return
             if now - self._log_at >= 1.0:
                 self._log_at, self._log_budget = now, 10.0
             if self._log_budget >= 1.0:
                 self._log_budget -= 1.0
+                if len(self._alerted) >= MAX_SOURCES:
+                    self._alerted.clear()
+                self._alerted[name] = now
                 log.warning("overload: %s %s turned %s", scope, name, new.label)
 
     def shed_source(self, source: str, after: int, ttl_s: float | None) -> None:

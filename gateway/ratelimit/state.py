@@ -12,8 +12,10 @@ from collections import OrderedDict
 
 from gateway.core.concurrency import GradientLimit, LimitParams
 from gateway.core.keystate import KeyState, RuleMath
-from gateway.core.overload import Colour, ColourMachine, Thresholds
+from gateway.core.overload import Colour, ColourMachine, Thresholds, step
 from gateway.ratelimit.compiled import CompiledRule
+
+POOL_DWELL_S = 0.5
 
 # Decision counters, by index (flushed into sluice_ratelimit_decisions_total every second).
 DECISIONS = (
@@ -85,6 +87,12 @@ class PoolState:
         self.thresholds = th
 
     def observe(self, now: float) -> Colour | None:
-        """Move the colour from the utilisation (the one signal stands for both)."""
+        """Move the colour from the utilisation (the one signal stands for both). In flight
+        moves with every request, so a pool steps *down* only after holding its colour for
+        `POOL_DWELL_S`; it steps up at once."""
         u = self.limit.utilisation
-        return self.machine.update(self.thresholds.band(u, u), now)
+        m = self.machine
+        band = self.thresholds.band(u, u)
+        if step(m.colour, band) < m.colour and now - m.since < POOL_DWELL_S:
+            return None
+        return m.update(band, now)

@@ -365,9 +365,10 @@ async def _overload_run(args: argparse.Namespace) -> list[tuple[str, str]]:
             ["taskset", "-c", args.gateway_cpus, *cmd], stdout=subprocess.DEVNULL, cwd=ROOT
         )
         try:
-            for _ in range(200):
-                if http_ok(f"http://127.0.0.1:{admin}/readyz"):
-                    break
+            for _ in range(400):
+                with contextlib.suppress(OSError):
+                    if http_ok(f"http://127.0.0.1:{admin}/readyz"):
+                        break
                 await asyncio.sleep(0.05)
             url = f"http://127.0.0.1:{port}/v1/models"
             timeout = aiohttp.ClientTimeout(total=args.client_timeout)

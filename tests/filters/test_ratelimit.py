@@ -359,7 +359,11 @@ async def test_pool_colour_sheds_by_priority_when_the_backend_saturates() -> Non
     for c in [*ctxs, gold]:
         c.first_byte_at = c.started + 0.01
         await rig.chain.on_response(c)
-    assert pool.limit.in_flight == 0 and pool.machine.colour.label == "green"
+    assert pool.limit.in_flight == 0
+    assert pool.machine.colour.label == "red"  # a pool steps down only after a dwell
+    rig.clock.t += 1.0
+    pool.observe(rig.clock.t)
+    assert pool.machine.colour.label == "green"
     await rig.services.aclose()
 
 
