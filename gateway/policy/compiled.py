@@ -1,18 +1,19 @@
 """The compiled policy: frozen lookup structures built once at load, used on every request.
 
 Pure (no I/O). Route matching is a linear scan over pre-lowered matchers in policy order; the
-first match wins. Each route owns a weighted round-robin over the endpoints of its backends.
+first match wins. Which member of which backend serves a matched request is decided by the route
+filter (`gateway.filters.routing`) from the route's `targets` and the members' live state, kept
+in the services (`gateway.registry.pool`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from gateway.core.balancer import SmoothWeightedRoundRobin
 from gateway.core.request import Protocol, RequestInfo
-from gateway.policy.model import Backend, Policy, Route, Timeouts
+from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class Endpoint:
     host: str
     port: int
     weight: int
+    priority: int = 0
 
     @property
     def address(self) -> str:
@@ -41,11 +43,14 @@ class CompiledRoute:
     path_prefix: str
     methods: frozenset[str]
     headers: tuple[tuple[str, str | None], ...]
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[Endpoint, ...]  # the static members of its backends
     timeouts: Timeouts
     strip_prefix: str
     backend_protocol: str
-    _rr: SmoothWeightedRoundRobin = field(repr=False)
+    targets: tuple[tuple[str, int], ...] = ()  # (backend name, weight) of the split
+    canary: Canary | None = None
+    retries: Retries | None = None
+    sticky: Sticky | None = None
 
     def matches(self, info: RequestInfo) -> bool:
         if self.protocol is not None and info.protocol is not self.protocol:
@@ -59,10 +64,6 @@ class CompiledRoute:
             if got is None or (value is not None and got != value):
                 return False
         return True
-
-    def pick(self) -> Endpoint | None:
-        i = self._rr.pick()
-        return None if i is None else self.endpoints[i]
 
     def upstream_path(self, path: str) -> str:
         if self.strip_prefix and path.startswith(self.strip_prefix):
@@ -87,20 +88,18 @@ class CompiledPolicy:
         return None
 
 
-def _endpoints(b: Backend, share: float) -> list[tuple[Endpoint, float]]:
-    total = sum(e.weight for e in b.endpoints) or 1
-    out = []
-    for e in b.endpoints:
-        host, port = split_host_port(e.address)
-        out.append((Endpoint(b.name, b.protocol, host, port, e.weight), share * e.weight / total))
-    return out
+def endpoint_of(b: Backend, address: str, weight: int, priority: int) -> Endpoint:
+    host, port = split_host_port(address)
+    return Endpoint(b.name, b.protocol, host, port, weight, priority)
 
 
 def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> CompiledRoute:
     targets = [(r.backend, 1)] if r.backend else [(w.backend, w.weight) for w in r.backends]
-    weighted: list[tuple[Endpoint, float]] = []
-    for name, w in targets:
-        weighted += _endpoints(backends[name], float(w))
+    static = [
+        endpoint_of(backends[name], e.address, e.weight, e.priority)
+        for name, _ in targets
+        for e in backends[name].endpoints
+    ]
     protocols = {backends[name].protocol for name, _ in targets}
     return CompiledRoute(
         name=r.name,
@@ -108,11 +107,14 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         path_prefix=r.match.path_prefix,
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
-        endpoints=tuple(e for e, _ in weighted),
+        endpoints=tuple(static),
         timeouts=r.timeouts or p.timeouts,
         strip_prefix=r.strip_prefix,
         backend_protocol=protocols.pop() if len(protocols) == 1 else "mixed",
-        _rr=SmoothWeightedRoundRobin([w for _, w in weighted]),
+        targets=tuple(targets),
+        canary=r.canary,
+        retries=r.retries,
+        sticky=r.sticky,
     )
 
 

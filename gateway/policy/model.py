@@ -133,6 +133,13 @@ class Endpoint(_Model):
     weight: int = Field(
         default=1, ge=0, le=10000, description="relative share; 0 = out of rotation"
     )
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=7,
+        description="priority level: 0 = primary; 1, 2, ... take traffic only as the levels "
+        "before them lose members (e.g. another zone)",
+    )
 
 
 GrpcMethod = Annotated[
@@ -140,12 +147,140 @@ GrpcMethod = Annotated[
 ]
 
 
+RedisUrl = Annotated[
+    str,
+    Field(
+        pattern=r"^(redis|rediss|unix)://\S+$",
+        max_length=1024,
+        description="redis://[user:password@]host:port/db, rediss:// for TLS, or unix://path",
+    ),
+]
+
+
+class Registry(_Model):
+    """Members published by heartbeats in Redis (`sluice heartbeat` beside each model server)."""
+
+    redis: RedisUrl = Field(description="the registry's Redis")
+    service: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="service name the heartbeats are published under",
+    )
+    version: str | None = Field(
+        default=None, max_length=128, description="only members whose heartbeat `ver` is this"
+    )
+    poll_s: PositiveFloat = Field(default=1.0, le=60, description="how often Redis is read")
+    stale_after_s: PositiveFloat = Field(
+        default=5.0, description="a member whose heartbeat is older than this leaves rotation"
+    )
+    timeout_s: PositiveFloat = Field(default=0.5, le=10, description="deadline of each read")
+    priority: int = Field(default=0, ge=0, le=7, description="priority level of these members")
+    weight: int = Field(default=1, ge=1, le=10000, description="weight of each member")
+    max_members: PositiveInt = Field(
+        default=256, le=4096, description="members read per poll, at most"
+    )
+
+
+class Discovery(_Model):
+    registry: Registry = Field(description="members from Redis heartbeats")
+
+
+class HealthCheck(_Model):
+    """Active checks: HTTP `GET path` (2xx = pass) or gRPC `grpc.health.v1` (SERVING = pass)."""
+
+    path: str = Field(
+        default="/healthz?deep=true",
+        pattern=r"^/[\x21-\x7e]*$",
+        max_length=1024,
+        description="HTTP backends: the path checked",
+    )
+    grpc_service: str = Field(
+        default="", max_length=256, description="gRPC backends: service name ('' = server)"
+    )
+    interval_s: PositiveFloat = Field(default=30.0, description="between checks while passing")
+    failing_interval_s: PositiveFloat = Field(
+        default=2.0, description="between checks while failing (faster)"
+    )
+    jitter: float = Field(default=0.1, ge=0, le=0.5, description="± spread of each interval")
+    timeout_s: PositiveFloat = Field(default=2.0, description="a check slower than this fails")
+    unhealthy_after: PositiveInt = Field(default=3, description="failed checks in a row → out")
+    healthy_after: PositiveInt = Field(default=2, description="passing checks in a row → back")
+
+
+class CircuitBreaker(_Model):
+    """Per member: trips on consecutive failures, error ratio or slow-call ratio; see README."""
+
+    consecutive_failures: int = Field(
+        default=5, ge=0, le=10000, description="failures in a row that trip it (0 = off)"
+    )
+    error_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="failed share of the window that trips it"
+    )
+    slow_call_s: PositiveFloat = Field(
+        default=10.0, description="a call slower than this to its first byte is slow"
+    )
+    slow_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="slow share of the window that trips it"
+    )
+    min_requests: PositiveInt = Field(
+        default=20, description="results the window needs before ratios count"
+    )
+    window_s: PositiveFloat = Field(default=10.0, description="sliding window of the ratios")
+    open_s: PositiveFloat = Field(
+        default=5.0, description="first open time; doubles at each re-open, ±20 % jitter"
+    )
+    max_open_s: PositiveFloat = Field(default=60.0, description="open time cap")
+    half_open_probes: int = Field(
+        default=3, ge=1, le=100, description="probes admitted half-open; all must succeed"
+    )
+    probe_timeout_s: PositiveFloat | None = Field(
+        default=None, description="a probe without a first byte by then fails (default slow_call_s)"
+    )
+
+
+class OutlierDetection(_Model):
+    timeout_ratio: float = Field(
+        default=0.15, gt=0, le=1, description="timeout share over the window that ejects"
+    )
+    window_s: PositiveFloat = Field(default=120.0, description="sliding window")
+    min_requests: PositiveInt = Field(default=20, description="results needed in the window")
+    max_ejected: float = Field(
+        default=0.1, ge=0, le=1, description="largest ejected share of the members (at least 1)"
+    )
+    ejection_s: PositiveFloat = Field(
+        default=30.0, description="ejection time × times ejected, up to max_ejection_s"
+    )
+    max_ejection_s: PositiveFloat = Field(default=300.0, description="ejection time cap")
+
+
 class Backend(_Model):
     name: str = Field(
         min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
     )
     protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
-    endpoints: list[Endpoint] = Field(min_length=1, description="instances, weighted round robin")
+    endpoints: list[Endpoint] = Field(
+        default_factory=list,
+        max_length=4096,
+        description="static members (need no Redis); at least one, or `discovery`",
+    )
+    discovery: Discovery | None = Field(
+        default=None, description="members added from a registry (Redis heartbeats)"
+    )
+    health: HealthCheck | None = Field(default=None, description="active health checks (off)")
+    breaker: CircuitBreaker | None = Field(
+        default=None, description="circuit breaker per member (off)"
+    )
+    outlier: OutlierDetection | None = Field(
+        default=None, description="outlier ejection on timeouts (off)"
+    )
+    panic_threshold: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="below this available share, members failing health checks or ejected are "
+        "used again (breaker-open ones never); 0 = never",
+    )
     unary_methods: list[GrpcMethod] = Field(
         default_factory=list,
         description="gRPC methods (/pkg.Service/Method) known to be unary: served by a cheaper "
@@ -182,6 +317,60 @@ class WeightedBackend(_Model):
     )
 
 
+class Canary(_Model):
+    """The canary's p95 and error ratio against the stable version's; a breach sets its weight
+    to 0 until a policy change to this route's canary or weights."""
+
+    backend: str = Field(description="which of the route's backends is the canary")
+    p95_ms: PositiveFloat = Field(default=200.0, description="p95 time to first byte allowed")
+    max_error_ratio: float = Field(default=0.02, ge=0, le=1, description="error share allowed")
+    window_s: PositiveFloat = Field(default=60.0, description="sliding window compared")
+    min_requests: PositiveInt = Field(
+        default=20, description="canary results needed in the window before it is judged"
+    )
+    override_header: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9\-_]+$",
+        description="header forcing the choice: 1/true/canary → canary, 0/false/stable → not",
+    )
+
+
+RetryOn = Literal["connect_failure", "unavailable"]
+RETRY_ON: tuple[RetryOn, ...] = ("connect_failure", "unavailable")
+
+
+class Retries(_Model):
+    """Retry where safe: connect failures, or 503 / UNAVAILABLE before any byte reached the
+    client; never once a response started; bounded by a budget."""
+
+    attempts: int = Field(default=2, ge=1, le=5, description="tries in total, the first included")
+    budget_ratio: float = Field(
+        default=0.2, ge=0, le=1, description="retries in flight ≤ this share of active requests"
+    )
+    min_retries: int = Field(
+        default=3, ge=0, le=1000, description="retries in flight always allowed (budget floor)"
+    )
+    per_try_timeout_s: PositiveFloat | None = Field(
+        default=None, description="each try's deadline up to its first response byte"
+    )
+    retry_on: list[RetryOn] = Field(
+        default_factory=lambda: list(RETRY_ON),
+        description="connect_failure; unavailable (HTTP 503 / gRPC UNAVAILABLE)",
+    )
+
+
+class Sticky(_Model):
+    header: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9\-_]+$",
+        description="hash this header (e.g. a user id): the same value keeps its backend and "
+        "member; requests without it are balanced normally",
+    )
+
+
 class Route(_Model):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="metrics label")
     match: RouteMatch = Field(
@@ -194,6 +383,11 @@ class Route(_Model):
     timeouts: Timeouts | None = Field(default=None, description="overrides the global timeouts")
     strip_prefix: str = Field(
         default="", description="removed from the HTTP path before forwarding"
+    )
+    canary: Canary | None = Field(default=None, description="guard of a canary backend (off)")
+    retries: Retries | None = Field(default=None, description="retries where safe (off)")
+    sticky: Sticky | None = Field(
+        default=None, description="header-hash stickiness instead of least-loaded choice"
     )
 
     @model_validator(mode="after")
@@ -349,6 +543,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             errors.append(
                 (("backends", j, "unary_methods"), "unary_methods only apply to grpc backends")
             )
+        errors += _backend_errors(j, b)
     seen_routes: set[str] = set()
     for i, r in enumerate(p.routes):
         if r.name in seen_routes:
@@ -381,4 +576,51 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+        errors += _route_errors(i, r)
+    return errors
+
+
+def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:
+    errors: list[tuple[Loc, str]] = []
+    if not b.endpoints and b.discovery is None:
+        errors.append((("backends", j, "endpoints"), "needs at least one endpoint or `discovery`"))
+    seen: set[str] = set()
+    for k, e in enumerate(b.endpoints):
+        if e.address in seen:
+            errors.append((("backends", j, "endpoints", k, "address"), "duplicate address"))
+        seen.add(e.address)
+    h = b.health
+    if h is not None and h.failing_interval_s > h.interval_s:
+        errors.append(
+            (("backends", j, "health", "failing_interval_s"), "must not exceed interval_s")
+        )
+    br = b.breaker
+    if br is not None and br.max_open_s < br.open_s:
+        errors.append((("backends", j, "breaker", "max_open_s"), "must not be below open_s"))
+    o = b.outlier
+    if o is not None and o.max_ejection_s < o.ejection_s:
+        errors.append(
+            (("backends", j, "outlier", "max_ejection_s"), "must not be below ejection_s")
+        )
+    return errors
+
+
+def _route_errors(i: int, r: Route) -> list[tuple[Loc, str]]:
+    errors: list[tuple[Loc, str]] = []
+    names = [w.backend for w in r.backends] if r.backend is None else [r.backend]
+    if r.canary is not None:
+        if len(names) < 2:
+            errors.append(
+                (("routes", i, "canary"), "a canary needs a `backends` split of two or more")
+            )
+        elif r.canary.backend not in names:
+            errors.append(
+                (
+                    ("routes", i, "canary", "backend"),
+                    f"{r.canary.backend!r} is not one of this route's backends "
+                    f"({', '.join(names)})",
+                )
+            )
+    if len(set(names)) != len(names):
+        errors.append((("routes", i, "backends"), "a backend appears twice in the split"))
     return errors
