@@ -5,6 +5,8 @@ GET  /readyz                200 once policy and listeners are up; 503 before and
 GET  /metrics               Prometheus text format (all workers' series under --workers N)
 GET  /status                an HTML page an SRE can read: policy, routes, backends, in flight
 GET  /admin/policy          current policy (JSON), version hash, last reload result
+GET  /admin/backends        backends' members: breaker, health, ejection, weight, load, in
+                            flight, registry; routes' effective weights, canary guard, retry budget
 POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file was rejected
                             (loopback peers only, wherever the listener is bound)
 """
@@ -54,6 +56,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
 def build_admin_app(server: Server) -> web.Application:
     gw = server.gateway
     registry = _registry()
+    from gateway.registry.collector import register
+
+    register(registry)  # backend state gauges, read at scrape time
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -94,6 +99,10 @@ def build_admin_app(server: Server) -> web.Application:
         ok = bool(gw.holder.last_result.ok)
         return _json(status, 200 if ok else 422)
 
+    async def backends(_: web.Request) -> web.Response:
+        pool = gw.services.peek("backends")
+        return _json(pool.state() if pool is not None else {"backends": {}, "routes": {}})
+
     async def status_page(_: web.Request) -> web.Response:
         return web.Response(text=render_status(server), content_type="text/html")
 
@@ -103,6 +112,7 @@ def build_admin_app(server: Server) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", status_page)
     app.router.add_get("/admin/policy", policy)
+    app.router.add_get("/admin/backends", backends)
     app.router.add_post("/admin/policy/reload", reload)
     return app
 

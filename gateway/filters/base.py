@@ -119,6 +119,7 @@ class RequestContext:
     parent_span_id: int = 0  # the client's span, from an incoming traceparent
     trace_flags: int = 0
     decisions: list[Decision] | None = None  # filled only when something is recorded
+    upstream_attempt: Any = None  # routing: the member of this try (gateway.registry.member)
 
     def stop(self, verdict: Verdict) -> Status:
         self.verdict = verdict

@@ -160,3 +160,43 @@ ACCESS_LOG_DROPPED = Counter(
     "Access log lines (or batches) dropped because stderr was stalled or broken.",
     registry=REGISTRY,
 )
+
+# --- backends (breakers, outliers, health, registry, retries, canary) -----------------------
+# Events are counted here; member state (breaker, health, ejection, weight, load, in flight,
+# registry, retry budget, canary) is read at scrape time by gateway.registry.collector.
+BREAKER_TRANSITIONS = Counter(
+    "sluice_breaker_transitions_total",
+    "Circuit breaker transitions by backend and new state (open, half_open, closed).",
+    ["backend", "state"],
+    registry=REGISTRY,
+)
+OUTLIER_EJECTIONS = Counter(
+    "sluice_outlier_ejections_total",
+    "Members ejected for their timeout ratio, by backend.",
+    ["backend"],
+    registry=REGISTRY,
+)
+HEALTH_CHECKS = Counter(
+    "sluice_health_checks_total",
+    "Active health checks by backend and result (pass, fail).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
+REGISTRY_POLLS = Counter(
+    "sluice_registry_polls_total",
+    "Reads of the heartbeat registry by backend and result (ok, error).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "sluice_retries_total",
+    "Retry decisions by route and result (attempted, budget_exhausted, no_member).",
+    ["route", "result"],
+    registry=REGISTRY,
+)
+CANARY_TRIPS = Counter(
+    "sluice_canary_guard_trips_total",
+    "Canary guards tripped (canary weight set to 0), by route and canary backend.",
+    ["route", "backend"],
+    registry=REGISTRY,
+)
