@@ -248,8 +248,8 @@ class BackendState:
         self.registry_up = False
         self.registry_error = error[:200]
         for m in self.members.values():
-            if m.source == "registry":
-                m.fresh_until = math.inf
+            if m.source == "registry" and m.fresh_until > now:
+                m.fresh_until = math.inf  # live when Redis went away: keeps serving
         self.invalidate()
 
     # --- the plan ------------------------------------------------------------------------------
