@@ -26,8 +26,9 @@ import grpc.aio
 
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
+from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNAVAILABLE
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
+from gateway.filters.routing import pick_retry
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
 from gateway.forward.headers import retry_after_value
@@ -125,6 +126,22 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     if trailing:
         context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
     _status(ctx, context, code, e.details() or "")
+
+
+def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
+    """A unary call that failed UNAVAILABLE (nothing reached the client yet): try another
+    member if the route's retries allow it (`gateway.filters.routing.pick_retry`)."""
+    route = ctx.route
+    if route is None or route.retries is None or e.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    failed = ctx.endpoint
+    ctx.grpc_status = GRPC_UNAVAILABLE
+    ctx.outcome = Outcome.UPSTREAM_ERROR
+    if pick_retry(ctx) is None:
+        return False
+    if failed is not None:
+        metrics.UPSTREAM_ERRORS.labels(failed.backend, "unavailable").inc()
+    return True
 
 
 def _crashed(ctx: RequestContext, context: Context) -> None:
@@ -234,24 +251,30 @@ async def _unary_call(
             _reject(ctx, context)
             return None
         assert ctx.endpoint is not None and ctx.route is not None
-        metadata, timeout = _upstream(ctx, md, context)
-        ctx.attempts += 1
-        call = gw.channels.unary(ctx.endpoint, method)(request, timeout=timeout, metadata=metadata)
-        deadlines.start(task, timeout)
-        deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
-        try:
-            response: bytes = await call
-        except grpc.aio.AioRpcError as e:
-            _upstream_failed(ctx, context, e)
-            return None
-        except asyncio.CancelledError:
-            call.cancel()
-            if _timed_out(deadlines, task, ctx, context):
+        while True:  # more than one try only for UNAVAILABLE, where the route allows retries
+            metadata, timeout = _upstream(ctx, md, context)
+            ctx.attempts += 1
+            call = gw.channels.unary(ctx.endpoint, method)(
+                request, timeout=timeout, metadata=metadata
+            )
+            deadlines.start(task, timeout)
+            deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
+            try:
+                response: bytes = await call
+                break
+            except grpc.aio.AioRpcError as e:
+                if _retry(ctx, e):
+                    continue
+                _upstream_failed(ctx, context, e)
                 return None
-            _cancelled(ctx, context)
-            raise
-        finally:
-            deadlines.stop(task)
+            except asyncio.CancelledError:
+                call.cancel()
+                if _timed_out(deadlines, task, ctx, context):
+                    return None
+                _cancelled(ctx, context)
+                raise
+            finally:
+                deadlines.stop(task)
         ctx.first_byte_at = time.monotonic()
         initial = await call.initial_metadata()
         if initial:

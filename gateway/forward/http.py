@@ -33,8 +33,9 @@ from gateway.core.verdict import (
     Verdict,
     reject,
 )
-from gateway.errors import UpstreamError
+from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.filters.base import RequestContext, Status
+from gateway.filters.routing import pick_retry
 from gateway.forward import relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
@@ -46,7 +47,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from gateway.app import Gateway
+    from gateway.policy.model import Timeouts
     from gateway.snapshot import Snapshot
+    from gateway.upstream.response import UpstreamResponse
 
 log = logging.getLogger("sluice.forward")
 
@@ -162,22 +165,24 @@ class HttpForward:
                 if ex.query:
                     path += "?" + ex.query
                 headers = request_headers(ex.raw_headers, ctx, endpoint)
-                ctx.attempts += 1
-                if streamed:
+                if streamed:  # a streamed body cannot be sent twice: one try
+                    ctx.attempts += 1
                     pool.upload_started(endpoint)
-                try:
-                    up = await pool.request(
-                        endpoint,
-                        info.method,
-                        path,
-                        headers,
-                        body,
-                        timeouts,
-                        content_length=info.content_length if streamed else None,
-                    )
-                finally:
-                    if streamed:
+                    try:
+                        up = await pool.request(
+                            endpoint,
+                            info.method,
+                            path,
+                            headers,
+                            body,
+                            timeouts,
+                            content_length=info.content_length,
+                        )
+                    finally:
                         pool.upload_done(endpoint)
+                else:
+                    assert body is None or isinstance(body, bytes)
+                    up = await self._tries(ctx, info.method, path, headers, body, timeouts)
             except BodyTooLarge:
                 await self._reject(ex, ctx, BODY_TOO_LARGE)
                 return
@@ -199,6 +204,57 @@ class HttpForward:
             await self._expired(ex, ctx, kind)
         finally:
             deadlines.stop(task)
+
+    async def _tries(
+        self,
+        ctx: RequestContext,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Timeouts,
+    ) -> UpstreamResponse:
+        """The upstream call, tried again where the route allows and it is safe
+        (`gateway.filters.routing.pick_retry`: a connection that could not be had, or a 503
+        before any byte reached the client; within the attempts and the route's retry budget,
+        on another member). Each try's connect and first-byte timeouts are capped by the
+        route's `retries.per_try_timeout_s`."""
+        pool = self.gateway.http_pool
+        route = ctx.route
+        assert route is not None
+        if route.retries is None:
+            ctx.attempts += 1
+            assert ctx.endpoint is not None
+            return await pool.request(ctx.endpoint, method, path, headers, body, timeouts)
+        per_try = route.try_timeouts or timeouts
+        while True:
+            endpoint = ctx.endpoint
+            assert endpoint is not None
+            ctx.attempts += 1
+            try:
+                up = await pool.request(endpoint, method, path, headers, body, per_try)
+            except UpstreamError as e:
+                f = failure_for(e)
+                never_sent = isinstance(e, UpstreamConnectError) or (
+                    isinstance(e, UpstreamTimeout) and e.phase == "connect"
+                )
+                ctx.outcome = Outcome.UPSTREAM_CONNECT if never_sent else f.outcome
+                ctx.detail = str(e)[:200]
+                nxt = pick_retry(ctx)
+                if nxt is None:
+                    raise
+                metrics.UPSTREAM_ERRORS.labels(endpoint.backend, f.kind).inc()
+                headers[0] = (b"host", nxt.address.encode())
+                continue
+            if up.status == 503:
+                ctx.http_status = 503
+                ctx.outcome = Outcome.UPSTREAM_ERROR
+                nxt = pick_retry(ctx)
+                if nxt is not None:
+                    up.discard()
+                    headers[0] = (b"host", nxt.address.encode())
+                    continue
+            return up
 
     def _body_phase(
         self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None

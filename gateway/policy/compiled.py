@@ -51,6 +51,7 @@ class CompiledRoute:
     canary: Canary | None = None
     retries: Retries | None = None
     sticky: Sticky | None = None
+    try_timeouts: Timeouts | None = None  # `timeouts` with connect and first byte capped per try
 
     def matches(self, info: RequestInfo) -> bool:
         if self.protocol is not None and info.protocol is not self.protocol:
@@ -101,6 +102,16 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         for e in backends[name].endpoints
     ]
     protocols = {backends[name].protocol for name, _ in targets}
+    timeouts = r.timeouts or p.timeouts
+    try_timeouts = None
+    if r.retries is not None and r.retries.per_try_timeout_s is not None:
+        cap = r.retries.per_try_timeout_s
+        try_timeouts = timeouts.model_copy(
+            update={
+                "connect_s": min(timeouts.connect_s, cap),
+                "first_byte_s": min(timeouts.first_byte_s, cap),
+            }  # fmt: skip
+        )
     return CompiledRoute(
         name=r.name,
         protocol=None if r.match.protocol == "any" else Protocol(r.match.protocol),
@@ -108,13 +119,14 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
         endpoints=tuple(static),
-        timeouts=r.timeouts or p.timeouts,
+        timeouts=timeouts,
         strip_prefix=r.strip_prefix,
         backend_protocol=protocols.pop() if len(protocols) == 1 else "mixed",
         targets=tuple(targets),
         canary=r.canary,
         retries=r.retries,
         sticky=r.sticky,
+        try_timeouts=try_timeouts,
     )
 
 
