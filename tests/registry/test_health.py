@@ -70,8 +70,12 @@ def cfg(port: int, protocol: str = "http", **health: Any) -> Backend:
     h = {"interval_s": 0.2, "failing_interval_s": 0.05, "unhealthy_after": 2,
          "healthy_after": 2, "timeout_s": 0.5, **health}  # fmt: skip
     return Backend.model_validate(
-        {"name": "b", "protocol": protocol, "health": h,
-         "endpoints": [{"address": f"127.0.0.1:{port}"}]}  # fmt: skip
+        {
+            "name": "b",
+            "protocol": protocol,
+            "health": h,
+            "endpoints": [{"address": f"127.0.0.1:{port}"}],
+        }  # fmt: skip
     )
 
 
