@@ -28,7 +28,7 @@ routes:
     backends: [{backend: vllm, weight: 90}, {backend: vllm-canary, weight: 10}]
     canary: {backend: vllm-canary, p95_ms: 200, max_error_ratio: 0.02, window_s: 60, override_header: x-sluice-canary}
     retries: {attempts: 2, budget_ratio: 0.2, per_try_timeout_s: 5}
-"""
+"""  # noqa: E501 (verbatim)
 
 
 def load(tmp_path: Path, text: str) -> list[str]:
