@@ -144,9 +144,16 @@ class Breaker:
         than `slow_call_s`. Returns the transition it caused, if any."""
         if ticket < 0 or ticket >> _PROBE_BITS != self.epoch:
             return None  # admitted in an earlier state: it no longer speaks for this one
-        probe = ticket & MAX_PROBES
         if self.state is State.CLOSED:
+            if not failed and not slow and not self.window.sums[1] and not self.window.sums[2]:
+                # A success with no failure or slow call in the window: nothing can trip.
+                w = self.window
+                w._advance(now)[0] += 1
+                w.sums[0] += 1
+                self.consecutive = 0
+                return None
             return self._record_closed(now, failed, slow)
+        probe = ticket & MAX_PROBES
         if self.state is not State.HALF_OPEN or not probe or not self.probe_open[probe - 1]:
             return None
         self.probe_open[probe - 1] = False

@@ -23,7 +23,10 @@ class SlidingCounts:
         self.sums = [0] * width
 
     def _advance(self, now: float) -> list[int]:
+        """The row of the bucket `now` falls in (expired buckets cleared first)."""
         b = int(now // self._span)
+        if b == self._head:
+            return self._ring[b % self._n]
         slot = b % self._n
         if b != self._head:
             if b > self._head:

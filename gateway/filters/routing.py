@@ -228,7 +228,8 @@ class RoutePicker:
                         self.route.name, backend, guard.reason)  # fmt: skip
 
     def finish(self, ctx: RequestContext, a: Attempt) -> None:
-        self.close(a, ctx, self.clock.now())
+        if not a.done:
+            self.close(a, ctx, self.clock.now())
         if self.retry is not None:
             budget = self.rs.budget
             if budget is not None and budget.active > 0:

@@ -382,7 +382,10 @@ class BackendState:
         result and the time to first byte (the whole try when no byte came)."""
         m = a.member
         m.in_flight -= 1
-        res = classify(outcome, http_status, grpc_status)
+        if outcome is Outcome.OK and grpc_status is None and http_status < 500:
+            res = Result.OK  # the common case, without a call
+        else:
+            res = classify(outcome, http_status, grpc_status)
         ttfb = (first_byte_at if first_byte_at is not None else now) - a.started
         if a.ctx is not None:
             a.ctx = None
