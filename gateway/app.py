@@ -113,6 +113,9 @@ class Gateway:
             return 0
         compiled = self.active.policy
         wanted = {e.address for r in compiled.routes for e in r.endpoints if e.protocol == "grpc"}
+        pool = self.services.peek("backends")
+        if pool is not None:  # members discovered from the registry are in use too
+            wanted |= pool.addresses("grpc")
         if grace is None:
             grace = compiled.policy.timeouts.drain_s
         return await self._channels.prune(wanted, grace)

@@ -549,6 +549,15 @@ class BackendPool:
         for st in self.backends.values():
             st.start(self.services)
 
+    def addresses(self, protocol: str) -> set[str]:
+        """Every member address of the backends speaking `protocol` (static and discovered)."""
+        return {
+            a
+            for st in self.backends.values()
+            if st.cfg is not None and st.cfg.protocol == protocol
+            for a in st.members
+        }
+
     def readiness(self) -> dict[str, object]:
         now = self.clock.now()
         out: dict[str, object] = {}

@@ -236,7 +236,9 @@ async def _client(url: str, rate: float, seconds: float, kill_at: float, kill: A
     return results
 
 
-def failover(procs: Procs, rate: float, latency_ms: float, retries: bool) -> dict[str, Any]:
+def failover(
+    procs: Procs, rate: float, latency_ms: float, retries: bool, sig: int = signal.SIGKILL
+) -> dict[str, Any]:
     ports = [free_port() for _ in range(3)]
     sims = []
     for i, p in enumerate(ports):
@@ -256,12 +258,13 @@ def failover(procs: Procs, rate: float, latency_ms: float, retries: bool) -> dic
 
     def kill() -> None:
         killed.append(time.time())
-        sims[0].send_signal(signal.SIGKILL)
+        sims[0].send_signal(sig)
 
     results = asyncio.run(
         _client(f"http://127.0.0.1:{port}/v1/chat/completions", rate, 6.0, 3.0, kill)
     )
     t_kill = killed[0]
+    sims[0].send_signal(signal.SIGCONT)
     procs.stop(gw)
     opened = None
     for line in (procs.tmp / f"{name}.log").read_text().splitlines():
@@ -280,6 +283,7 @@ def failover(procs: Procs, rate: float, latency_ms: float, retries: bool) -> dic
         return round(xs[min(len(xs) - 1, int(len(xs) * q))] * 1000, 1) if xs else None
 
     return {
+        "signal": signal.Signals(sig).name,
         "retries": retries,
         "sent": len(results),
         "failed": len(failed),
@@ -317,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                   "one SIGKILLed at t=3 s:")  # fmt: skip
             for retries in (True, False):
                 print("  " + json.dumps(failover(procs, args.rate, args.latency_ms, retries)))
+            # a member that hangs instead of dying (no RST): P2C on in-flight steers away at
+            # once; the requests it holds fail at first_byte_s (5 s here)
+            print("  " + json.dumps(failover(procs, args.rate, args.latency_ms, True,
+                                             signal.SIGSTOP)))  # fmt: skip
     finally:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
