@@ -151,9 +151,11 @@ async def test_streamed_uploads_are_capped_per_backend(tmp_path: Path, engine: s
         answer = await _slow_upload(port, head, [big, big], 0.0)
         assert answer.startswith(b"HTTP/1.1 503 ")
         assert b"uploads_busy" in answer
-        async with aiohttp.ClientSession() as c:  # small requests still go through
-            async with c.post(f"http://127.0.0.1:{port}/x", data=b"abcd") as r:
-                assert r.status == 200
+        async with (  # small requests still go through
+            aiohttp.ClientSession() as c,
+            c.post(f"http://127.0.0.1:{port}/x", data=b"abcd") as r,
+        ):
+            assert r.status == 200
         for a in await asyncio.gather(*held):
             assert a.startswith(b"HTTP/1.1 200 ")
             assert a.endswith(b"4000")
