@@ -51,7 +51,7 @@ function bytes(n) {
 }
 
 const COUNT_UNITS = [
-  [/in_flight|waiting|requests|rejected|recent|total|^count$/, "req"],
+  [/in_flight|waiting|requests|rejected|rejections|recent|total|^count$/, "req"],
   [/reloads$/, "reloads"],
   [/members$/, "members"],
   [/connections|^idle$/, "conn"],
@@ -60,13 +60,17 @@ const COUNT_UNITS = [
   [/sources|flows/, ""],
 ];
 
+const UNIT_KEYS = /^(t|at)$|_at$|_ms$|_s$|_bytes$|_pct$|util|pressure|^load$|_ratio$|_fraction$|qps|_rps$|per_s(econd)?$|port|pid|weight|version/;
+const hasUnit = (k) => UNIT_KEYS.test(k) || COUNT_UNITS.some(([re, u]) => u && re.test(k));
+
 // One value as text, its unit read from its key (gateway/status: units live in key names).
 function fmt(key, v) {
   if (v === null || v === undefined || v === "") return "—";
   if (typeof v === "boolean") return v ? "yes" : "no";
   if (Array.isArray(v)) return v.map((x) => fmt(key, x)).join(", ") || "—";
   if (typeof v === "object") {
-    return Object.entries(v).map(([k, x]) => `${k}: ${fmt(k, x)}`).join(", ") || "—";
+    // {reason: count} under "rejections": the parent's unit when the child key has none
+    return Object.entries(v).map(([k, x]) => `${k}: ${fmt(hasUnit(k) ? k : key, x)}`).join(", ") || "—";
   }
   if (typeof v !== "number") return String(v);
   const k = String(key);
