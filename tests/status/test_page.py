@@ -159,6 +159,8 @@ def test_page_shows_colour_and_every_member_then_follows_a_killed_backend(
         assert "sim-grpc: 1 of 2 members down" in reasons
         assert "sim-http" in reasons and "upstream errors" in reasons
         page.screenshot(path=str(tmp_path / "after.png"), full_page=True)
+        page.set_viewport_size({"width": 960, "height": 560})  # the README's picture
+        page.screenshot(path=str(tmp_path / "readme.png"))
     print(f"status page first render {load_s * 1000:.0f} ms; screenshots in {tmp_path}")
 
     state = http_json(f"http://127.0.0.1:{site.admin}/admin/state")
