@@ -29,6 +29,8 @@ DEFAULT_PORTS = (8080, 8081, 9901, 18000, 18001)
 
 def _free(port: int) -> bool:
     with socket.socket() as s:
+        # As the gateway binds: a TIME_WAIT left by an earlier test's client is no conflict.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
         except OSError:
