@@ -7,8 +7,10 @@ rather than hidden.
 
 Rules, each giving a colour and a reason (reasons come back worst first):
 - a section (any top-level dict) with a `colour` field: that colour ("limits: red");
-- a backend member that is unhealthy, ejected, or whose breaker is open: red for the member;
-  a gRPC member whose channel is in TRANSIENT_FAILURE counts as unhealthy;
+- a backend member that is unhealthy, ejected, or whose breaker is open: red for the member
+  (flat fields `healthy`, `ejected`, `breaker: "open"`, or the snapshots `health: {healthy}`,
+  `outlier: {ejected_for_s}`, `breaker: {state}`); half-open: yellow; a gRPC member whose
+  channel is in TRANSIENT_FAILURE counts as unhealthy;
 - a backend: red when no member is usable, yellow when some are not or when it had upstream
   errors in the recent window;
 - the gateway starting or draining, a rejected policy reload, a datapath that should be
@@ -37,18 +39,41 @@ def worst(colours: Iterable[object], default: str = GREEN) -> str:
     return best
 
 
+def _nested(m: Mapping[str, Any], key: str, field: str) -> Any:
+    v = m.get(key)
+    return v.get(field) if isinstance(v, Mapping) else v
+
+
+def healthy(m: Mapping[str, Any]) -> bool | None:
+    """`healthy`, or `health: {healthy}` (a health checker's snapshot); None when unknown."""
+    h = m.get("healthy")
+    return _nested(m, "health", "healthy") if h is None else bool(h)
+
+
+def breaker_state(m: Mapping[str, Any]) -> str:
+    """`breaker: "open"`, or `breaker: {state: "open"}` (a breaker's snapshot)."""
+    return str(_nested(m, "breaker", "state") or "").lower()
+
+
+def ejected(m: Mapping[str, Any]) -> bool:
+    """`ejected: true`, or `outlier: {ejected: true}` / `{ejected_for_s: N}` (an outlier
+    detector's snapshot)."""
+    if m.get("ejected"):
+        return True
+    out = m.get("outlier")
+    return isinstance(out, Mapping) and bool(out.get("ejected") or out.get("ejected_for_s"))
+
+
 def member_usable(m: Mapping[str, Any]) -> bool:
     """False when a member's health, ejection, breaker or channel says it takes no traffic."""
-    if m.get("healthy") is False or m.get("ejected"):
-        return False
-    if str(m.get("breaker", "")).lower() == "open":
+    if healthy(m) is False or ejected(m) or breaker_state(m) == "open":
         return False
     return m.get("channel") != UNUSABLE_CHANNEL
 
 
 def member_colour(m: Mapping[str, Any]) -> str:
     derived = RED if not member_usable(m) else GREEN
-    if str(m.get("breaker", "")).lower() in ("half_open", "half-open"):
+    if breaker_state(m) in ("half_open", "half-open"):
         derived = worst([derived, YELLOW])
     return worst([m.get("colour"), derived])
 

@@ -27,18 +27,23 @@ fraction of capacity (0..1, shown as %), counts are plain (`in_flight`, `connect
     datapath    {state: "off"|"attached"|"unavailable", interface, required, error, ...}
 
 Long-lived feature owners add their own sections through `Services.state()` (the owner's
-`state()`), merged in under their key: a dict merges into a dict key by key, a list of dicts
-merges into a list of dicts item by item matched on `name` (or `address`), anything else
-replaces. The shapes the page knows how to show best:
+`state()`), merged in under their services key: a dict merges into a dict key by key, a list of
+dicts merges into a list of dicts item by item matched on `name` (or `address`; a dict of dicts
+`{name: {...}}` counts as such a list), anything else replaces. The shapes the page knows how
+to show best:
 
     limits      {colour, history: [{t, colour}], rules: [{name, qps_util, token_util,
-                 pressure, colour}], rejections: {reason: count}}
+    (ratelimit)  pressure, colour}], rejections: {reason: count}}
     backends    {backends: [{name, members: [{address, healthy, load, in_flight,
                  breaker: "closed"|"open"|"half_open", ejected}]}]}
     rollout     {colour, stage, version, candidate, ...}
 
-Any other section shows generically: a `colour` field as a badge, lists of dicts as tables
-(rows with a worse `colour` first), other values as a key/value table.
+Also understood: `backends: {name: {members: [...]}}`; per member the detectors' snapshots
+`health: {healthy}`, `breaker: {state}`, `outlier: {ejected_for_s}` (flat `healthy` and
+`ejected` are derived from them); a colour history as `[[seconds_ago, colour], ...]` or as a
+dict of such lists (one strip each). Any other section shows generically: a `colour` field as
+a badge, lists of dicts as tables (rows with a worse `colour` first, a row's own lists as
+tables after it), other values as a key/value table.
 """
 
 from __future__ import annotations

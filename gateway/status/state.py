@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
-from gateway.core.status import backend_colour, deltas, member_colour, rank, rollup
+from gateway.core.status import (
+    backend_colour,
+    deltas,
+    ejected,
+    healthy,
+    member_colour,
+    rank,
+    rollup,
+)
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -40,12 +48,15 @@ except PackageNotFoundError:  # a checkout that was never installed
 
 def merge(base: Any, extra: Any) -> Any:
     """`extra` over `base`: dicts key by key, lists of dicts item by item (matched on `name`,
-    else `address`), anything else replaced by `extra`."""
+    else `address`; a dict of dicts `{name: {...}}` counts as such a list), anything else
+    replaced by `extra`."""
     if isinstance(base, Mapping) and isinstance(extra, Mapping):
         out = dict(base)
         for k, v in extra.items():
             out[k] = merge(out[k], v) if k in out else v
         return out
+    if isinstance(base, list) and _by_name(extra):
+        extra = [{"name": k, **v} for k, v in extra.items()]  # {name: {...}} is a list too
     if isinstance(base, list) and isinstance(extra, list):
         key = _identity(base + extra)
         if key is None:
@@ -60,6 +71,10 @@ def merge(base: Any, extra: Any) -> Any:
                 out_list[i] = merge(out_list[i], item)
         return out_list
     return extra
+
+
+def _by_name(v: Any) -> bool:
+    return isinstance(v, Mapping) and bool(v) and all(isinstance(x, Mapping) for x in v.values())
 
 
 def _identity(items: list[Any]) -> str | None:
@@ -223,6 +238,12 @@ def _colour_backends(doc: dict[str, Any]) -> None:
         if isinstance(members, list):
             members[:] = [m for m in members if isinstance(m, dict)]
             for m in members:
+                # Flat fields the page shows first, read from a feature's snapshots when it
+                # gives only those (its own fields are left as they are).
+                if "healthy" not in m and healthy(m) is not None:
+                    m["healthy"] = healthy(m)
+                if "ejected" not in m and "outlier" in m:
+                    m["ejected"] = ejected(m)
                 m["colour"] = member_colour(m)
             members.sort(key=lambda m: -rank(m["colour"]))
         b["colour"] = backend_colour(b)[0]

@@ -5,7 +5,8 @@
 "use strict";
 
 const RANK = { grey: 0, green: 0, yellow: 1, red: 2 };
-const ORDER = ["limits", "backends", "rejections", "rollout", "datapath", "policy", "routes"];
+const ORDER = ["ratelimit", "limits", "backends", "rejections", "rollout", "traffic", "datapath",
+  "policy", "routes"];
 const SKIP = new Set(["now", "colour", "reasons", "history", "gateway"]);
 const params = new URLSearchParams(location.search);
 const REFRESH_S = Math.max(1, Number(params.get("refresh")) || 2);
@@ -88,43 +89,80 @@ function fmt(key, v) {
 }
 
 const isNum = (v) => typeof v === "number";
-const isRows = (v) => Array.isArray(v) && v.length > 0 && v.every((x) => x && typeof x === "object" && !Array.isArray(x));
-const worstFirst = (rows) => [...rows].sort((a, b) =>
+const isRows = (v) => Array.isArray(v) && v.length > 0 && v.every((x) => x && typeof x === "object" && !Array.isArray(x)) && !isHistory(v);
+const worstFirst = (rows) => (Array.isArray(rows) ? [...rows] : []).sort((a, b) =>
   rank(b.colour) - rank(a.colour) ||
   (b.pressure ?? b.load ?? 0) - (a.pressure ?? a.load ?? 0));
 
+// A cell: an object with a `state` (a breaker's snapshot) shows its state, the rest on hover.
+function cell(c, v) {
+  if (c === "colour" && v) return el("td", {}, badge(v));
+  if (v && typeof v === "object" && !Array.isArray(v) && "state" in v) {
+    return el("td", { title: fmt(c, v) }, fmt(c, v.state));
+  }
+  if (v && typeof v === "object") return el("td", { class: "obj", title: fmt(c, v) }, fmt(c, v));
+  return el("td", { class: isNum(v) ? "num" : "" }, fmt(c, v));
+}
+
 function table(rows, skip) {
   const cols = [];
-  for (const r of rows) for (const k of Object.keys(r)) if (!cols.includes(k) && !(skip || []).includes(k)) cols.push(k);
+  const nested = new Set();
+  for (const r of rows) {
+    for (const [k, v] of Object.entries(r)) {
+      if (isRows(v) || isHistory(v)) nested.add(k);
+      else if (!cols.includes(k) && !(skip || []).includes(k)) cols.push(k);
+    }
+  }
   // colour first, then the name or address the row is about
   cols.sort((a, b) => prio(a) - prio(b));
   const head = el("tr", {}, ...cols.map((c) => el("th", {}, c.replaceAll("_", " "))));
-  const body = worstFirst(rows).map((r) => el("tr", { class: `row-${r.colour || "none"}` },
-    ...cols.map((c) => c === "colour" && r[c] ? el("td", {}, badge(r[c]))
-      : el("td", { class: isNum(r[c]) ? "num" : "" }, fmt(c, r[c])))));
-  return el("table", {}, el("thead", {}, head), el("tbody", {}, ...body));
+  const sorted = worstFirst(rows);
+  const body = sorted.map((r) => el("tr", { class: `row-${r.colour || "none"}` },
+    ...cols.map((c) => cell(c, r[c]))));
+  const out = el("div", {}, el("table", {}, el("thead", {}, head), el("tbody", {}, ...body)));
+  for (const r of sorted) {  // a row's own lists (a rule's hottest keys) follow the table
+    for (const k of nested) {
+      if (isRows(r[k])) out.append(el("h3", {}, `${r.name || r.address || ""} ${k.replaceAll("_", " ")}`), table(r[k]));
+      else if (isHistory(r[k])) out.append(el("div", { class: "muted" }, `${r.name || ""} ${k}`), strip(r[k]));
+    }
+  }
+  return out;
 }
 
 function prio(k) {
-  const first = ["colour", "name", "address", "healthy", "stage"];
+  const first = ["colour", "name", "address", "healthy", "ejected", "breaker", "load", "in_flight",
+    "stage"];
   const i = first.indexOf(k);
   return i < 0 ? first.length : i;
 }
 
 function kv(obj) {
-  const rows = Object.entries(obj).filter(([, v]) => !isRows(v) && !(v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length > 4));
+  const rows = Object.entries(obj).filter(([, v]) => !isRows(v) && !isHistory(v) && !(v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length > 4));
   if (!rows.length) return null;
   return el("table", {}, el("tbody", {}, ...rows.map(([k, v]) =>
     el("tr", {}, el("th", {}, k.replaceAll("_", " ")),
       k === "colour" ? el("td", {}, badge(v)) : el("td", { class: isNum(v) ? "num" : "" }, fmt(k, v))))));
 }
 
+// A colour history: [{t, colour}] (t: Unix time), or [[seconds_ago, colour], ...].
+const mark = (h) => Array.isArray(h) ? { colour: h[1], when: `${duration(h[0])} ago` }
+  : { colour: h.colour, when: "t" in h ? ago(h.t) : `${duration(h.ago_s || 0)} ago` };
+const isHistory = (v) => Array.isArray(v) && v.length > 0 && v.every((h) =>
+  (Array.isArray(h) && h.length === 2 && typeof h[1] === "string") || (h && typeof h === "object" && "colour" in h && ("t" in h || "ago_s" in h) && Object.keys(h).length <= 3));
+
 function strip(history) {
   const box = el("div", { class: "strip", style: "display:flex;gap:1px;height:12px;margin:4px 0" });
-  for (const h of history.slice(-180)) {
-    box.append(el("span", { class: `c-${h.colour}`, style: "flex:0 0 5px", title: `${h.colour} ${ago(h.t)}` }));
+  for (const h of history.slice(-180).map(mark)) {
+    box.append(el("span", { class: `c-${h.colour}`, style: "flex:0 0 5px", title: `${h.colour} ${h.when}` }));
   }
   return box;
+}
+
+function histories(h) {
+  if (isHistory(h)) return [strip(h)];
+  if (!h || typeof h !== "object" || Array.isArray(h)) return [];
+  return Object.entries(h).filter(([, v]) => isHistory(v)).flatMap(([k, v]) =>
+    [el("div", { class: "muted" }, `${k.replaceAll("_", " ")} colour history`), strip(v)]);
 }
 
 // A section from its shape: badge for `colour`, history strip, tables for lists of dicts,
@@ -134,7 +172,7 @@ function generic(value, depth) {
   if (isRows(value)) return [table(value)];
   if (!value || typeof value !== "object") return [el("p", {}, fmt("", value))];
   const plain = kv(Object.fromEntries(Object.entries(value).filter(([k]) => k !== "history" && k !== "colour")));
-  if (Array.isArray(value.history) && value.history.length && value.history[0].colour) out.push(strip(value.history));
+  out.push(...histories(value.history));
   if (plain) out.push(plain);
   for (const [k, v] of Object.entries(value)) {
     if (k === "history") continue;
@@ -147,6 +185,7 @@ function generic(value, depth) {
 }
 
 function backends(value) {
+  if (!Array.isArray(value.backends)) return generic(value, 0);
   const out = [];
   for (const b of worstFirst(value.backends || [])) {
     const errs = Object.entries(b.errors || {}).map(([k, n]) => `${k} ${n}`).join(", ");

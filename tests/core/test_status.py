@@ -26,6 +26,13 @@ def _backend(*members: dict[str, Any], **extra: Any) -> dict[str, Any]:
         ({"address": "a", "channel": "IDLE"}, "green"),
         ({"address": "a", "colour": "yellow"}, "yellow"),  # a feature's own colour is kept
         ({"address": "a", "colour": "green", "healthy": False}, "red"),  # ... unless worse
+        # The detectors' own snapshots, as the backends owner nests them:
+        ({"address": "a", "health": {"healthy": False, "last_error": "refused"}}, "red"),
+        ({"address": "a", "health": {"healthy": True}}, "green"),
+        ({"address": "a", "breaker": {"state": "open", "reopens": 2}}, "red"),
+        ({"address": "a", "breaker": {"state": "half_open"}}, "yellow"),
+        ({"address": "a", "outlier": {"ejections": 1, "ejected_for_s": 4.5}}, "red"),
+        ({"address": "a", "outlier": {"ejections": 1}}, "green"),
     ],
 )
 def test_member_colour(member: dict[str, Any], colour: str) -> None:

@@ -57,14 +57,40 @@ class Limits:
         }
 
 
+class RateLimit:
+    """The shape the rate-limit owner gives today: colour histories as [seconds_ago, colour]
+    pairs per scope, a rule's hottest keys as a nested list."""
+
+    def state(self) -> dict[str, Any]:
+        hot = [{"key": "10.0.0.7", "colour": "yellow", "qps_utilisation": 0.81, "pressure": 0.8}]
+        return {
+            "mode": "redis",
+            "colour": "yellow",
+            "history": {"gateway": [[30, "green"], [20, "yellow"]], "keys": [[10, "red"]]},
+            "rules": [{"name": "per-key", "enforce": True, "keys": 12, "hot": hot}],
+        }
+
+
 class Health:
+    """Member state as the backends owner gives it today: a dict keyed by backend name, and
+    the health, breaker and outlier detectors' own snapshots per member."""
+
     def __init__(self, address: str) -> None:
         self.address = address
 
     def state(self) -> dict[str, Any]:
-        member = {"address": self.address, "healthy": False, "load": 0.9, "in_flight": 3,
-                  "breaker": "open", "ejected": True}  # fmt: skip
-        return {"backends": [{"name": "sim-http", "members": [member]}]}
+        member = {
+            "address": self.address,
+            "load": 0.9,
+            "in_flight": 3,
+            "breaker": {"state": "open", "window": {"requests": 20, "failures": 11}},
+            "outlier": {"ejections": 1, "ejected_for_s": 12.5},
+            "health": {"healthy": False, "last_error": "connection refused"},
+        }
+        return {
+            "backends": {"sim-http": {"members": [member], "available": True}},
+            "routes": {"all": {"weights": {"sim-http": 1.0}}},
+        }
 
 
 class Rollout:
@@ -83,6 +109,7 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, int, str]]:
     srv.gateway.services.get("limits", Limits)
     srv.gateway.services.get("backends", lambda: Health(spare))
     srv.gateway.services.get("rollout", Rollout)
+    srv.gateway.services.get("ratelimit", RateLimit)
     try:
         yield srv, ports["admin"], spare
     finally:
@@ -116,12 +143,14 @@ async def test_feature_sections_in_state_and_page(
     assert doc["limits"]["rules"][1]["name"] == "per-ip"
     (backend,) = doc["backends"]["backends"]
     members = {m["address"]: m for m in backend["members"]}
-    assert members[spare]["breaker"] == "open" and members[spare]["colour"] == "red"
+    assert members[spare]["breaker"]["state"] == "open" and members[spare]["colour"] == "red"
+    assert members[spare]["healthy"] is False and members[spare]["ejected"] is True
     assert backend["members"][0]["address"] == spare  # worst first
     assert backend["colour"] == "yellow"  # one of two members down
     assert doc["colour"] == "red"
     assert doc["reasons"][0] == "limits: red"
-    assert "rollout: yellow" in doc["reasons"]
+    assert "rollout: yellow" in doc["reasons"] and "ratelimit: yellow" in doc["reasons"]
+    assert doc["backends"]["routes"] == {"all": {"weights": {"sim-http": 1.0}}}
 
     try:
         from playwright.async_api import async_playwright
@@ -143,8 +172,12 @@ async def test_feature_sections_in_state_and_page(
             assert await limits.locator(".strip span").count() == 2  # its own colour history
             member = page.locator("#s-backends tr", has_text=spare)
             text = await member.inner_text()
-            assert "open" in text and "90 %" in text and "3 req" in text
+            assert "open" in text and "90 %" in text and "3 req" in text and "no" in text
             assert "rate_limited: 12 req" in await limits.inner_text()
+            rl = page.locator("#s-ratelimit")
+            assert await rl.locator(".strip").count() == 2  # gateway and keys histories
+            hot = await rl.locator("tr", has_text="10.0.0.7").inner_text()
+            assert "81 %" in hot  # the rule's nested hottest keys, as their own table
             await page.screenshot(path=str(tmp_path / "sections.png"), full_page=True)
         finally:
             await browser.close()
