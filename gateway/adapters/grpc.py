@@ -270,7 +270,9 @@ async def _unary_call(
         return None
     finally:
         try:
-            await gw.finish(active, ctx)
+            pending = gw.finish(active, ctx)
+            if pending is not None:
+                await pending
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -360,7 +362,9 @@ async def _stream_call(
         if call is not None and not call.done():
             call.cancel()  # client gone or we failed: the upstream must stop at once
         try:
-            await gw.finish(active, ctx)
+            pending = gw.finish(active, ctx)
+            if pending is not None:
+                await pending
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 

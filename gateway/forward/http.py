@@ -91,7 +91,9 @@ class HttpForward:
                 ex.abort()
         finally:
             try:
-                await gw.finish(snap, ctx)
+                pending = gw.finish(snap, ctx)
+                if pending is not None:
+                    await pending
             finally:
                 gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -109,7 +111,8 @@ class HttpForward:
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
         chain = snap.chain
-        if await chain.on_request(ctx) is Status.STOP:
+        status = chain.on_request_plain(ctx) if chain.sync_request else await chain.on_request(ctx)
+        if status is Status.STOP:
             return ctx.verdict
         if ctx.route is None or ctx.endpoint is None:
             return NO_ROUTE
