@@ -18,6 +18,7 @@ import asyncio
 import functools
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,7 +27,7 @@ import grpc.aio
 
 from gateway.core.outcome import OUTCOME_OF, Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
+from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNKNOWN
 from gateway.filters.base import RequestContext, Status
 from gateway.telemetry import metrics
 
@@ -117,6 +118,11 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     _status(ctx, context, code, e.details() or "")
 
 
+def _end_try(ctx: RequestContext) -> None:
+    code = ctx.grpc_status if ctx.grpc_status is not None else GRPC_UNKNOWN
+    ctx.end_try(time.monotonic(), code, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
+
+
 def _crashed(ctx: RequestContext, context: Context) -> None:
     log.exception("gRPC proxy failed on %s", ctx.info.path)
     ctx.outcome = Outcome.INTERNAL
@@ -202,6 +208,7 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
             return None
         assert ctx.endpoint is not None
         metadata, timeout = _upstream(ctx, md, context)
+        ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
         call = gw.channels.unary(ctx.endpoint, method)(request, timeout=timeout, metadata=metadata)
         try:
             response: bytes = await call
@@ -229,6 +236,7 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
         _crashed(ctx, context)
         return None
     finally:
+        _end_try(ctx)
         try:
             await gw.finish(active, ctx)
         finally:
@@ -249,6 +257,7 @@ async def _stream_call(
             return
         assert ctx.endpoint is not None
         metadata, timeout = _upstream(ctx, md, context)
+        ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
         call = gw.channels.stream(ctx.endpoint, method)(None, timeout=timeout, metadata=metadata)
         # The one extra task of a streaming call: client → upstream, as messages come.
         pump = asyncio.get_running_loop().create_task(_pump(context, call, ctx))
@@ -285,6 +294,7 @@ async def _stream_call(
             pump.cancel()
         if call is not None and not call.done():
             call.cancel()  # client gone or we failed: the upstream must stop at once
+        _end_try(ctx)
         try:
             await gw.finish(active, ctx)
         finally:

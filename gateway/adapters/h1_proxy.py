@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from gateway.adapters.admission import admit
@@ -122,9 +123,11 @@ class H1Proxy:
                     ctx.bytes_in = len(body)
             elif req.chunked or cl:
                 body = self._stream(conn, req, ctx, limit)
+            ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
             up = await self.gateway.http_pool.request(
                 endpoint, req.method, upstream_path, out, body, route.timeouts, content_length=cl
             )
+            ctx.try_first_byte(time.monotonic(), up.status)
             try:
                 await self._relay(conn, req, ctx, up)
             finally:
@@ -153,6 +156,7 @@ class H1Proxy:
             raise
         finally:
             self.deadlines.discard(task)
+            ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
 
     async def _relay(
         self, conn: H1Conn, req: Req, ctx: RequestContext, up: UpstreamResponse

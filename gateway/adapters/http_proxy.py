@@ -8,6 +8,7 @@ Per request: RequestInfo → chain → (verdict answer | stream to the endpoint 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -169,6 +170,7 @@ class HttpProxy:
                     ctx.bytes_in = len(body)
             elif request.body_exists:
                 body = stream_body(request, ctx, limit)
+            ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
             up = await self.gateway.http_pool.request(
                 endpoint,
                 request.method,
@@ -178,6 +180,7 @@ class HttpProxy:
                 route.timeouts,
                 content_length=cl,
             )
+            ctx.try_first_byte(time.monotonic(), up.status)
             try:
                 resp, length = response_head(up.status, up.reason, up.headers)
                 ctx.http_status = up.status
@@ -226,6 +229,7 @@ class HttpProxy:
             raise
         finally:
             self.deadlines.discard(task)
+            ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
 
     async def _fail(
         self,
