@@ -20,10 +20,11 @@ import random
 import time
 from typing import Any
 
+from gateway.core.body import RequestBody
 from gateway.core.sampler import Reason, TailSampler
 from gateway.core.traceparent import MASK64, client_span_id
 from gateway.core.traceparent import parse as parse_traceparent
-from gateway.filters.base import RequestContext, Status
+from gateway.filters.base import RequestContext, Status, StreamEvent
 from gateway.policy.model import Tracing as TracingSection
 from gateway.services import Services
 from gateway.telemetry import metrics
@@ -85,8 +86,21 @@ class TraceFilter:
             owner.offer(record_of(ctx, d, now, self._max_spans), now)
 
 
+class GenAITraceFilter(TraceFilter):
+    """`tracing.genai_attributes`: the same filter, plus the two hooks whose mere presence
+    makes the forwarding path parse the request body (model, max_tokens) and the response
+    (usage) for it. They decide nothing."""
+
+    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
+        return Status.CONTINUE
+
+    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
+        return Status.CONTINUE
+
+
 def build(section: TracingSection, services: Services) -> TraceFilter | None:
     if not section.enabled:
         return None
     owner: Any = services.get("tracing", lambda: Tracing(services))
-    return TraceFilter(section, owner)
+    cls = GenAITraceFilter if section.genai_attributes else TraceFilter
+    return cls(section, owner)
