@@ -42,4 +42,4 @@ def client_span_id(server_span_id: int, attempt: int) -> int:
     """The span id of upstream try `attempt` (0-based): derived from the server span's, so the
     `traceparent` sent to the backend and the client span built later agree without storing
     ids per try. Unique within the trace (span ids need be no more than that)."""
-    return ((server_span_id + 1 + attempt) & MASK64) or 1
+    return (server_span_id + attempt) % MASK64 + 1  # 1 .. 2^64-1, never 0, wraps past the top
