@@ -3,6 +3,7 @@ a backend that records the headers and metadata it receives (it never echoes the
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import socket
@@ -20,7 +21,7 @@ import pytest
 from gateway.core.sampler import threshold
 from gateway.core.traceparent import MASK64, parse
 from tests.integration.conftest import wait_ready
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, wait_for_port
 from tests.telemetry.otlp import (
     CLIENT,
     SERVER,
@@ -50,7 +51,7 @@ class Live:
 
 
 def write_policy(path: Path, be: CaptureBackend, ports: tuple[int, int, int], tracing: str,
-                 engine: str = "aiohttp") -> None:  # fmt: skip
+                 engine: str = "aiohttp", sim: int = 9) -> None:  # fmt: skip
     http, grpc_, admin = ports
     path.write_text(f"""\
 version: 1
@@ -68,10 +69,16 @@ backends:
     endpoints: [{{address: "127.0.0.1:{be.grpc_port}"}}]
     unary_methods: [{METHOD}]
     discover_unary: false
+  - name: sim
+    endpoints: [{{address: "127.0.0.1:{sim}"}}]
 routes:
   - name: grpc
     match: {{protocol: grpc}}
     backend: cap-grpc
+  - name: sim
+    match: {{protocol: http, path_prefix: /sim/}}
+    strip_prefix: /sim
+    backend: sim
   - name: openai
     match: {{protocol: http, path_prefix: /v1/}}
     backend: cap-http
@@ -79,9 +86,11 @@ tracing:
 {tracing}""")
 
 
-def start(tmp: Path, be: CaptureBackend, rx: Receiver, tracing: str, engine: str) -> Live:
+def start(
+    tmp: Path, be: CaptureBackend, rx: Receiver, tracing: str, engine: str, sim: int = 9
+) -> Live:
     ports = (free_port(), free_port(), free_port())
-    write_policy(tmp / "policy.yaml", be, ports, tracing, engine)
+    write_policy(tmp / "policy.yaml", be, ports, tracing, engine, sim)
     proc = Proc(["serve", "--policy", str(tmp / "policy.yaml")], tmp / "gateway.log")
     wait_ready(ports[2], proc)
     return Live(proc, *ports, be, rx, engine)
@@ -93,6 +102,7 @@ TRACING = f"""\
   slow_ms: {SLOW_MS}
   service_name: sluice-edge
   max_wait_ms: 50
+  genai_attributes: true
 """
 
 
@@ -107,17 +117,32 @@ def receiver() -> Iterator[Receiver]:
         yield rx
 
 
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The simulated inference backend (SSE streams with usage)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    args = ["mock-backend", "--http", f"127.0.0.1:{port}", "--no-grpc", "--ttft-ms", "30"]
+    proc = Proc([*args, "--token-delay-ms", "5"], log)
+    try:
+        wait_for_port(port)
+        yield port
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="module", params=["aiohttp", "native"])
 def live(
     request: pytest.FixtureRequest,
     backend: CaptureBackend,
     receiver: Receiver,
+    sim: int,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Live]:
     tracing = TRACING + (
         f"  exporter: {{protocol: grpc, endpoint: 'http://127.0.0.1:{receiver.port}'}}\n"
     )
-    gw = start(tmp_path_factory.mktemp("live"), backend, receiver, tracing, request.param)
+    gw = start(tmp_path_factory.mktemp("live"), backend, receiver, tracing, request.param, sim)
     try:
         yield gw
     finally:
@@ -273,6 +298,47 @@ def test_ok_traces_are_kept_by_the_trace_id_ratio(live: Live) -> None:
     time.sleep(0.5)  # a late export of a trace that should not be there would land by now
     arrived = set(live.rx.traces()) & ids
     assert arrived == expected
+
+
+def test_a_kept_stream_carries_genai_attributes(live: Live) -> None:
+    t = new_trace(True)  # kept by the ratio
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{live.http}/sim/v1/chat/completions",
+        data=json.dumps(
+            {
+                "model": "llama-3-8b",
+                "max_tokens": 8,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "hello there"}],
+            }
+        ).encode(),
+        method="POST",
+        headers={"content-type": "application/json", "traceparent": tp(t)},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read().decode()
+    assert "[DONE]" in body
+    spans = wait_traces(live.rx, {t}, 2)[t]
+    server = check_complete(spans, None)
+    a = server.attributes
+    assert a["gen_ai.request.model"] == "llama-3-8b"
+    assert a["gen_ai.request.max_tokens"] == 8
+    assert a["gen_ai.usage.output_tokens"] > 0 and a["gen_ai.usage.input_tokens"] > 0
+    assert 0.02 < a["gen_ai.server.time_to_first_token"] < 5
+    assert a["sluice.stream.events"] >= 2
+    assert "first_token" in server.events
+    (client,) = [s for s in spans if s.kind == CLIENT]
+    assert client.parent_span_id == server.span_id and "first_byte" in client.events
+    with urllib.request.urlopen(f"http://127.0.0.1:{live.admin}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert re.search(
+        r'sluice_time_to_first_token_seconds_count\{[^}]*route="sim"[^}]*\} [1-9]', text
+    )
+    assert re.search(
+        r'sluice_inter_token_latency_seconds_count\{[^}]*route="sim"[^}]*\} [1-9]', text
+    )
+    assert re.search(r'sluice_tokens_total\{[^}]*type="output"[^}]*\} [1-9]', text)
 
 
 def test_exemplars_carry_kept_trace_ids(live: Live) -> None:
