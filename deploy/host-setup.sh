@@ -13,6 +13,7 @@ command -v nginx >/dev/null || need+=(nginx-light)
 command -v tc >/dev/null || need+=(iproute2)
 [ -e /usr/lib/python3/dist-packages/bcc/__init__.py ] || need+=(python3-bpfcc)
 ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1 || need+=(linux-headers-amd64)
+command -v promtool >/dev/null || need+=(prometheus)  # promtool checks deploy/prometheus rules
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
