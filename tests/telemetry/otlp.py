@@ -195,3 +195,47 @@ def capture_backend() -> Iterator[CaptureBackend]:
         gsrv.stop(0)
         httpd.shutdown()
         httpd.server_close()
+
+
+class HttpReceiver(Receiver):
+    """The same collector over OTLP/HTTP (protobuf bodies POSTed to /v1/traces)."""
+
+    def __init__(self) -> None:
+        self.spans = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        rx = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                ok = self.path == "/v1/traces" and "protobuf" in self.headers.get(
+                    "content-type", ""
+                )
+                if ok:
+                    req = trace_service_pb2.ExportTraceServiceRequest()
+                    req.ParseFromString(body)
+                    rx.Export(req, None)
+                out = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if ok else 400)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+
+    def __enter__(self) -> HttpReceiver:
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -23,7 +23,7 @@ from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
 from gateway.services import Services
 from gateway.telemetry.tracing import Tracing
-from tests.telemetry.otlp import CLIENT, SERVER, STATUS_ERROR, Receiver, Span
+from tests.telemetry.otlp import CLIENT, SERVER, STATUS_ERROR, HttpReceiver, Receiver, Span
 
 
 @pytest.fixture(scope="module")
@@ -261,3 +261,29 @@ def test_tracing_off_builds_no_filter(receiver: Receiver) -> None:
     chain = build_chain(compiled, services)
     assert not any(isinstance(f, TraceFilter) for f in chain.filters)
     assert services.peek("tracing") is None
+
+
+async def test_otlp_over_http(receiver: Receiver) -> None:
+    with HttpReceiver() as hrx:
+        exporter = {
+            "protocol": "http/protobuf",
+            "endpoint": f"http://127.0.0.1:{hrx.port}/v1/traces",
+        }
+        services = Services()
+        compiled = policy(receiver, exporter=exporter)
+        chain = build_chain(compiled, services)
+        chain.activate()
+        trace = TRACE ^ 3
+        try:
+            ctx = RequestContext(request("/v1/chat/completions", trace=trace), compiled)
+            await chain.on_request(ctx)
+            ctx.begin_try("vllm", "127.0.0.1:9", time.monotonic())
+            ctx.http_status = 502
+            ctx.outcome = Outcome.UPSTREAM_CONNECT
+            ctx.end_try(time.monotonic(), 0, Outcome.UPSTREAM_CONNECT.value)
+            await chain.on_response(ctx)
+            spans = await spans_of(hrx, trace, 2)
+            assert {s.kind for s in spans} == {SERVER, CLIENT}
+            assert hrx.requests >= 1
+        finally:
+            await services.aclose()
