@@ -51,7 +51,7 @@ class Live:
 
 
 def write_policy(path: Path, be: CaptureBackend, ports: tuple[int, int, int], tracing: str,
-                 engine: str = "aiohttp", sim: int = 9) -> None:  # fmt: skip
+                 engine: str = "aiohttp", sim: int = 9, log: bool = False) -> None:  # fmt: skip
     http, grpc_, admin = ports
     path.write_text(f"""\
 version: 1
@@ -60,7 +60,7 @@ listeners:
   grpc: {{host: 127.0.0.1, port: {grpc_}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
 timeouts: {{first_byte_s: 5, drain_s: 5}}
-access_log: {{enabled: false}}
+access_log: {{enabled: {"true" if log else "false"}}}
 backends:
   - name: cap-http
     endpoints: [{{address: "127.0.0.1:{be.http_port}"}}]
@@ -87,10 +87,16 @@ tracing:
 
 
 def start(
-    tmp: Path, be: CaptureBackend, rx: Receiver, tracing: str, engine: str, sim: int = 9
+    tmp: Path,
+    be: CaptureBackend,
+    rx: Receiver,
+    tracing: str,
+    engine: str,
+    sim: int = 9,
+    log: bool = False,
 ) -> Live:
     ports = (free_port(), free_port(), free_port())
-    write_policy(tmp / "policy.yaml", be, ports, tracing, engine, sim)
+    write_policy(tmp / "policy.yaml", be, ports, tracing, engine, sim, log)
     proc = Proc(["serve", "--policy", str(tmp / "policy.yaml")], tmp / "gateway.log")
     wait_ready(ports[2], proc)
     return Live(proc, *ports, be, rx, engine)
@@ -402,3 +408,50 @@ def test_a_dead_collector_does_not_slow_requests(
     finally:
         dead.proc.stop()
         hole.close()
+
+
+def test_reload_under_traffic_loses_no_kept_trace(
+    backend: CaptureBackend, receiver: Receiver, sim: int, tmp_path: Path, live: Live
+) -> None:
+    """Refused requests (all kept) flow while the policy is reloaded twice: once with new
+    sampling parameters (same pipeline), once with a new service name (a new pipeline; the old
+    one flushes). Every trace arrives; the access log carries the trace ids."""
+    import threading
+
+    exporter = f"  exporter: {{protocol: grpc, endpoint: 'http://127.0.0.1:{receiver.port}'}}\n"
+    gw = start(tmp_path, backend, receiver, TRACING + exporter, live.engine, sim, log=True)
+    sent: list[int] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set() and len(sent) < 20_000:
+            t = new_trace(False)
+            assert post(gw, "/nowhere", t) == 404
+            sent.append(t)
+
+    def reload(tracing: str) -> None:
+        path = tmp_path / "policy.yaml"
+        ports = (gw.http, gw.grpc, gw.admin)
+        write_policy(path, backend, ports, tracing, live.engine, sim, log=True)
+        req = urllib.request.Request(f"http://127.0.0.1:{gw.admin}/admin/policy/reload", b"")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+
+    worker = threading.Thread(target=traffic)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        reload(TRACING.replace(f"slow_ms: {SLOW_MS}", "slow_ms: 900") + exporter)
+        time.sleep(0.5)
+        reload(TRACING.replace("sluice-edge", "sluice-edge-2") + exporter)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        worker.join(30)
+    assert len(sent) > 20
+    got = wait_traces(receiver, set(sent), 1)
+    services = {got[t][0].service for t in sent}
+    assert services == {"sluice-edge", "sluice-edge-2"}
+    assert gw.proc.stop() == 0
+    log = gw.proc.output()
+    assert f'"trace_id":"{sent[-1]:032x}"' in log
