@@ -165,8 +165,12 @@ class _Generic(grpc.GenericRpcHandler):
         self.cap = cap
 
     def service(self, details: Any) -> Any:
+        fail = details.method.endswith("/Fail")
+
         def unary(request: bytes, context: Any) -> bytes:
             self.cap.grpc.append({k: v for k, v in context.invocation_metadata()})
+            if fail:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "backend says no")
             return b""
 
         return grpc.unary_unary_rpc_method_handler(unary)

@@ -67,7 +67,7 @@ backends:
   - name: cap-grpc
     protocol: grpc
     endpoints: [{{address: "127.0.0.1:{be.grpc_port}"}}]
-    unary_methods: [{METHOD}]
+    unary_methods: [{METHOD}, /test.Echo/Fail]
     discover_unary: false
   - name: sim
     endpoints: [{{address: "127.0.0.1:{sim}"}}]
@@ -231,6 +231,24 @@ def test_traceparent_reaches_the_grpc_backend(live: Live) -> None:
     grpc_call(live, unsampled)
     got = parse(live.backend.cap.grpc[-1]["traceparent"])
     assert got is not None and got[0] == unsampled and got[2] == 0
+
+
+def test_a_failed_grpc_call_arrives_complete(live: Live) -> None:
+    t = new_trace(False)
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{live.grpc}") as ch,
+        pytest.raises(grpc.RpcError) as e,
+    ):
+        ch.unary_unary("/test.Echo/Fail")(b"", metadata=(("traceparent", tp(t)),), timeout=10)
+    assert e.value.code() is grpc.StatusCode.UNAVAILABLE
+    backend_tp = live.backend.cap.grpc[-1]["traceparent"]
+    spans = wait_traces(live.rx, {t}, 2)[t]
+    s = check_complete(spans, backend_tp)
+    assert s.name == "test.Echo/Fail" and s.status_code == STATUS_ERROR
+    assert s.attributes["rpc.system"] == "grpc" and s.attributes["rpc.service"] == "test.Echo"
+    assert s.attributes["rpc.grpc.status_code"] == 14
+    (c,) = [x for x in spans if x.kind == CLIENT]
+    assert c.attributes["rpc.grpc.status_code"] == 14 and c.status_code == STATUS_ERROR
 
 
 def check_complete(spans: list[Span], backend_tp: str | None) -> Span:
