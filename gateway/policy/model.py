@@ -325,8 +325,8 @@ class TracingExporter(_Model):
     )
     endpoint: str | None = Field(
         default=None,
-        min_length=1,
-        description="collector URL, e.g. http://otel-collector:4317 (grpc) or "
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="collector URL (http:// or https://): http://otel-collector:4317 (grpc) or "
         "http://otel-collector:4318/v1/traces (http); null = the OTEL_* variables, else "
         "localhost on the protocol's port",
     )

@@ -165,7 +165,12 @@ class Tracing:
         )
         key = (section.service_name, section.exporter)
         if self.pipeline is None or self.pipeline.key != key:
-            old, self.pipeline = self.pipeline, Pipeline(section.service_name, section.exporter)
+            try:
+                new = Pipeline(section.service_name, section.exporter)
+            except Exception:  # the policy is live anyway: keep exporting as before
+                log.exception("tracing: the OTLP exporter could not be set up")
+                return
+            old, self.pipeline = self.pipeline, new
             log.info(
                 "tracing: exporting kept traces over OTLP %s (service %s)",
                 self.pipeline.protocol,
