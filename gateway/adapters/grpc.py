@@ -26,7 +26,13 @@ import grpc.aio
 
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNAVAILABLE
+from gateway.core.verdict import (
+    GRPC_CANCELLED,
+    GRPC_DEADLINE_EXCEEDED,
+    GRPC_OK,
+    GRPC_UNAVAILABLE,
+    GRPC_UNKNOWN,
+)
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.routing import pick_retry
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
@@ -128,6 +134,11 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     _status(ctx, context, code, e.details() or "")
 
 
+def _end_try(ctx: RequestContext) -> None:
+    code = ctx.grpc_status if ctx.grpc_status is not None else GRPC_UNKNOWN
+    ctx.end_try(time.monotonic(), code, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
+
+
 def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
     """A unary call that failed UNAVAILABLE (nothing reached the client yet): try another
     member if the route's retries allow it (`gateway.filters.routing.pick_retry`)."""
@@ -137,6 +148,7 @@ def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
     failed = ctx.endpoint
     ctx.grpc_status = GRPC_UNAVAILABLE
     ctx.outcome = Outcome.UPSTREAM_ERROR
+    _end_try(ctx)  # this try is over, retried or not
     if pick_retry(ctx) is None:
         return False
     if failed is not None:
@@ -252,8 +264,8 @@ async def _unary_call(
             return None
         assert ctx.endpoint is not None and ctx.route is not None
         while True:  # more than one try only for UNAVAILABLE, where the route allows retries
+            ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
             metadata, timeout = _upstream(ctx, md, context)
-            ctx.attempts += 1
             call = gw.channels.unary(ctx.endpoint, method)(
                 request, timeout=timeout, metadata=metadata
             )
@@ -275,7 +287,8 @@ async def _unary_call(
                 raise
             finally:
                 deadlines.stop(task)
-        ctx.first_byte_at = time.monotonic()
+        ctx.first_byte_at = now = time.monotonic()
+        ctx.try_first_byte(now)
         initial = await call.initial_metadata()
         if initial:
             await context.send_initial_metadata(tuple(initial))
@@ -292,8 +305,11 @@ async def _unary_call(
         _crashed(ctx, context)
         return None
     finally:
+        _end_try(ctx)
         try:
-            await gw.finish(active, ctx)
+            pending = gw.finish(active, ctx)
+            if pending is not None:
+                await pending
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -318,9 +334,9 @@ async def _stream_call(
             _reject(ctx, context)
             return
         assert ctx.endpoint is not None and ctx.route is not None
+        ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
         metadata, timeout = _upstream(ctx, md, context)
         t = ctx.route.timeouts
-        ctx.attempts += 1
         call = gw.channels.stream(ctx.endpoint, method)(None, timeout=timeout, metadata=metadata)
         # The one extra task of a streaming call: client → upstream, as messages come.
         pump = asyncio.get_running_loop().create_task(_pump(context, call, ctx))
@@ -328,7 +344,8 @@ async def _stream_call(
         try:
             deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
             initial = await call.initial_metadata()
-            ctx.first_byte_at = time.monotonic()
+            ctx.first_byte_at = now = time.monotonic()
+            ctx.try_first_byte(now)
             if initial:
                 await context.send_initial_metadata(tuple(initial))
             # Backpressure: the next upstream message is read only once the previous one was
@@ -343,6 +360,7 @@ async def _stream_call(
                     break
                 assert isinstance(msg, bytes)
                 ctx.bytes_out += len(msg)
+                ctx.stream_event(time.monotonic())
                 deadlines.tighten(task, t.idle_s, STALL, call.cancel)
                 await context.write(msg)
                 if deadlines.expired(task) == STALL:
@@ -382,8 +400,11 @@ async def _stream_call(
             pump.cancel()
         if call is not None and not call.done():
             call.cancel()  # client gone or we failed: the upstream must stop at once
+        _end_try(ctx)
         try:
-            await gw.finish(active, ctx)
+            pending = gw.finish(active, ctx)
+            if pending is not None:
+                await pending
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 

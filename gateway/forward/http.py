@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from gateway.core import body as bodies
@@ -94,7 +95,9 @@ class HttpForward:
                 ex.abort()
         finally:
             try:
-                await gw.finish(snap, ctx)
+                pending = gw.finish(snap, ctx)
+                if pending is not None:
+                    await pending
             finally:
                 gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -112,7 +115,8 @@ class HttpForward:
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
         chain = snap.chain
-        if await chain.on_request(ctx) is Status.STOP:
+        status = chain.on_request_plain(ctx) if chain.sync_request else await chain.on_request(ctx)
+        if status is Status.STOP:
             return ctx.verdict
         if ctx.route is None or ctx.endpoint is None:
             return NO_ROUTE
@@ -164,9 +168,10 @@ class HttpForward:
                 path = route.upstream_path(info.path)
                 if ex.query:
                     path += "?" + ex.query
+                # begin_try counts the attempt and, when tracing, aims traceparent at this try.
+                ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
                 headers = request_headers(ex.raw_headers, ctx, endpoint)
                 if streamed:  # a streamed body cannot be sent twice: one try
-                    ctx.attempts += 1
                     pool.upload_started(endpoint)
                     try:
                         up = await pool.request(
@@ -182,7 +187,8 @@ class HttpForward:
                         pool.upload_done(endpoint)
                 else:
                     assert body is None or isinstance(body, bytes)
-                    up = await self._tries(ctx, info.method, path, headers, body, timeouts)
+                    up = await self._tries(ctx, ex, info.method, path, headers, body, timeouts)
+                ctx.try_first_byte(time.monotonic(), up.status)
             except BodyTooLarge:
                 await self._reject(ex, ctx, BODY_TOO_LARGE)
                 return
@@ -204,10 +210,12 @@ class HttpForward:
             await self._expired(ex, ctx, kind)
         finally:
             deadlines.stop(task)
+            ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
 
     async def _tries(
         self,
         ctx: RequestContext,
+        ex: Exchange,
         method: str,
         path: str,
         headers: list[tuple[bytes, bytes]],
@@ -218,19 +226,16 @@ class HttpForward:
         (`gateway.filters.routing.pick_retry`: a connection that could not be had, or a 503
         before any byte reached the client; within the attempts and the route's retry budget,
         on another member). Each try's connect and first-byte timeouts are capped by the
-        route's `retries.per_try_timeout_s`."""
+        route's `retries.per_try_timeout_s`. The first try was begun by the caller."""
         pool = self.gateway.http_pool
         route = ctx.route
-        assert route is not None
+        assert route is not None and ctx.endpoint is not None
         if route.retries is None:
-            ctx.attempts += 1
-            assert ctx.endpoint is not None
             return await pool.request(ctx.endpoint, method, path, headers, body, timeouts)
         per_try = route.try_timeouts or timeouts
         while True:
             endpoint = ctx.endpoint
             assert endpoint is not None
-            ctx.attempts += 1
             try:
                 up = await pool.request(endpoint, method, path, headers, body, per_try)
             except UpstreamError as e:
@@ -240,21 +245,25 @@ class HttpForward:
                 )
                 ctx.outcome = Outcome.UPSTREAM_CONNECT if never_sent else f.outcome
                 ctx.detail = str(e)[:200]
+                ctx.end_try(time.monotonic(), 0, ctx.outcome.value)
                 nxt = pick_retry(ctx)
                 if nxt is None:
                     raise
                 metrics.UPSTREAM_ERRORS.labels(endpoint.backend, f.kind).inc()
-                headers[0] = (b"host", nxt.address.encode())
-                continue
-            if up.status == 503:
+            else:
+                if up.status != 503:
+                    return up
+                now = time.monotonic()
+                ctx.try_first_byte(now, 503)
+                ctx.end_try(now, 503, Outcome.UPSTREAM_ERROR.value)
                 ctx.http_status = 503
                 ctx.outcome = Outcome.UPSTREAM_ERROR
                 nxt = pick_retry(ctx)
-                if nxt is not None:
-                    up.discard()
-                    headers[0] = (b"host", nxt.address.encode())
-                    continue
-            return up
+                if nxt is None:
+                    return up  # passed on as the backend sent it
+                up.discard()
+            ctx.begin_try(nxt.backend, nxt.address, time.monotonic())
+            headers = request_headers(ex.raw_headers, ctx, nxt)
 
     def _body_phase(
         self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None

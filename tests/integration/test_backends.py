@@ -72,7 +72,8 @@ routes:
             assert all(n > 0 for n in before)  # all three take traffic
             killed_at = time.monotonic()
             sims[0].kill()
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(0.5)
+            await wait_until(lambda: load.ok(since=killed_at + 0.2) >= 30, 30)
         failed = load.failures()
         # Only requests in flight to the dead member fail (at most one per client), and only
         # because they were sent already: connect failures after the death were retried.
@@ -81,7 +82,7 @@ routes:
         assert all(a.start < killed_at + 0.05 for a in failed), failed
         after = load.ok(since=killed_at + 0.2)
         moved = sum(s.served() for s in sims[1:]) - sum(before[1:])
-        assert after > 50 and moved >= after  # its share went to the others
+        assert after >= 30 and moved >= after  # its share went to the others
         assert gw.member("pool", sims[0].address)["breaker"]["state"] == "open"
         assert 'sluice_retries_total{result="attempted",route="chat"}' in gw.metrics()
     finally:
@@ -194,11 +195,11 @@ routes:
                     lambda: "unanswered" in gw.member("pool", bad.address)["breaker"]
                     .get("last_change", ""), 5)  # fmt: skip
                 await asyncio.sleep(1.5)  # several open/half-open rounds while probes hang
+                await wait_until(lambda: load_more.ok() >= 20, 30)
             rounds = gw.member("pool", bad.address)["breaker"]["reopens"]
             served = bad.served()
             # every half-open round admits 2 probes, no more, however many clients wait
             assert 1 <= served <= 2 * rounds, (served, rounds)
-            assert load_more.ok() > 20  # the good member carried the traffic meanwhile
             bad.knobs(failure="none")
             await wait_until(
                 lambda: gw.member("pool", bad.address)["breaker"]["state"] == "closed", 10
@@ -229,14 +230,13 @@ routes:
         async with Load(gw.url, workers=4) as load:
             await wait_until(lambda: gw.backends()["routes"]["chat"]["canary"]["tripped"], 15)
             tripped_at = time.monotonic()
-            await asyncio.sleep(1.0)
+            await wait_until(lambda: load.ok(since=tripped_at + 0.1) >= 20, 30)
         state = gw.backends()["routes"]["chat"]
         assert state["weights"] == {"vllm": 80.0, "vllm-canary": 0.0}
         assert "error ratio" in state["canary"]["reason"]
         # every failure the clients saw came from the canary; stable answered everything
         assert len(load.failures()) == canary.stats()["failed"] > 0
         assert s1.stats()["failed"] == s2.stats()["failed"] == 0
-        assert load.ok(since=tripped_at + 0.1) > 20
         assert not load.failures(since=tripped_at + 0.1)
         assert 'sluice_canary_guarded{backend="vllm-canary",route="chat"} 1.0' in gw.metrics()
         # the override header still reaches the guarded canary (an explicit opt-in)
@@ -274,11 +274,10 @@ routes:
             killed_at = time.monotonic()
             sims[0].kill()
             sims[1].kill()
-            await asyncio.sleep(1.5)
-        assert load.ok(since=killed_at + 0.3) > 20
+            await wait_until(lambda: load.ok(since=killed_at + 0.3) >= 20, 30)
         assert not load.failures(since=killed_at + 0.3)
         assert len(load.failures()) <= 4  # only requests in flight to the dead members
-        assert sims[2].served() > 20
+        assert sims[2].served() >= 20
         levels = gw.backends()["backends"]["pool"]["levels"]
         assert [lv["priority"] for lv in levels] == [1]
     finally:
@@ -322,13 +321,13 @@ routes:
                 old = gw.version()
                 rewrite(gw, body(idle))
                 await wait_until(lambda old=old: gw.version() != old, 10)  # type: ignore[misc]
-            await asyncio.sleep(0.5)
+            await wait_until(lambda: load.ok(since=started) >= 20, 30)
         b = gw.member("pool", broken.address)
         h = gw.member("pool", sick.address)
         assert b["breaker"]["state"] == "open" and b["breaker"]["reopens"] == 1
         assert b["breaker"]["open_for_s"] < open_for  # the same open period, not a new one
         assert h["health"]["healthy"] is False
         assert broken.served() == 0 and sick.served() == 0  # kept out across the reloads
-        assert load.ok(since=started) > 20 and not load.failures(since=started)
+        assert not load.failures(since=started)
     finally:
         gw.stop()

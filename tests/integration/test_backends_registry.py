@@ -78,6 +78,7 @@ routes:
             mark = time.monotonic()
             await asyncio.sleep(TTL + 0.5)  # longer than the TTL: nothing judged stale meanwhile
             assert rotation() == {sims[0].address, sims[2].address}
+            await wait_until(lambda: load.ok(since=mark) >= 10, 30)
         assert not load.failures()  # the agent's death never reached a client
         assert load.ok(since=mark) > 10
         assert load.ok(since=t0) > 0
