@@ -102,7 +102,7 @@ class Member:
             "weight": self.weight,
             "priority": self.priority,
             "in_flight": self.in_flight,
-            "load": self.load,
+            "load": round(self.load / 100.0, 3),  # heartbeat load as a fraction (status page)
             "requests": self.requests,
             "failures": self.failures,
             "timeouts": self.timeouts,
