@@ -31,6 +31,9 @@ backends:
   - name: sim-http
     protocol: http
     endpoints: [{{address: "127.0.0.1:{mock}"}}, {{address: "127.0.0.1:{spare}"}}]
+    breaker: {{}}
+    outlier: {{}}
+    health: {{interval_s: 60}}
 routes:
   - name: all
     match: {{protocol: http}}
@@ -71,26 +74,21 @@ class RateLimit:
         }
 
 
-class Health:
-    """Member state as the backends owner gives it today: a dict keyed by backend name, and
-    the health, breaker and outlier detectors' own snapshots per member."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-
-    def state(self) -> dict[str, Any]:
-        member = {
-            "address": self.address,
-            "load": 0.9,
-            "in_flight": 3,
-            "breaker": {"state": "open", "window": {"requests": 20, "failures": 11}},
-            "outlier": {"ejections": 1, "ejected_for_s": 12.5},
-            "health": {"healthy": False, "last_error": "connection refused"},
-        }
-        return {
-            "backends": {"sim-http": {"members": [member], "available": True}},
-            "routes": {"all": {"weights": {"sim-http": 1.0}}},
-        }
+def break_member(srv: Server, address: str) -> None:
+    """The real backends owner (gateway.registry.pool): one member's breaker open, ejected as
+    an outlier and failing its health checks, as real failures would leave it."""
+    pool = srv.gateway.services.peek("backends")
+    st = pool.backends["sim-http"]
+    m = st.members[address]
+    now = pool.clock.now()
+    for _ in range(5):
+        m.breaker.record(m.breaker.allow(now), now, True, False)
+    m.outlier.eject(now)
+    for _ in range(3):
+        m.health.observe(False, "connection refused")
+    m.load = 90.0  # its heartbeat said 90 % (shown as such)
+    m.in_flight = 3  # requests still held by it
+    st.invalidate()
 
 
 class Rollout:
@@ -107,7 +105,7 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, int, str]]:
     await srv.start()
     spare = f"127.0.0.1:{ports['spare']}"
     srv.gateway.services.get("limits", Limits)
-    srv.gateway.services.get("backends", lambda: Health(spare))
+    break_member(srv, spare)
     srv.gateway.services.get("rollout", Rollout)
     srv.gateway.services.get("ratelimit", RateLimit)
     try:
