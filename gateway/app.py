@@ -15,6 +15,7 @@ from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.holder import PolicyHolder
+from gateway.policy.traffic import TrafficBook
 from gateway.services import Services
 from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
@@ -22,6 +23,8 @@ from gateway.telemetry import metrics
 if TYPE_CHECKING:
     from gateway.adapters.channels import ChannelPool
     from gateway.adapters.pool import UpstreamPool
+    from gateway.core.request import RequestInfo
+    from gateway.policy.rollout import ShadowHook
 
 
 class InFlight:
@@ -58,8 +61,14 @@ class Gateway:
     def __init__(self, policy_path: Path, services: Services | None = None) -> None:
         self.services = services if services is not None else Services()
         self.holder: PolicyHolder[Snapshot] = PolicyHolder(policy_path, self._build)
+        self.traffic = self.services.get("traffic", TrafficBook)
+        self.holder.traffic = self.traffic.snapshot
+        self.holder.shadow_hooks = _shadow_hooks
+        self._live: list[Snapshot] = []  # snapshots whose chain was activated (the last few)
         self.holder.on_swap(self._activate)
-        self.holder.active.chain.activate()
+        self.holder.on_candidate(self._activate_once)
+        self._activate_once(self.holder.active)
+        self.traffic.configure(self.holder.compiled)
         self.inflight = InFlight()
         self.ready = False
         self.draining = False
@@ -70,11 +79,31 @@ class Gateway:
         return Snapshot(policy, build_chain(policy, self.services))
 
     def _activate(self) -> None:
-        self.holder.active.chain.activate()
+        self._activate_once(self.holder.active)
+        self.traffic.configure(self.holder.compiled)
+
+    def _activate_once(self, snap: Snapshot) -> None:
+        """`activate()` each chain once, when it first takes requests (a rollout's candidate
+        goes live before it becomes the stable policy)."""
+        if any(s is snap for s in self._live):
+            return
+        snap.chain.activate()
+        self._live = [*self._live[-3:], snap]
 
     @property
     def active(self) -> Snapshot:
+        """The stable snapshot. Per request use `snapshot_for`, which knows about rollouts."""
         return self.holder.active
+
+    def snapshot_for(self, info: RequestInfo) -> Snapshot:
+        """The snapshot a new request is served by, chosen once at arrival: the stable one, or
+        during a staged rollout the side `RolloutController.choose` picks (by a hash of the
+        request's x-request-id; see gateway/policy/rollout.py)."""
+        holder = self.holder
+        ro = holder.rollout
+        if ro is None:
+            return holder.active
+        return ro.choose(info)
 
     @property
     def http_pool(self) -> UpstreamPool:
@@ -96,6 +125,10 @@ class Gateway:
         """Run on_response (reverse order) and record the request's metrics. Never raises."""
         await active.chain.on_response(ctx)
         metrics.record_request(ctx)
+        self.traffic.record(ctx)
+        ro = self.holder.rollout
+        if ro is not None:
+            ro.record(active, ctx)
 
     async def aclose(self) -> None:
         if self._http_pool is not None:
@@ -103,3 +136,8 @@ class Gateway:
         if self._channels is not None:
             await self._channels.aclose()
         await self.services.aclose()
+
+
+def _shadow_hooks(snap: Snapshot) -> list[ShadowHook]:
+    """The `shadow_request` hooks of a chain's filters (see gateway/policy/rollout.py)."""
+    return [f.shadow_request for f in snap.chain.filters if hasattr(f, "shadow_request")]

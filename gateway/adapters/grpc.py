@@ -162,11 +162,12 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return handler
 
 
-def _begin(active: Active, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+def _begin(gw: Gateway, method: str, context: Context) -> tuple[Active, RequestContext, Metadata]:
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
-    return RequestContext(info, active.policy), md
+    active = gw.snapshot_for(info)
+    return active, RequestContext(info, active.policy), md
 
 
 def _upstream(
@@ -192,8 +193,7 @@ def _upstream(
 # Module-level functions wrapped in functools.partial (not bound methods): grpc checks each
 # behaviour with inspect.iscoroutinefunction per call, which is cheap only for plain functions.
 async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context) -> bytes | None:
-    active = gw.active
-    ctx, md = _begin(active, method, context)
+    active, ctx, md = _begin(gw, method, context)
     ctx.bytes_in = len(request)
     gw.inflight.enter()
     try:
@@ -238,8 +238,7 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
 async def _stream_call(
     gw: Gateway, method: str, request_iterator: AsyncIterator[bytes], context: Context
 ) -> None:
-    active = gw.active
-    ctx, md = _begin(active, method, context)
+    active, ctx, md = _begin(gw, method, context)
     gw.inflight.enter()
     pump: asyncio.Task[None] | None = None
     call: grpc.aio.StreamStreamCall[bytes, bytes] | None = None

@@ -61,7 +61,6 @@ class H1Proxy:
 
     async def _serve(self, conn: H1Conn, req: Req) -> None:
         gateway = self.gateway
-        active = gateway.active
         raw = req.headers
         headers: dict[str, str] = {}
         for n, v in raw:  # repeated names: join them, as RFC 9110 §5.3 allows
@@ -74,6 +73,7 @@ class H1Proxy:
         info = RequestInfo(
             Protocol.HTTP, req.method, path, headers, conn.peer, headers.get("host", ""), cl
         )
+        active = gateway.snapshot_for(info)
         ctx = RequestContext(info, active.policy)
         gateway.inflight.enter()
         try:

@@ -97,7 +97,6 @@ class HttpProxy:
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         gateway = self.gateway
-        active = gateway.active
         raw = request.raw_headers
         headers = {k.lower(): v for k, v in request.headers.items()}
         if len(headers) != len(raw):  # repeated names: join them, as RFC 9110 §5.3 allows
@@ -119,6 +118,7 @@ class HttpProxy:
             headers.get("host", ""),
             cl,
         )
+        active = gateway.snapshot_for(info)
         ctx = RequestContext(info, active.policy)
         gateway.inflight.enter()
         try:
