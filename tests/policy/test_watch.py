@@ -43,7 +43,9 @@ async def test_poll_waits_for_the_signature_to_settle(tmp_path: Path) -> None:
         path.write_text(V2)
         assert w.poll(10.3) is None
         assert w.poll(10.5) is None  # stable for 0.2 s only
-        result = w.poll(10.7)  # stable for longer than 0.3 s
+        assert w.poll(10.7) is None  # stable for longer than 0.3 s: first read
+        assert w.poll(10.9) is None  # the second read waits a window after the first
+        result = w.poll(11.0)  # read again, the same bytes: reload what was read
         assert result is not None and result.ok and result.changed
         assert holder.reloads == 1
         assert w.poll(20.0) is None  # nothing new
@@ -159,7 +161,7 @@ async def test_watcher_survives_a_failing_poll(tmp_path: Path) -> None:
     class Exploding:
         path = holder.path
 
-        def reload(self):  # type: ignore[no-untyped-def]
+        def reload(self, text=None):  # type: ignore[no-untyped-def]
             nonlocal calls
             calls += 1
             raise RuntimeError("boom")
