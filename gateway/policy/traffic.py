@@ -3,9 +3,9 @@
 
 Requests are counted by *shape*: protocol, method, path, the values of the headers the running
 policy's routes match on, and the route and backend that served it. Per shape it keeps a count,
-a histogram of the time to the first response byte (the whole duration while the forwarding
-path does not set `ctx.first_byte_at`: an upper bound), one of the whole duration, and one of
-the request body size. That is what the guard needs to replay the traffic through a new policy:
+a histogram of the time to the first response byte (`ctx.first_byte_at`, set by the forwarding
+path; the whole duration for a request that never got one, an upper bound), one of the whole
+duration, and one of the request body size. That is what the guard needs to replay the traffic through a new policy:
 which route would match, whether that route has a usable endpoint, and how many requests a
 smaller body limit or a shorter timeout would refuse.
 
