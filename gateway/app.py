@@ -156,6 +156,8 @@ class Gateway:
         ro = self.holder.rollout
         if ro is not None:
             ro.record(snap, ctx)
+            if ro.urgent:  # a failure on the new policy: judge it at once
+                self.holder.tick()
 
     async def aclose(self) -> None:
         if self._http_pool is not None:

@@ -12,6 +12,11 @@ without sending anything:
   `timeouts.first_byte_s` and sooner than the old one's;
 - `total_timeout`: whole requests certainly longer than the new `total_s`, shorter than the old.
 
+Latencies are known only for requests a backend answered; the share of a request shape's
+answered requests that a timeout would cut is applied to all requests of that shape (whatever
+route served them: requests refused under an earlier policy still have a latency through the
+ones that were answered).
+
 A request counts only when the old policy served it and the new one would not ("newly
 refused"). Histogram buckets are read conservatively (only buckets entirely past a limit count),
 and a shape's requests are counted once, under its largest kind, so the share is a lower bound.
@@ -27,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.histogram import latency_between, quantile, size_between
+from gateway.core.histogram import latency_between, merge, quantile, size_between
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.model import Guard, Policy
 from gateway.policy.traffic import Shape, TrafficSnapshot
@@ -150,10 +155,40 @@ class _Decider:
         return "ok", route
 
 
+Latency = tuple[list[int], list[int]]  # (first byte, duration) histograms of a request shape
+
+
+def _latencies(traffic: TrafficSnapshot) -> dict[Any, Latency]:
+    out: dict[Any, Latency] = {}
+    for shape in traffic.shapes:
+        st = shape.stats
+        lat = out.get(shape.request_key)
+        if lat is None:
+            out[shape.request_key] = (list(st.first_byte), list(st.duration))
+        else:
+            merge(lat[0], st.first_byte)
+            merge(lat[1], st.duration)
+    return out
+
+
+def _scaled(count: int, hist: list[int], at_least: float, below: float) -> int:
+    """Of `count` requests, how many the answered ones in `hist` say a timeout would cut."""
+    answered = sum(hist)
+    if not answered:
+        return 0
+    return round(count * latency_between(hist, at_least, below) / answered)
+
+
 def _limit_counts(
-    shape: Shape, old: _Decider, new: _Decider, o: CompiledRoute, n: CompiledRoute
+    shape: Shape,
+    old: _Decider,
+    new: _Decider,
+    o: CompiledRoute,
+    n: CompiledRoute,
+    latency: Latency,
 ) -> dict[str, tuple[int, str]]:
     st = shape.stats
+    first_byte, duration = latency
     out: dict[str, tuple[int, str]] = {}
     if shape.protocol == "http":
         if new.max_body < old.max_body:
@@ -165,18 +200,18 @@ def _limit_counts(
                 )
         nf, of = n.timeouts.first_byte_s, o.timeouts.first_byte_s
         if nf < of:
-            k = latency_between(st.first_byte, nf, of)
+            k = _scaled(st.count, first_byte, nf, of)
             if k:
-                p50 = quantile(st.first_byte, 0.5) or 0.0
+                p50 = quantile(first_byte, 0.5) or 0.0
                 out["first_byte_timeout"] = (
                     k,
                     f"timeouts.first_byte_s {of:g} -> {nf:g}; observed first byte p50 {p50:.3f}s",
                 )
     nt, ot = n.timeouts.total_s, o.timeouts.total_s
     if nt < ot:
-        k = latency_between(st.duration, nt, ot)
+        k = _scaled(st.count, duration, nt, ot)
         if k:
-            p50 = quantile(st.duration, 0.5) or 0.0
+            p50 = quantile(duration, 0.5) or 0.0
             out["total_timeout"] = (
                 k,
                 f"timeouts.total_s {ot:g} -> {nt:g}; observed duration p50 {p50:.3f}s",
@@ -201,6 +236,7 @@ def check_change(
     groups: dict[tuple[str, str, str], list[Any]] = {}  # (kind, route, new route) -> [n, detail]
     affected = 0
     approximate = 0
+    latencies = _latencies(traffic)
     for shape in traffic.shapes:
         count = shape.stats.count
         o_kind, o_route = od.decide(shape)
@@ -214,7 +250,7 @@ def check_change(
             kinds = {n_kind: (count, _refusal_detail(n_kind, shape, n_route))}
         else:
             assert n_route is not None
-            kinds = _limit_counts(shape, od, nd, o_route, n_route)
+            kinds = _limit_counts(shape, od, nd, o_route, n_route, latencies[shape.request_key])
         if not kinds:
             continue
         affected += max(k for k, _ in kinds.values())

@@ -9,6 +9,10 @@ stepped by a prime, which spreads requests evenly across the share. The choice i
 arrival (`Gateway.snapshot_for`), and the request keeps that snapshot to its end, whatever the
 rollout does meanwhile.
 
+Stages are judged ~10 times a second by the server's ticker, and at once (at most every
+`URGENT_S`) when a request on the new policy fails, so a breach is called on the failure that
+makes it certain.
+
 Shadow stage: for every request (served by the old policy) both policies' decisions are
 computed without effect: the route that matches, whether it has a usable endpoint, the body
 limit against the declared Content-Length; plus, for any filter of either chain that defines a
@@ -39,6 +43,7 @@ ShadowHook = Callable[[RequestContext], Status]
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$").match  # as the request_id filter's
 _SPREAD = 7919  # prime, coprime with 10 000: the counter visits every basis point in turn
+URGENT_S = 0.01  # a failure on the new side is judged at once, at most this often
 
 
 def plan_of(spec: Rollout) -> core.Plan:
@@ -119,6 +124,8 @@ class RolloutController(Generic[A]):
         self.history: list[dict[str, Any]] = []
         self._n = 0
         self._reported = (0, 0)
+        self.urgent = False  # a failure of the new side waits to be judged
+        self._judged = 0.0  # time.monotonic() of the last judgement
         self._apply_share(now)
 
     # --- per request -------------------------------------------------------------------------
@@ -156,7 +163,10 @@ class RolloutController(Generic[A]):
             return  # started before this rollout
         grpc = ctx.info.protocol is Protocol.GRPC
         refused = ctx.outcome is Outcome.REJECTED
-        side.add(ctx.elapsed, core.is_failure(grpc, ctx.http_status, ctx.grpc_status, refused))
+        failed = core.is_failure(grpc, ctx.http_status, ctx.grpc_status, refused)
+        side.add(ctx.elapsed, failed)
+        if failed and side is self.new and time.monotonic() - self._judged >= URGENT_S:
+            self.urgent = True  # judge now, not at the next tick: a breach may be certain
 
     def _shadow(self, info: RequestInfo) -> None:
         old, old_reject = self._old_side.decide(info)
@@ -182,6 +192,8 @@ class RolloutController(Generic[A]):
         """Judge the current stage; returns the new state when it changed."""
         if self.state.terminal:
             return None
+        self.urgent = False
+        self._judged = time.monotonic()
         self._report_metrics()
         elapsed = now - self.state.stage_started
         if self.state.phase is core.Phase.SHADOW:

@@ -3,11 +3,14 @@
 
 Requests are counted by *shape*: protocol, method, path, the values of the headers the running
 policy's routes match on, and the route and backend that served it. Per shape it keeps a count,
-a histogram of the time to the first response byte (`ctx.first_byte_at`, set by the forwarding
-path; the whole duration for a request that never got one, an upper bound), one of the whole
-duration, and one of the request body size. That is what the guard needs to replay the traffic through a new policy:
-which route would match, whether that route has a usable endpoint, and how many requests a
-smaller body limit or a shorter timeout would refuse.
+a histogram of the request body size (the larger of the bytes read and the declared
+Content-Length, so a request refused before its body was read still counts its size), and, for
+requests that got an answer from a backend (`ctx.first_byte_at` set by the forwarding path),
+a histogram of the time to that first byte and one of the whole duration. A request Sluice
+refused, or whose backend never answered, tells nothing about the backend's latency: it is
+counted, its latency is not. That is what the guard needs to replay the traffic through a new
+policy: which route would match, whether that route has a usable endpoint, and how many
+requests a smaller body limit or a shorter timeout would refuse.
 
 Cost per request: a `time.monotonic()`, a tuple, a dict lookup and three list increments (see
 `tests/bench/bench_traffic.py`). Memory is bounded: `MAX_SHAPES` per one-minute bucket and
@@ -73,6 +76,11 @@ class Shape:
     route: str  # "" = no route matched under the policy of the time
     backend: str
     stats: ShapeStats
+
+    @property
+    def request_key(self) -> tuple[str, str, str, tuple[tuple[str, str | None], ...]]:
+        """What identifies the request itself, whichever route served it."""
+        return self.protocol, self.method, self.path, self.headers
 
     def info(self) -> RequestInfo:
         """A request of this shape, to replay through a policy's route matcher."""
@@ -168,11 +176,13 @@ class TrafficBook:
         if st is None:
             st = self._new_shape(key, ctx)
         st.count += 1
-        elapsed = now - ctx.started
         fb = ctx.first_byte_at
-        st.first_byte[latency_bucket(elapsed if fb is None else fb - ctx.started)] += 1
-        st.duration[latency_bucket(elapsed)] += 1
-        st.body[size_bucket(ctx.bytes_in)] += 1
+        if fb is not None:
+            st.first_byte[latency_bucket(fb - ctx.started)] += 1
+            st.duration[latency_bucket(now - ctx.started)] += 1
+        cl = info.content_length
+        n = ctx.bytes_in
+        st.body[size_bucket(cl if cl is not None and cl > n else n)] += 1
 
     @staticmethod
     def _header_values(

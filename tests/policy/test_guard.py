@@ -9,7 +9,7 @@ from gateway.core.clock import ManualClock
 from gateway.core.request import Protocol
 from gateway.policy.guard import check_change, static_warnings
 from gateway.policy.model import Guard
-from tests.policy.traffic_support import BASE, add, book_with, compiled
+from tests.policy.traffic_support import BASE, add, book_with, compiled, served
 
 ALL_WEIGHTS_0 = BASE.replace('"127.0.0.1:9000"}', '"127.0.0.1:9000", weight: 0}').replace(
     "weight: 2}", "weight: 0}"
@@ -116,3 +116,16 @@ def test_disabled_guard_reports_but_never_holds() -> None:
     old, snap = traffic()
     report = check_change(old, compiled(NO_ROUTES), snap, Guard(enabled=False))
     assert not report.held and report.share > 0.5
+
+
+def test_latency_of_answered_requests_applies_to_refused_ones_of_the_same_shape() -> None:
+    # Most of the window was refused in microseconds under an earlier (forced) policy with no
+    # route; the answered ones say how long a backend takes for this request.
+    old = compiled()
+    clock = ManualClock(0.0)
+    book = book_with(old, clock, 20, first_byte=0.02)
+    no_route = compiled(NO_ROUTES)
+    for _ in range(500):
+        book.record(served(no_route, answered=False, started=clock.t - 0.00002))
+    report = check_change(old, compiled(TINY_FIRST_BYTE), book.snapshot(), GUARD)
+    assert report.held and report.affected == 520, report.lines()

@@ -80,3 +80,14 @@ def test_json_round_trip() -> None:
     snap = book_with(p, clock, 7).snapshot()
     again = TrafficSnapshot.from_json(snap.as_json())
     assert again == snap
+
+
+def test_refused_requests_count_their_size_but_not_a_latency() -> None:
+    p = compiled()
+    clock = ManualClock(0.0)
+    book = book_with(p, clock, 0)
+    book.record(served(p, body=5000, answered=False))
+    st = book.snapshot().shapes[0].stats
+    assert st.count == 1
+    assert st.body[size_bucket(5000)] == 1  # from Content-Length: the body was never read
+    assert sum(st.first_byte) == sum(st.duration) == 0

@@ -41,6 +41,7 @@ def served(
     started: float = 0.0,
     headers: dict[str, str] | None = None,
     status: int = 200,
+    answered: bool = True,
 ) -> RequestContext:
     """A finished request as the forwarding path leaves it (route and endpoint from `policy`)."""
     info = RequestInfo(protocol, "POST", path, headers or {}, "127.0.0.1:5555", "", body)
@@ -48,8 +49,8 @@ def served(
     ctx.started = started
     ctx.route = policy.match(info)
     ctx.endpoint = ctx.route.pick() if ctx.route is not None else None
-    ctx.bytes_in = body
-    ctx.first_byte_at = started + first_byte
+    ctx.bytes_in = body if answered else 0  # a refused request's body is never read
+    ctx.first_byte_at = started + first_byte if answered else None
     ctx.http_status = status
     ctx.grpc_status = 0 if protocol is Protocol.GRPC else None
     return ctx
