@@ -348,6 +348,7 @@ class Rollout(_Model):
     stages: list[RolloutStage] = Field(
         default_factory=_default_stages,
         min_length=1,
+        max_length=16,
         description="`shadow` (decisions computed and counted, no effect) then growing "
         "percentages of requests (by a hash of the request id) served by the new policy",
         examples=[["shadow", 5, 25, 100], [10, 100]],

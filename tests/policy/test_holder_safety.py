@@ -192,3 +192,42 @@ def test_force_true_in_the_file(tmp_path: Path) -> None:
     holder.traffic = book_with(holder.compiled, clock, 50).snapshot
     path.write_text(NO_ROUTES + "force: true\n")
     assert holder.reload().changed
+
+
+def test_shadow_stage_catches_a_bad_route_change_before_any_request_is_served(
+    tmp_path: Path,
+) -> None:
+    holder, path, clock = make(tmp_path)
+    old = holder.version
+    # /v1/ requests would find no route (the guard would hold it; here it has no traffic).
+    path.write_text(BASE.replace("path_prefix: /v1/", "path_prefix: /v2/") + FAST)
+    assert holder.reload().rollout
+    drive(holder, clock, 100, new_fails=False)
+    st = holder.rollout_status()
+    assert st is not None and st["phase"] == "rolled_back" and st["stage"] == "shadow", st
+    assert st["stopped"]["new_requests_served"] == 0
+    shadow = st["history"][0]["shadow"]
+    assert shadow["changes"][0] == {"old": "route:openai", "new": "no_route", "requests": 1}
+    assert holder.version == old
+
+
+def test_filters_can_take_part_in_the_shadow_stage(tmp_path: Path) -> None:
+    from gateway.core.verdict import reject
+    from gateway.filters.base import RequestContext, Status
+
+    holder, path, clock = make(tmp_path)
+    calls: list[str] = []
+
+    def deny_all(ctx: RequestContext) -> Status:  # decides, takes nothing: no side effect
+        calls.append(ctx.policy.version)
+        return ctx.stop(reject(401, 16, "unauthenticated", "no token"))
+
+    old = holder.version
+    holder.shadow_hooks = lambda snap: [deny_all] if snap.version != old else []
+    path.write_text(MOVED + FAST)
+    holder.reload()
+    drive(holder, clock, 50, new_fails=False)
+    st = holder.rollout_status()
+    assert st is not None and st["phase"] == "rolled_back" and st["stage"] == "shadow"
+    assert st["history"][0]["shadow"]["changes"][0]["new"] == "unauthenticated"
+    assert calls and set(calls) == {st["to_version"]}  # only the new policy's hook ran

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gateway.core.clock import ManualClock
 from gateway.core.histogram import latency_bucket, size_bucket
 from gateway.core.request import Protocol
@@ -91,3 +93,19 @@ def test_refused_requests_count_their_size_but_not_a_latency() -> None:
     assert st.count == 1
     assert st.body[size_bucket(5000)] == 1  # from Content-Length: the body was never read
     assert sum(st.first_byte) == sum(st.duration) == 0
+
+
+def test_the_book_outlives_a_reload(tmp_path: Path) -> None:
+    from gateway.app import Gateway
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(BASE)
+    gw = Gateway(path)
+    book = gw.traffic
+    for _ in range(5):
+        book.record(served(gw.active.policy))
+    path.write_text(BASE.replace("9001", "9002"))
+    assert gw.holder.reload().changed
+    assert gw.traffic is book is gw.services.get("traffic", lambda: None)
+    assert book.snapshot().total == 5
+    assert gw.services.state()["traffic"]["requests"] == 5
