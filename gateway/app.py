@@ -17,7 +17,7 @@ from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder
+from gateway.policy.holder import PolicyHolder, RolloutView
 from gateway.policy.traffic import TrafficBook
 from gateway.services import Services
 from gateway.snapshot import Snapshot
@@ -67,6 +67,7 @@ class Gateway:
         self.holder: PolicyHolder[Snapshot] = PolicyHolder(policy_path, self._build)
         self.traffic = self.services.get("traffic", TrafficBook)
         self.holder.traffic = self.traffic.snapshot
+        self.services.get("rollout", lambda: RolloutView(self.holder))  # /admin/state section
         self.holder.shadow_hooks = _shadow_hooks
         self._live: list[Snapshot] = []  # snapshots whose chain was activated (the last few)
         self.holder.on_swap(self._activate)

@@ -97,6 +97,7 @@ class PolicyHolder(Generic[A]):
         self.held: dict[str, Any] | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
         self._rolled_back: dict[str, str] = {}  # version -> why its rollout was rolled back
+        self.rollback_unresolved = False  # rolled back, and the file still holds that change
         metrics.POLICY_INFO.labels(compiled.version).set(1)
         metrics.POLICY_LAST_RELOAD_OK.set(1)
         metrics.POLICY_HELD.set(0)
@@ -170,6 +171,7 @@ class PolicyHolder(Generic[A]):
             if ro is not None:
                 self._end_rollout(core.Event.ABORT, "the file is back to the serving version")
             self._clear_held()
+            self.rollback_unresolved = False
             metrics.POLICY_RELOADS.labels("unchanged").inc()
             return ReloadResult(True, False, self.version)
         if ro is not None and compiled.version == ro.to_version:
@@ -196,6 +198,7 @@ class PolicyHolder(Generic[A]):
         if ro is not None:
             self._end_rollout(core.Event.ABORT, f"superseded by version {compiled.version}")
         self._clear_held()
+        self.rollback_unresolved = False
         if spec is None:
             self._swap(built, compiled)
             metrics.POLICY_RELOADS.labels("ok").inc()
@@ -359,6 +362,7 @@ class PolicyHolder(Generic[A]):
             if len(self._rolled_back) >= MAX_REMEMBERED_ROLLBACKS:
                 self._rolled_back.pop(next(iter(self._rolled_back)))
             self._rolled_back[ro.to_version] = state.reason
+            self.rollback_unresolved = True
             metrics.POLICY_ROLLOUTS.labels("rolled_back").inc()
             log.warning(
                 "policy rollout %s ROLLED BACK at stage %s: %s; the new policy served %d "
@@ -406,3 +410,45 @@ class PolicyHolder(Generic[A]):
             "rollout": self.rollout_status(),
             "events": list(self.events),
         }
+
+
+class RolloutView:
+    """The `rollout` section of `/admin/state` (a services owner over the holder): the stage of
+    a running rollout and its comparison, a held change, how the last rollout ended. Yellow
+    while a change is held or after a rollback (the file on disk is not what serves)."""
+
+    def __init__(self, holder: PolicyHolder[Any]) -> None:
+        self._holder = holder
+
+    def state(self) -> dict[str, Any]:
+        h = self._holder
+        ro = h.rollout
+        out: dict[str, Any] = {
+            "colour": "green",
+            "version": h.version,
+            "stage": "",
+            "candidate": "",
+        }
+        if ro is not None:
+            st = ro.status(h.clock())
+            out.update(
+                stage=st["stage"],
+                candidate=st["to_version"],
+                share_percent=st["share_percent"],
+                stage_elapsed_s=st["stage_elapsed_s"],
+                waiting=st["waiting"],
+                requests=st["requests"],
+                **st.get("comparison", {}),
+            )
+        elif h.last_rollout is not None:
+            last = h.last_rollout
+            out["last"] = (
+                f"{last['to_version']} {last['phase']} at {last['stage']}: "
+                + (last["stopped"]["reason"])
+            )
+            if h.rollback_unresolved:
+                out["colour"] = "yellow"
+        if h.held is not None:
+            out["colour"] = "yellow"
+            out["held"] = f"{h.held['version']}: {h.held['reason']}"
+        return out

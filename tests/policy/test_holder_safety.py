@@ -231,3 +231,22 @@ def test_filters_can_take_part_in_the_shadow_stage(tmp_path: Path) -> None:
     assert st is not None and st["phase"] == "rolled_back" and st["stage"] == "shadow"
     assert st["history"][0]["shadow"]["changes"][0]["new"] == "unauthenticated"
     assert calls and set(calls) == {st["to_version"]}  # only the new policy's hook ran
+
+
+def test_the_status_section_says_what_needs_attention(tmp_path: Path) -> None:
+    from gateway.policy.holder import RolloutView
+
+    holder, path, clock = make(tmp_path)
+    view = RolloutView(holder)
+    assert view.state() == {"colour": "green", "version": holder.version, "stage": "",
+                            "candidate": ""}  # fmt: skip
+    path.write_text(MOVED + FAST)
+    holder.reload()
+    st = view.state()
+    assert st["stage"] == "shadow" and st["candidate"] and st["colour"] == "green"
+    drive(holder, clock, 300, new_fails=True)
+    st = view.state()
+    assert st["colour"] == "yellow" and "rolled_back at 10%" in st["last"]
+    path.write_text(BASE)  # the file is put back: nothing left to look at
+    holder.reload()
+    assert view.state()["colour"] == "green"
