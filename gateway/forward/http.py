@@ -282,7 +282,9 @@ class HttpForward:
         body = error_body(error_type or "error", message)
         lines = response_lines(ctx, retry_after, extra)
         ctx.bytes_out = len(body)
-        await ex.respond(status, lines, body, False, close or self.gateway.draining)
+        if close or self.gateway.draining:
+            ex.close_after = True
+        await ex.respond(status, lines, body, False)
 
 
 def _is_json(ctx: RequestContext) -> bool:
