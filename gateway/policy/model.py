@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.policy.auth import Auth, RouteAuthSetting, auth_reference_errors
+
 Loc = tuple[str | int, ...]
 
 HostPort = Annotated[
@@ -195,6 +197,11 @@ class Route(_Model):
     strip_prefix: str = Field(
         default="", description="removed from the HTTP path before forwarding"
     )
+    auth: RouteAuthSetting | None = Field(
+        default=None,
+        description="required | optional | off, or {required, claims, providers}; "
+        "null = `auth.default`",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> Route:
@@ -289,8 +296,8 @@ class Datapath(_Model):
     )
 
 
-FilterName = Literal["request_id", "access_log", "route"]
-DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "route")
+FilterName = Literal["request_id", "access_log", "auth", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "auth", "route")
 
 
 class Policy(_Model):
@@ -307,6 +314,7 @@ class Policy(_Model):
     access_log: AccessLog = Field(default_factory=AccessLog, description="structured access log")
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
+    auth: Auth | None = Field(default=None, description="JWT authentication (null = off)")
 
     @field_validator("filters")
     @classmethod
@@ -381,4 +389,5 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+    errors += auth_reference_errors(p)
     return errors
