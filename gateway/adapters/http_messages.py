@@ -82,7 +82,8 @@ def upstream_headers(
     out.append((b"x-forwarded-for", xff + b", " + peer if xff else peer))
     out.append((b"x-forwarded-proto", b"http"))
     for name, value in extra.items():
-        out.append((name.encode("latin-1"), value.encode("latin-1")))
+        if value:  # "" = only drop the client's copy (see RequestContext.upstream_headers)
+            out.append((name.encode("latin-1"), value.encode("latin-1")))
     return out
 
 

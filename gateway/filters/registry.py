@@ -29,6 +29,10 @@ FILTERS: dict[str, FilterSpec] = {
     "request_id": FilterSpec("gateway.filters.request_id:build", lambda c: None),
     "access_log": FilterSpec("gateway.filters.access_log:build", lambda c: c.policy.access_log),
     "route": FilterSpec("gateway.filters.routing:build", lambda c: c),
+    # auth reads the routes' own `auth` settings too: its section is the compiled policy.
+    "auth": FilterSpec(
+        "gateway.filters.auth:build", lambda c: c if c.policy.auth is not None else None
+    ),
 }
 
 
