@@ -17,24 +17,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
 
-from gateway.core.outcome import OUTCOME_OF, Outcome
+from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
-from gateway.filters.base import RequestContext, Status
+from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
+from gateway.forward.failures import grpc_outcome
+from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
     from gateway.policy.compiled import CompiledPolicy, Endpoint
     from gateway.policy.model import Limits
-    from gateway.snapshot import Snapshot as Active
 
 log = logging.getLogger("sluice.grpc")
 
@@ -57,10 +57,11 @@ MAX_CACHED_HANDLERS = 4096  # method names come from clients: bound what we reme
 DISCOVERY_TIMEOUT_S = 2.0
 MAX_DETAILS = 4096  # characters of an upstream status message passed to the client
 
-_UPSTREAM_ERROR = {
-    grpc.StatusCode.UNAVAILABLE: "upstream_unavailable",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "upstream_timeout",
-    grpc.StatusCode.CANCELLED: "upstream_cancelled",
+# sluice_upstream_errors_total{kind} for upstream call statuses (the failure table's kinds).
+_UPSTREAM_KIND = {
+    grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+    grpc.StatusCode.CANCELLED: "cancelled",
 }
 
 
@@ -97,20 +98,27 @@ def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, detail
 
 
 def _reject(ctx: RequestContext, context: Context) -> None:
+    """Answer the chain's verdict: its code and reason, Retry-After and the verdict's headers
+    as trailing metadata."""
     verdict = ctx.verdict
+    ctx.outcome = Outcome.REJECTED
+    trailing = list(verdict.headers)
     if verdict.retry_after is not None:
-        context.set_trailing_metadata((("retry-after", str(math.ceil(verdict.retry_after))),))
+        trailing.append(("retry-after", retry_after_value(verdict.retry_after)))
+    trailing.extend(ctx.response_headers)
+    if trailing:
+        context.set_trailing_metadata(tuple(trailing))
     _status(ctx, context, CODES.get(verdict.grpc_status, grpc.StatusCode.UNKNOWN), verdict.reason)
 
 
 def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
+    """The upstream call ended with a status: passed to the client as the backend sent it
+    (details capped); the outcome comes from the one failure table."""
     code = e.code()
-    kind = _UPSTREAM_ERROR.get(code, "")
-    ctx.outcome = Outcome.UPSTREAM_ERROR
-    if kind:
-        ctx.outcome = OUTCOME_OF[kind]
-        if ctx.endpoint is not None:
-            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind[9:]).inc()
+    ctx.outcome = grpc_outcome(code.value[0])
+    kind = _UPSTREAM_KIND.get(code)
+    if kind is not None and ctx.endpoint is not None:
+        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()
     if trailing:
         context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
@@ -162,7 +170,7 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return handler
 
 
-def _begin(active: Active, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
     if len(headers) != len(md):  # repeated keys (or -bin values): join repeats as HTTP does,
@@ -171,7 +179,24 @@ def _begin(active: Active, method: str, context: Context) -> tuple[RequestContex
             if type(v) is str:
                 headers[k] = v if k not in headers else headers[k] + ", " + v
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
-    return RequestContext(info, active.policy), md
+    return RequestContext(info, gw.active.policy), md
+
+
+def _trailers(chain: Any, ctx: RequestContext, context: Context, trailing: Any) -> bool:
+    """The upstream's trailing metadata to the client (plus the filters' response headers);
+    the chain's TRAILERS event first. False: a filter ended the call (its verdict is set)."""
+    md = tuple(trailing or ())
+    if chain.has_events:
+        text = tuple((k, v) for k, v in md if isinstance(v, str))
+        if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
+            _reject(ctx, context)
+            ctx.outcome = Outcome.STREAM_CUT
+            return False
+    if ctx.response_headers:
+        md = md + tuple(ctx.response_headers)
+    if md:
+        context.set_trailing_metadata(md)
+    return True
 
 
 def _upstream(
@@ -197,8 +222,9 @@ def _upstream(
 # Module-level functions wrapped in functools.partial (not bound methods): grpc checks each
 # behaviour with inspect.iscoroutinefunction per call, which is cheap only for plain functions.
 async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context) -> bytes | None:
-    active = gw.active
-    ctx, md = _begin(active, method, context)
+    ctx, md = _begin(gw, method, context)
+    active = gw.snapshot_for(ctx.info)
+    ctx.policy = active.policy
     ctx.bytes_in = len(request)
     gw.inflight.enter()
     try:
@@ -220,9 +246,8 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
         initial = await call.initial_metadata()
         if initial:
             await context.send_initial_metadata(tuple(initial))
-        trailing = await call.trailing_metadata()
-        if trailing:
-            context.set_trailing_metadata(tuple(trailing))
+        if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
+            return None
         ctx.grpc_status = GRPC_OK
         ctx.bytes_out = len(response)
         return response
@@ -243,8 +268,9 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
 async def _stream_call(
     gw: Gateway, method: str, request_iterator: AsyncIterator[bytes], context: Context
 ) -> None:
-    active = gw.active
-    ctx, md = _begin(active, method, context)
+    ctx, md = _begin(gw, method, context)
+    active = gw.snapshot_for(ctx.info)
+    ctx.policy = active.policy
     gw.inflight.enter()
     pump: asyncio.Task[None] | None = None
     call: grpc.aio.StreamStreamCall[bytes, bytes] | None = None
@@ -272,12 +298,12 @@ async def _stream_call(
         except grpc.aio.AioRpcError as e:
             _upstream_failed(ctx, context, e)
             return
-        trailing = await call.trailing_metadata()
-        if trailing:
-            context.set_trailing_metadata(tuple(trailing))
+        if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
+            return
         if code is grpc.StatusCode.OK:
             ctx.grpc_status = GRPC_OK
         else:
+            ctx.outcome = grpc_outcome(code.value[0])
             _status(ctx, context, code, await call.details())
     except asyncio.CancelledError:
         if ctx.grpc_status is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gateway.adapters.upstream_conn import LOW_WATER, Stale, UpstreamConn
 from gateway.errors import UpstreamProtocolError
+from gateway.upstream.conn import LOW_WATER, Stale, UpstreamConn
 
 
 class UpstreamResponse:

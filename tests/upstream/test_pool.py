@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from gateway.adapters.pool import HIGH_WATER, UpstreamPool
+from gateway.upstream.pool import HIGH_WATER, UpstreamPool
 from gateway.app import Gateway
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from gateway.policy.compiled import Endpoint
