@@ -206,6 +206,8 @@ class AuthFilter:
         k = ks.find(insp.kid, insp.alg, p.algorithms) if ks is not None else None
         if k is not None:
             return self._verifier.finish(token, insp, k)
+        if ks is not None and insp.kid in ks.by_kid:  # known key, another algorithm: no refetch
+            return Failure(jc.BAD_HEADER, p.name)
         task = src.fetch_to_wait_for()
         if task is None:
             return Failure(jc.NO_KEYS if ks is None else jc.UNKNOWN_KID, p.name)
