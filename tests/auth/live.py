@@ -40,6 +40,7 @@ def policy(
     engine: str = "aiohttp",
     cache_s: float = 600,
     cooldown_s: float = 30,
+    timeout_s: float = 2,
     extra_route: str = "",
 ) -> str:
     routes = [
@@ -99,7 +100,7 @@ auth:
         url: "{jwks_url}"
         cache_s: {cache_s}
         unknown_kid_cooldown_s: {cooldown_s}
-        timeout_s: 2
+        timeout_s: {timeout_s}
       forward_claims: {{sub: x-sluice-user, tenant: x-sluice-tenant}}
     - name: internal
       issuer: {mint.HS_ISSUER}
