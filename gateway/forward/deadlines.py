@@ -3,15 +3,18 @@
 `asyncio.timeout` costs ~4.6 µs per request here (a `call_at` alone ~2.9 µs); these deadlines
 are seconds to minutes, so a `TICK_S` ticker that runs only while requests are in flight, and
 cancels the overdue ones, is as good and costs a dict write per change. A cancelled task asks
-`expired(task)` which deadline it was (`TOTAL`, `BODY`, `STALL`), or None: the client left.
+`expired(task)` which deadline it was (`TOTAL`, `BODY`, `STALL`, `FIRST_BYTE`, `IDLE`), or
+None: the client left.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 TOTAL, BODY, STALL = "total", "body", "stall"
+FIRST_BYTE, IDLE = "first_byte", "idle"  # gRPC: the upstream call's first message, silence
 
 
 class Deadlines:
@@ -21,7 +24,7 @@ class Deadlines:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._due: dict[asyncio.Task[Any], tuple[float, str]] = {}
+        self._due: dict[asyncio.Task[Any], tuple[float, str, Callable[[], Any] | None]] = {}
         self._total: dict[asyncio.Task[Any], float] = {}
         self._fired: dict[asyncio.Task[Any], str] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -29,22 +32,29 @@ class Deadlines:
     def start(self, task: asyncio.Task[Any], total_s: float) -> None:
         deadline = self._loop.time() + total_s
         self._total[task] = deadline
-        self._due[task] = (deadline, TOTAL)
+        self._due[task] = (deadline, TOTAL, None)
         if self._timer is None:
             self._timer = self._loop.call_later(self.TICK_S, self._tick)
 
-    def tighten(self, task: asyncio.Task[Any], seconds: float, kind: str) -> None:
-        """Until `relax`, the task must make progress within `seconds` (or its total)."""
+    def tighten(
+        self,
+        task: asyncio.Task[Any],
+        seconds: float,
+        kind: str,
+        action: Callable[[], Any] | None = None,
+    ) -> None:
+        """Until `relax`, the task must make progress within `seconds` (or its total). When it
+        expires the task is cancelled, or `action()` runs instead (the task is left alone)."""
         total = self._total.get(task)
         if total is None:
             return
         deadline = self._loop.time() + seconds
-        self._due[task] = (deadline, kind) if deadline < total else (total, TOTAL)
+        self._due[task] = (deadline, kind, action) if deadline < total else (total, TOTAL, None)
 
     def relax(self, task: asyncio.Task[Any]) -> None:
         total = self._total.get(task)
         if total is not None:
-            self._due[task] = (total, TOTAL)
+            self._due[task] = (total, TOTAL, None)
 
     def stop(self, task: asyncio.Task[Any]) -> None:
         self._due.pop(task, None)
@@ -62,10 +72,13 @@ class Deadlines:
     def _tick(self) -> None:
         self._timer = None
         now = self._loop.time()
-        overdue = [(t, k) for t, (d, k) in self._due.items() if d <= now]
-        for task, kind in overdue:
+        overdue = [(t, k, a) for t, (d, k, a) in self._due.items() if d <= now]
+        for task, kind, action in overdue:
             del self._due[task]
             self._fired[task] = kind
-            task.cancel()
+            if action is None:
+                task.cancel()
+            else:
+                action()
         if self._due:
             self._timer = self._loop.call_later(self.TICK_S, self._tick)

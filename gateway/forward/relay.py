@@ -56,6 +56,7 @@ async def relay(
     try:
         head = client_head(status, up.headers, ctx)
     except BadUpstreamHead as e:
+        up.discard()
         await fw._upstream_failed(ex, ctx, UpstreamProtocolError(str(e)))
         return
     ctx.http_status = status

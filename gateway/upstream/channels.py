@@ -57,6 +57,12 @@ def channel_options(limits: Limits) -> Options:
         # Each Sluice channel owns its connection (no sharing through the global subchannel
         # pool), so closing a pruned channel really closes its socket.
         ("grpc.use_local_subchannel_pool", 1),
+        # Backpressure: the gateway only reads the next upstream message once the previous one
+        # was accepted downstream; with BDP probing the channel's receive window grows to
+        # megabytes and a backend could still pour a whole response into the gateway for a
+        # client that reads nothing. A fixed 64 KiB stream window keeps it at one window.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", 65536),
     )
 
 

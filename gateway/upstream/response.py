@@ -61,5 +61,12 @@ class UpstreamResponse:
         self._conn = None
         conn.host.put(conn)
 
+    def discard(self) -> None:
+        """Done with a response we refused (e.g. an invalid head): never reuse its connection."""
+        conn = self._conn
+        if conn is not None:
+            conn.keep_alive = False
+        self.release()
+
     async def aclose(self) -> None:
         self.release()

@@ -11,11 +11,11 @@ import grpc.aio
 import pytest
 from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
 
-from gateway.upstream.channels import ChannelPool, channel_options
-from gateway.upstream.reflection import unary_methods_of
 from gateway.app import Gateway
 from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Limits
+from gateway.upstream.channels import ChannelPool, channel_options
+from gateway.upstream.reflection import unary_methods_of
 from tests.adapters.test_grpc import GENERATE, INFER, pb2, upstream_server, write_policy
 from tests.support import free_port
 
