@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.auth.jwks import JwksCaches, JwksSource
-from gateway.auth.jwt import Failure, Inspected, Provider, Verified, Verifier
+from gateway.auth.jwt import Failure, Inspected, Provider, Secret, Verified, Verifier
 from gateway.auth.keys import load_secret
 from gateway.auth.tokens import Entry, TokenCache, TokenCaches
 from gateway.core import jwtclaims as jc
@@ -166,7 +166,7 @@ class AuthFilter:
             token = value[len(prefix) :].strip(" ")
             result = self._verify(token, req)
             if type(result) is _Pending:
-                result = await self._after_fetch(token, result)
+                result = await self._after_fetch(result)
             if type(result) is Failure:
                 return self._fail(ctx, result.reason, result.provider)
             assert type(result) is Verified
@@ -199,13 +199,13 @@ class AuthFilter:
         if req.providers and p.name not in req.providers:
             return Failure(jc.PROVIDER_NOT_ALLOWED, p.name)
         if p.secret is not None:
-            return self._verifier.finish(token, insp, p.secret)
+            return self._verifier.finish(insp, p.secret)
         src = p.jwks
         assert src is not None
         ks = src.current()
         k = ks.find(insp.kid, insp.alg, p.algorithms) if ks is not None else None
         if k is not None:
-            return self._verifier.finish(token, insp, k)
+            return self._verifier.finish(insp, k)
         if ks is not None and insp.kid in ks.by_kid:  # known key, another algorithm: no refetch
             return Failure(jc.BAD_HEADER, p.name)
         task = src.fetch_to_wait_for()
@@ -213,7 +213,7 @@ class AuthFilter:
             return Failure(jc.NO_KEYS if ks is None else jc.UNKNOWN_KID, p.name)
         return _Pending(insp, src, task)
 
-    async def _after_fetch(self, token: str, pending: _Pending) -> Verified | Failure:
+    async def _after_fetch(self, pending: _Pending) -> Verified | Failure:
         import asyncio
 
         src, insp = pending.source, pending.inspected
@@ -226,7 +226,7 @@ class AuthFilter:
         k = ks.find(insp.kid, insp.alg, p.algorithms) if ks is not None else None
         if k is None:
             return Failure(jc.NO_KEYS if ks is None else jc.UNKNOWN_KID, p.name)
-        return self._verifier.finish(token, insp, k)
+        return self._verifier.finish(insp, k)
 
     def _entry(self, v: Verified) -> Entry:
         p = v.provider
@@ -256,7 +256,7 @@ def _provider(j: int, cfg: AuthProvider, services: Services) -> Provider:
     algs = tuple(cfg.algorithms)
     secret = jwks = None
     if cfg.secret is not None:
-        secret = load_secret(cfg.secret, f"auth.providers[{j}].secret", algs)
+        secret = Secret(load_secret(cfg.secret, f"auth.providers[{j}].secret", algs))
     else:
         assert cfg.jwks is not None
         owner = services.get("jwks", lambda: JwksCaches(services))

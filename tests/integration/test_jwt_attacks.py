@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,21 +39,37 @@ P256_N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 @dataclass(frozen=True)
 class Case:
     name: str
-    values: tuple[str, ...]  # Authorization header values, in order (none: no header)
+    given: tuple[str, ...] | Callable[[], str]  # header values, or a token minted when sent
     status: int
     reason: str  # the refusal's reason class ("" when accepted)
     route: str = "v1"
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """Authorization header values, in order (none: no header)."""
+        if callable(self.given):
+            return (f"Bearer {self.given()}",)
+        return self.given
 
 
 def _cases() -> list[Case]:
     now = int(time.time())
     out: list[Case] = []
 
-    def add(name: str, token: str | list[str], expect: str, route: str = "v1") -> None:
-        """`expect`: the HTTP status, then the reason class the access log must give."""
-        values = tuple(token) if isinstance(token, list) else (f"Bearer {token}",)
+    def add(
+        name: str, token: str | list[str] | Callable[[], str], expect: str, route: str = "v1"
+    ) -> None:
+        """`expect`: the HTTP status, then the reason class the access log must give. A
+        callable token is minted when the request is sent (times near the leeway)."""
+        given = (
+            token
+            if callable(token)
+            else tuple(token)
+            if isinstance(token, list)
+            else (f"Bearer {token}",)
+        )
         status, _, reason = expect.partition(" ")
-        out.append(Case(name, values, int(status), reason, route))
+        out.append(Case(name, given, int(status), reason, route))
 
     def corp(**over: Any) -> str:
         return jws(claims(**over), CORP_RSA)
@@ -166,13 +182,17 @@ def _cases() -> list[Case]:
         add(f"crit {crit!r}", signed(hdr, claims(), CORP_RSA), "401 bad_header")
     hdr = {"alg": "RS256", "kid": "corp-rsa", "b64": False, "crit": ["b64"]}
     add("b64 false", signed(hdr, claims(), CORP_RSA), "401 bad_header")
+
     # 10-11. exp / nbf / iat around the 60 s leeway
-    add("exp 50 s ago (inside)", corp(exp=now - 50), "200")
-    add("exp 70 s ago (outside)", corp(exp=now - 70), "401 expired")
-    add("nbf 50 s ahead (inside)", corp(nbf=now + 50), "200")
-    add("nbf 70 s ahead (outside)", corp(nbf=now + 70), "401 not_yet_valid")
-    add("iat 10 s ahead", corp(iat=now + 10), "200")
-    add("iat 70 s ahead", corp(iat=now + 70), "401 issued_in_future")
+    def at(**offsets: int) -> Callable[[], str]:  # claims relative to the time of sending
+        return lambda: corp(**{k: int(time.time()) + v for k, v in offsets.items()})
+
+    add("exp 50 s ago (inside)", at(exp=-50), "200")
+    add("exp 70 s ago (outside)", at(exp=-70), "401 expired")
+    add("nbf 50 s ahead (inside)", at(nbf=50), "200")
+    add("nbf 70 s ahead (outside)", at(nbf=70), "401 not_yet_valid")
+    add("iat 10 s ahead", at(iat=10), "200")
+    add("iat 70 s ahead", at(iat=70), "401 issued_in_future")
     add("no exp", corp(exp=DROP), "401 missing_exp")
     # 12. NumericDate must be a number
     for v in (str(now + 600), True, -1, 2**64, None, [now + 600], {"t": 1}):
@@ -302,13 +322,15 @@ def gateways(
             assert "Traceback" not in log, log[-3000:]
 
 
-def _check_refusal(case: Case, status: int, headers: dict[str, str], body: bytes) -> None:
+def _check_refusal(
+    case: Case, values: tuple[str, ...], status: int, headers: dict[str, str], body: bytes
+) -> None:
     assert status == case.status, (case.name, status, body[:300])
     if status == 200:
         return
     err = json.loads(body)["error"]
     assert set(err) == {"type", "message"}, err
-    for v in case.values:  # the token is never echoed
+    for v in values:  # the token is never echoed
         token = v.partition(" ")[2]
         if len(token) > 8:
             assert token[-8:].encode() not in body, case.name
@@ -327,8 +349,9 @@ def test_http(
 ) -> None:
     gw = gateways[engine]
     path = "/v1/models" if case.route == "v1" else f"/{case.route}/v1/models"
-    status, headers, body = gw.http(path, [("authorization", v) for v in case.values])
-    _check_refusal(case, status, headers, body)
+    values = case.values
+    status, headers, body = gw.http(path, [("authorization", v) for v in values])
+    _check_refusal(case, values, status, headers, body)
     assert jwks_server.count("/attacker") == 0 and jwks_server.count("/attacker/cert.pem") == 0
 
 
