@@ -246,22 +246,24 @@ class JwksCaches:
         self._session: aiohttp.ClientSession | None = None
 
     def source(self, label: str, spec: JwksSpec) -> JwksSource:
-        """The source for `spec`'s location (created, or found and re-configured). No I/O."""
+        """The source for `spec`'s location, created if new (no I/O). An existing one keeps its
+        parameters until `activate`: a policy that is built but never goes live changes nothing."""
         key = source_key(spec)
         src = self.sources.get(key)
         if src is None or src.closed:
             src = self.sources[key] = JwksSource(self, key, label, spec)
-        else:
-            src.configure(label, spec)
         return src
 
-    def activate(self, used: Iterable[JwksSource]) -> None:
-        """The policy naming `used` went live: start their loops, close the others."""
-        keep = {s.key for s in used}
+    def activate(self, used: Iterable[tuple[JwksSource, str, JwksSpec]]) -> None:
+        """The policy naming `used` (source, provider, parameters) went live: configure and
+        start those, close the others."""
+        used = list(used)
+        keep = {src.key for src, _, _ in used}
         for key in [k for k in self.sources if k not in keep]:
             self.sources.pop(key).close()
-        for s in self.sources.values():
-            s.start()
+        for src, label, spec in used:
+            src.configure(label, spec)
+            src.start()
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         return self._services.spawn(coro, name)

@@ -87,6 +87,7 @@ class Provider:
     secret: bytes | None  # HS* providers
     jwks: JwksSource | None  # the others
     forward: tuple[tuple[str, str], ...]  # (claim, lower-case header)
+    jwks_spec: Any = None  # the JWKS parameters, applied when the policy goes live
 
     def __repr__(self) -> str:  # never print the secret
         return f"Provider({self.name!r})"

@@ -132,7 +132,8 @@ class AuthFilter:
     def activate(self) -> None:
         self._tokens.start()
         if self._jwks is not None:
-            self._jwks.activate(p.jwks for p in self._verifier.providers if p.jwks is not None)
+            used = [(p.jwks, p.name, p.jwks_spec) for p in self._verifier.providers if p.jwks]
+            self._jwks.activate(used)
 
     async def on_request(self, ctx: RequestContext) -> Status:
         # Everything up to a cache hit is plain code; the one await is a JWKS fetch.
@@ -263,7 +264,7 @@ def _provider(j: int, cfg: AuthProvider, services: Services) -> Provider:
         jwks = owner.source(cfg.name, cfg.jwks)
     typ = cfg.typ.lower().removeprefix("application/") if cfg.typ else None
     forward = tuple((c, h.lower()) for c, h in cfg.forward_claims.items())
-    return Provider(cfg.name, rules, algs, typ, secret, jwks, forward)
+    return Provider(cfg.name, rules, algs, typ, secret, jwks, forward, cfg.jwks)
 
 
 def build(section: CompiledPolicy | None, services: Services) -> AuthFilter | None:

@@ -56,7 +56,7 @@ async def until(cond: Any, timeout: float = 10.0) -> None:
 async def loaded(services: Services, sp: JwksSpec) -> tuple[JwksCaches, JwksSource]:
     owner = services.get("jwks", lambda: JwksCaches(services))
     src = owner.source("corp", sp)
-    owner.activate([src])
+    owner.activate([(src, "corp", sp)])
     await until(lambda: src.current() is not None)
     return owner, src
 
@@ -155,16 +155,19 @@ async def test_background_refresh_picks_up_rotation(server: JwksServer, services
 async def test_a_reload_finds_the_source_as_it_was(server: JwksServer, services: Services) -> None:
     owner, src = await loaded(services, spec(server))
     ks, fetches = src.current(), server.count()
-    again = owner.source("corp", spec(server, cache_s=60))  # same URL, new parameters
-    owner.activate([again])
+    new_spec = spec(server, cache_s=60)  # same URL, new parameters
+    again = owner.source("corp", new_spec)
+    assert again.params.ttl == 30  # not before the policy goes live
+    owner.activate([(again, "corp", new_spec)])
     await asyncio.sleep(0.3)
     assert again is src and src.current() is ks and server.count() == fetches
     assert src.params.ttl == 60
     other = JwksServer()
     try:
         other.serve(mint.jwks(K2))
-        new = owner.source("corp", spec(other))
-        owner.activate([new])  # the old URL is no longer named: closed
+        other_spec = spec(other)
+        new = owner.source("corp", other_spec)
+        owner.activate([(new, "corp", other_spec)])  # the old URL is no longer named: closed
         assert src.closed and src.fetch_to_wait_for() is None
         await until(lambda: new.current() is not None)
     finally:
