@@ -247,3 +247,26 @@ def test_reload_under_traffic_neither_refetches_nor_forgets(
     assert 1 <= ok1 - ok0 <= 4  # re-verified once after the auth change (one per racing thread)
     wait(lambda: gw.metric("sluice_auth_total", provider="corp", result="cached") > 10)
     assert jwks_state(gw)["keys"] == 2
+
+
+def test_a_reload_never_waits_on_a_jwks_fetch(steady: tuple[JwksServer, LiveGateway]) -> None:
+    server, gw = steady
+    slow = JwksServer()
+    slow.serve(mint.jwks(mint.rsa_key("s1")), delay_s=8.0)  # answers far too late
+    try:
+        text = gw.policy_path.read_text()
+        block = (
+            "    - name: slow\n      issuer: https://slow.example/\n      audiences: [sluice]\n"
+            f'      algorithms: [RS256]\n      jwks: {{url: "{slow.url}", timeout_s: 10}}\n'
+        )
+        gw.policy_path.write_text(text.replace("  providers:\n", "  providers:\n" + block, 1))
+        fetches = server.count()
+        t0 = time.monotonic()
+        assert gw.reload()["last_reload"]["ok"]
+        assert time.monotonic() - t0 < 3.0  # the new provider's first fetch is still running
+        state = gw.admin("/readyz")["jwks"]
+        assert state["slow"]["keys"] == 0 and state["corp"]["keys"] == 2
+        assert gw.http("/v1/models", bearer(token(K1, sub="during-slow")))[0] == 200
+        assert server.count() == fetches
+    finally:
+        slow.close()
