@@ -143,6 +143,14 @@ class ChannelPool:
         self._discovery_failed.discard(endpoint.address)
         return found
 
+    def state(self) -> dict[str, dict[str, str]]:
+        """Per endpoint address: the channel's connectivity (IDLE, CONNECTING, READY,
+        TRANSIENT_FAILURE), read without asking it to connect (for /admin/state)."""
+        return {
+            addr: {"channel": up.channel.get_state(try_to_connect=False).name}
+            for addr, up in self._upstreams.items()
+        }
+
     def addresses(self) -> set[str]:
         return set(self._upstreams)
 
