@@ -1,6 +1,7 @@
 """The JWT rows of `sluice bench --auth`: a second Sluice with an `auth` section, the same backend.
 
-- HTTP auth on, route off: the filter runs, the route asks for no token (claim headers stripped).
+- HTTP auth on, route off (token sent): the same Authorization header as the next row, on a
+  route with auth off (the filter only strips claim headers): the baseline of the cached row.
 - HTTP auth on, cached token: one RS256 token on every request (a verified-token cache hit).
 - HTTP auth on, fresh RS256 / ES256 token: wrk cycles through `FRESH_TOKENS` distinct tokens
   with `cache_size` smaller than that, so every request verifies a signature.
