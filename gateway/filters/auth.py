@@ -136,7 +136,15 @@ class AuthFilter:
             self._jwks.activate(used)
 
     async def on_request(self, ctx: RequestContext) -> Status:
-        # Everything up to a cache hit is plain code; the one await is a JWKS fetch.
+        # A coroutine because a JWKS may have to be fetched first; everything else, a cache hit
+        # included, is the plain `_check` (the await of a coroutine that does not suspend costs
+        # ~0.3 µs per request in the chain, measured; without JWKS providers the hook is plain).
+        r = self._check(ctx)
+        if not isinstance(r, _Pending):
+            return r
+        return self._complete(ctx, r.key, r.req, await self._after_fetch(r))
+
+    def _check(self, ctx: RequestContext) -> Status | _Pending:
         route = ctx.route
         if route is None:
             route = self._match(ctx.info)
@@ -155,27 +163,35 @@ class AuthFilter:
         # Keyed by the whole header value: a hit means this exact value passed every check below.
         key = _sha256(value.encode("utf-8", "surrogatepass")).digest()
         entry = self._cache.get(key, _wall())
-        if entry is None:
-            if "," in value:  # repeated headers arrive joined with ", "; a JWS has no comma
-                return self._fail(ctx, jc.AMBIGUOUS, "")
-            prefix = self._prefix
-            if prefix and value[: len(prefix)].lower() != prefix:
-                if not req.required:  # not a bearer token (Basic, ...): anonymous on optional
-                    ctx.upstream_headers.update(self._strip)
-                    return Status.CONTINUE
-                return self._fail(ctx, jc.MALFORMED, "")
-            token = value[len(prefix) :].strip(" ")
-            result = self._verify(token, req)
-            if type(result) is _Pending:
-                result = await self._after_fetch(result)
-            if type(result) is Failure:
-                return self._fail(ctx, result.reason, result.provider)
-            assert type(result) is Verified
-            entry = self._entry(result)
-            self._cache.put(key, entry)
-            metrics.AUTH_RESULTS.labels(result.provider.name, "ok").inc()
-        else:
+        if entry is not None:
             entry.tally.n += 1
+            return self._admit(ctx, req, entry)
+        if "," in value:  # repeated headers arrive joined with ", "; a JWS has no comma
+            return self._fail(ctx, jc.AMBIGUOUS, "")
+        prefix = self._prefix
+        if prefix and value[: len(prefix)].lower() != prefix:
+            if not req.required:  # not a bearer token (Basic, ...): anonymous on optional
+                ctx.upstream_headers.update(self._strip)
+                return Status.CONTINUE
+            return self._fail(ctx, jc.MALFORMED, "")
+        result = self._verify(value[len(prefix) :].strip(" "), req)
+        if isinstance(result, _Pending):
+            result.key, result.req = key, req
+            return result
+        return self._complete(ctx, key, req, result)
+
+    def _complete(
+        self, ctx: RequestContext, key: bytes, req: jc.Requirement, result: Verified | Failure
+    ) -> Status:
+        if type(result) is Failure:
+            return self._fail(ctx, result.reason, result.provider)
+        assert type(result) is Verified
+        entry = self._entry(result)
+        self._cache.put(key, entry)
+        metrics.AUTH_RESULTS.labels(result.provider.name, "ok").inc()
+        return self._admit(ctx, req, entry)
+
+    def _admit(self, ctx: RequestContext, req: jc.Requirement, entry: Entry) -> Status:
         principal = entry.principal
         if req.providers and principal.provider not in req.providers:
             return self._fail(ctx, jc.PROVIDER_NOT_ALLOWED, principal.provider)
@@ -241,13 +257,25 @@ class AuthFilter:
         return Entry(expires, principal, headers, src, gen, self._tokens.tally(p.name))
 
 
+class PlainAuthFilter(AuthFilter):
+    """The filter of a policy without JWKS providers: nothing is ever fetched, so the hook is a
+    plain function and the chain can run without an await."""
+
+    def on_request(self, ctx: RequestContext) -> Status:  # type: ignore[override]
+        r = self._check(ctx)
+        assert isinstance(r, Status)  # HMAC keys are always at hand: never pending
+        return r
+
+
 class _Pending:
     """A verification waiting for the provider's JWKS fetch."""
 
-    __slots__ = ("inspected", "source", "task")
+    __slots__ = ("inspected", "source", "task", "key", "req")
 
     def __init__(self, inspected: Inspected, source: JwksSource, task: asyncio.Task[None]) -> None:
         self.inspected, self.source, self.task = inspected, source, task
+        self.key = b""
+        self.req = jc.Requirement(True)
 
 
 def _provider(j: int, cfg: AuthProvider, services: Services) -> Provider:
@@ -280,4 +308,5 @@ def build(section: CompiledPolicy | None, services: Services) -> AuthFilter | No
     tokens = services.get("auth.tokens", lambda: TokenCaches(services))
     cache = tokens.for_config(digest.hexdigest(), cfg.cache_size)
     jwks = services.peek("jwks")  # activation also closes sources no provider names any more
-    return AuthFilter(cfg, section, providers, cache, tokens, jwks)
+    cls = AuthFilter if any(p.jwks is not None for p in providers) else PlainAuthFilter
+    return cls(cfg, section, providers, cache, tokens, jwks)
