@@ -45,6 +45,11 @@ class Secret(bytes):
     key): PyJWT's per-token re-check (PEM, ssh, DER and JWK parsing) is skipped for it alone;
     any other bytes get the full check."""
 
+    def __repr__(self) -> str:  # never the secret itself, whatever prints it
+        return f"Secret({len(self)} bytes)"
+
+    __str__ = __repr__
+
 
 class _CheckedHMAC(HMACAlgorithm):
     def prepare_key(self, key: str | bytes) -> bytes:
