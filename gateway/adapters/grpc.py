@@ -181,6 +181,11 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
+    if len(headers) != len(md):  # repeated keys (or -bin values): join repeats as HTTP does,
+        headers = {}  # so that a filter sees two `authorization` entries, not the last one
+        for k, v in md:
+            if type(v) is str:
+                headers[k] = v if k not in headers else headers[k] + ", " + v
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
     return RequestContext(info, gw.active.policy), md
 
@@ -213,7 +218,7 @@ def _upstream(
         for k, v in md
         if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
     ]
-    out.extend(extra.items())
+    out.extend((k, v) for k, v in extra.items() if v)  # "": only drop the client's copy
     assert ctx.route is not None
     timeout = ctx.route.timeouts.total_s
     remaining = context.time_remaining()

@@ -42,6 +42,8 @@ from gateway.bench.procs import (
 )
 from gateway.bench.report import WARMUP_S, Row, access_log_tally
 
+RunRow = Callable[[Row, MakeCmd, Parse, int | None], Row]
+
 BackendStats = Callable[[], tuple[int, int]]  # the mock backend's (completed, failed) so far
 
 
@@ -195,11 +197,14 @@ def start_gateway(
     grpc_backend: int | None,
     tracing: bool = False,
     name: str = "gateway",
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
     doc = policy_doc(
         ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine, tracing
     )
+    if edit is not None:
+        doc = edit(doc)
     path = s.procs.tmp / f"bench-policy-{name}.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
@@ -280,6 +285,8 @@ def run_all(s: Setup) -> list[Row]:
                 else:
                     run(row, s.wrk(url), parse_wrk, g.pid)
             rows.append(row)
+        if a.auth:
+            rows += auth_rows(s, http_be, run)
     if do_grpc:
         assert mock_grpc is not None
         cmd, parse = s.grpc("grpc-direct", mock_grpc)
@@ -304,4 +311,41 @@ def run_all(s: Setup) -> list[Row]:
             s.notes.append(f"the gateway exited during the run:\n{s.procs.tail('gateway')}")
         elif not a.no_access_log:
             s.notes.append(access_log_tally(s.procs.tmp / "gateway.log"))
+    return rows
+
+
+def auth_rows(s: Setup, http_be: int | None, run: RunRow) -> list[Row]:
+    """The JWT rows (gateway/bench/auth.py), through a second gateway started for them."""
+    from gateway.bench import auth
+
+    names = {
+        "off": "HTTP auth on, route off (token sent)",
+        "cached": "HTTP auth on, cached token",
+        "RS256": "HTTP auth on, fresh RS256 token",
+        "ES256": "HTTP auth on, fresh ES256 token",
+    }
+    rows = [Row(n) for n in names.values()]
+    try:
+        files = auth.prepare(s.procs.tmp)
+        gw, ports = start_gateway(
+            s, http_be, None, name="gateway-auth", edit=lambda d: auth.with_auth(d, files)
+        )
+    except Exception as e:
+        for r in rows:
+            r.error = f"auth gateway did not start: {e}"
+        return rows
+    base = f"http://127.0.0.1:{ports['http']}"
+    for row, variant in zip(rows, names, strict=True):
+        url = f"{base}/off/v1/models" if variant == "off" else f"{base}/v1/models"
+        extra = auth.wrk_args(files, "cached" if variant == "off" else variant)
+        run(row, wrk_cmd(s.load_cpus, s.args.connections, url, extra), parse_wrk, gw.pid)
+        if row.error is None and row.requests and row.failed > row.requests // 100:
+            row.error = f"{row.failed} of {row.requests} requests failed (auth refused?)"
+    off, cached = rows[0], rows[1]
+    if off.cpu_us_per_req and cached.cpu_us_per_req:
+        delta = cached.cpu_us_per_req - off.cpu_us_per_req
+        s.notes.append(
+            f"auth: checking a cached token costs {delta:+.1f} µs/req over the same request on a "
+            "route with auth off (budget ≤ 3)"
+        )
     return rows

@@ -124,7 +124,9 @@ class RequestContext:
     first_byte_at: float | None = None  # monotonic time the first response byte went out
     ran: int = 0  # filters whose on_request ran (on_response unwinds those)
     attempts: int = 0  # upstream tries (retries included)
-    # Headers/metadata filters add to the upstream request (lower-case names).
+    # Headers/metadata filters add to the upstream request (lower-case names). The client's own
+    # headers of these names are never forwarded; a value of "" sends none at all (how auth
+    # removes a client-supplied copy of a claim header when the claim is absent).
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # Headers filters add to the client response (HTTP) / trailing metadata (gRPC).
     response_headers: list[tuple[str, str]] = field(default_factory=list)

@@ -123,15 +123,16 @@ def _position(loc: Loc, data: Any, b: _Builder, key_first: bool) -> tuple[Loc, P
     closest recorded position: the key for an unknown field, else the value, else its parent."""
     path: list[str | int] = []
     cur = data
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(cur, dict):
             key = part if part in cur else str(part)  # dict[int, ...] keys are text in YAML
             if key in cur:
                 cur = cur[key]
                 path.append(key)
-            elif isinstance(part, str):
+            elif isinstance(part, str) and i == len(loc) - 1 and part.isidentifier():
                 path.append(part)  # a missing field: name it, point at its parent mapping
                 break
+            # else a union tag ('long-form', "literal[...]"): not part of the document's path
         elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
             cur = cur[part]
             path.append(part)

@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.policy.auth import Auth, RouteAuthSetting, auth_reference_errors
+
 Loc = tuple[str | int, ...]
 
 HostPort = Annotated[
@@ -219,6 +221,11 @@ class Route(_Model):
     strip_prefix: str = Field(
         default="", description="removed from the HTTP path before forwarding"
     )
+    auth: RouteAuthSetting | None = Field(
+        default=None,
+        description="required | optional | off, or {required, claims, providers}; "
+        "null = `auth.default`",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> Route:
@@ -391,8 +398,8 @@ class Tracing(_Model):
     )
 
 
-FilterName = Literal["request_id", "trace", "access_log", "route"]
-DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "trace", "access_log", "route")
+FilterName = Literal["request_id", "trace", "access_log", "auth", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "trace", "access_log", "auth", "route")
 
 
 class Guard(_Model):
@@ -510,6 +517,7 @@ class Policy(_Model):
         "short while being written lacks it and is refused",
         examples=["# end of policy"],
     )
+    auth: Auth | None = Field(default=None, description="JWT authentication (null = off)")
 
     @field_validator("filters")
     @classmethod
@@ -584,6 +592,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+    errors += auth_reference_errors(p)
     if p.tracing.enabled and "trace" not in p.filters:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     return errors

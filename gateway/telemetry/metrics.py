@@ -277,3 +277,33 @@ POLICY_ROLLOUT_P95 = Gauge(
     registry=REGISTRY,
 )
 POLICY_ROLLOUT_STAGE.set(-1)
+# --- auth (JWT; written by gateway/filters/auth.py and gateway/auth/jwks.py) ----------------
+AUTH_RESULTS = Counter(
+    "sluice_auth_total",
+    "Authentication results by provider ('none' when no provider matched) and result: ok, "
+    "cached (a verified-token cache hit) or the reason class of a refusal (missing, malformed, "
+    "expired, bad_signature, unknown_kid, audience, claims, ...).",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+JWKS_FETCHES = Counter(
+    "sluice_jwks_fetches_total",
+    "JWKS fetches by provider and result: ok, unchanged, or the failure (timeout, http_error, "
+    "invalid, too_large, unreachable); a failure keeps the last good key set.",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+JWKS_KEYS = Gauge(
+    "sluice_jwks_keys",
+    "Keys in the provider's key set now in force (0: none loaded, or dropped after max_stale).",
+    ["provider"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
+JWKS_LAST_SUCCESS = Gauge(
+    "sluice_jwks_last_success_timestamp_seconds",
+    "Unix time of the provider's last good JWKS fetch (age = time() - this).",
+    ["provider"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
