@@ -3,8 +3,10 @@
 Phases, in order (every hook is optional; the chain is split per phase when it is built, so a
 hook a filter leaves out costs nothing per request):
 
-- `on_request(ctx) -> Status` (plain, or a coroutine when it must await): headers, peer, path
-  are known. STOP means `ctx.verdict` is set and the request is answered now.
+- `on_request(ctx) -> Status` (plain, or a coroutine when it must await; a plain hook may also
+  return an awaitable when, this once, it must wait, e.g. for a key fetch: the chain then awaits
+  it and the rest of the phase): headers, peer, path are known. STOP means `ctx.verdict` is set
+  and the request is answered now.
 - `on_body(ctx, body) -> Status`: the request body (`gateway.core.body.RequestBody`): model,
   max_tokens, stream, prompt size, for JSON bodies up to the policy's cap; sizes only otherwise.
   A filter may rewrite a parsed body (`body.set`). Runs for HTTP requests only, after every

@@ -112,7 +112,9 @@ class HttpForward:
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
         chain = snap.chain
-        status = chain.on_request_plain(ctx) if chain.sync_request else await chain.on_request(ctx)
+        status = chain.run_request(ctx)
+        if status.__class__ is not Status:
+            status = await status  # type: ignore[misc]
         if status is Status.STOP:
             return ctx.verdict
         if ctx.route is None or ctx.endpoint is None:
