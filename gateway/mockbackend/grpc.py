@@ -20,7 +20,14 @@ from grpc_health.v1 import _async as health_aio  # what `health.aio` re-exports
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.mockbackend.knobs import Call, Knobs, MockState, completion_count, estimate_tokens
+from gateway.mockbackend.knobs import (
+    Call,
+    Knobs,
+    MockState,
+    Seen,
+    completion_count,
+    estimate_tokens,
+)
 from gateway.mockbackend.knobs import token_text as _token_text
 from gateway.proto import load
 
@@ -59,13 +66,12 @@ class InferenceServicer:
         self._state = state
 
     async def _begin(self, context: grpc.aio.ServicerContext[Any, Any], call: Call) -> _Ctx:
-        """Record metadata, echo `x-echo-*`, then apply x-mock-status and the failure knobs."""
+        """Record the metadata keys (never values), echo `x-echo-*` to this caller, then apply
+        x-mock-status and the failure knobs."""
         metadata: dict[str, str | bytes] = {}
         for key, value in context.invocation_metadata() or ():
             metadata[key.lower()] = value
-        self._state.stats.last_metadata.append(
-            {k: v if isinstance(v, str) else v.hex() for k, v in metadata.items()}
-        )
+        self._state.stats.seen.append(Seen.of(metadata.items()))
         echo: Metadata = [(k, v) for k, v in metadata.items() if k.startswith("x-echo-")]
         ctx = _Ctx(dataclasses.replace(self._state.knobs), metadata, echo)
         if echo:

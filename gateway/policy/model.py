@@ -12,6 +12,7 @@ after-validator too (raising the first problem), unless the validation context h
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -34,6 +35,16 @@ HostPort = Annotated[
         description="host:port; IPv6 in brackets",
     ),
 ]
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` or a loopback address (IPv6 with or without brackets)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class _Model(BaseModel):
@@ -219,9 +230,21 @@ class MockBackend(_Model):
     )
     http: HostPort | None = Field(default="127.0.0.1:18000", description="its HTTP listener")
     grpc: HostPort | None = Field(default="127.0.0.1:18001", description="its gRPC listener")
+    admin: HostPort | None = Field(
+        default="127.0.0.1:18002",
+        description="its admin API (/admin/knobs, /admin/stats, /admin/reset), on a listener of "
+        "its own, loopback only: never route to it (null = off)",
+    )
     ttft_ms: float = Field(default=50.0, ge=0, description="time to first token")
     token_delay_ms: float = Field(default=10.0, ge=0, description="delay between streamed tokens")
     completion_tokens: int = Field(default=16, ge=1, le=100000, description="tokens per completion")
+
+    @field_validator("admin")
+    @classmethod
+    def _admin_on_loopback(cls, v: str | None) -> str | None:
+        if v is not None and not is_loopback(v.rpartition(":")[0]):
+            raise ValueError("the simulated backend's admin API listens on loopback only")
+        return v
 
 
 class DatapathBudget(_Model):
