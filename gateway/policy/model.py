@@ -295,6 +295,23 @@ class Datapath(_Model):
     rapid_reset_min_headers: PositiveInt = Field(
         default=100, description="HEADERS needed in the window before a flow can be judged"
     )
+    max_header_block_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1 << 30,
+        description="bytes of one HTTP/2 header block (HEADERS + CONTINUATION) before the flow "
+        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes; 0 = off",
+    )
+    ping_flood_max: int = Field(
+        default=1000,
+        ge=0,
+        le=1 << 30,
+        description="PING frames a flow may send per ping_flood_window_s before it is dropped "
+        "(PING flood); 0 = off",
+    )
+    ping_flood_window_s: PositiveFloat = Field(
+        default=10.0, description="window over which PING frames are counted per flow"
+    )
     class_priority: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: {"critical": 6, "high": 4, "normal": 0, "low": 1},
         description="priority class -> skb->priority set on egress (0 = leave it); at most 8",
@@ -404,4 +421,13 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+    hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
+    if hb and hb < 2 * cap:  # HPACK output stays below the metadata size it encodes
+        errors.append(
+            (
+                ("datapath", "max_header_block_bytes"),
+                f"{hb} would drop clients whose metadata fits limits.grpc_max_metadata_bytes "
+                f"({cap}): use at least {2 * cap}, or 0 to turn the check off",
+            )
+        )
     return errors

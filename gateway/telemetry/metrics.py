@@ -136,7 +136,9 @@ DATAPATH_UP = Gauge(
 DATAPATH_EVENTS = Counter(
     "sluice_datapath_events_total",
     "Kernel classifier counters (packets, bytes, syn_drop, stream_drop, deny_drop, "
-    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, ...).",
+    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, header_block_flows, "
+    "ping_flood_flows, flood_drop, h2_ooo_drop, ...) and blocked_flows_closed (server sockets "
+    "of blocked flows aborted by the gateway).",
     ["event"],
     registry=REGISTRY,
 )
