@@ -3,7 +3,8 @@
 GET  /healthz               200 while the process runs
 GET  /readyz                200 once policy and listeners are up; 503 before and during drain
 GET  /metrics               Prometheus text format (all workers' series under --workers N)
-GET  /status                an HTML page an SRE can read: policy, routes, backends, in flight
+GET  /status                the live status page (static files; see gateway.status)
+GET  /admin/state           the JSON document the page reads (also for scripts)
 GET  /admin/policy          current policy (JSON), version hash, last reload result
 POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file was rejected
                             (loopback peers only, wherever the listener is bound)
@@ -11,7 +12,6 @@ POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -19,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.status import ASSETS, asset
+from gateway.status.state import StatusBoard
 from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY
 
 if TYPE_CHECKING:
     from gateway.server import Server
+
+
+BOARD = web.AppKey("board", StatusBoard)
 
 
 class AdminListener:
@@ -94,52 +99,36 @@ def build_admin_app(server: Server) -> web.Application:
         ok = bool(gw.holder.last_result.ok)
         return _json(status, 200 if ok else 422)
 
-    async def status_page(_: web.Request) -> web.Response:
-        return web.Response(text=render_status(server), content_type="text/html")
+    board = StatusBoard(server, registry)
+    pages = {name: asset(name) for name in ASSETS}  # read once: the files ship in the package
+
+    async def status_page(request: web.Request) -> web.Response:
+        name = request.match_info.get("name", "index.html")
+        if name not in pages:
+            raise web.HTTPNotFound()
+        body, content_type = pages[name]
+        return web.Response(
+            body=body, content_type=content_type, headers={"Cache-Control": "no-cache"}
+        )
+
+    async def state(_: web.Request) -> web.Response:
+        return web.Response(
+            text=json.dumps(board.state(), separators=(",", ":"), default=str),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     app = web.Application(client_max_size=64 * 1024)
+    app[BOARD] = board
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", status_page)
+    app.router.add_get("/status/{name}", status_page)
+    app.router.add_get("/admin/state", state)
     app.router.add_get("/admin/policy", policy)
     app.router.add_post("/admin/policy/reload", reload)
     return app
-
-
-def render_status(server: Server) -> str:
-    gw = server.gateway
-    p = gw.active.policy
-    st = gw.holder.status()
-    last = st["last_reload"]
-    assert isinstance(last, dict)
-    e = html.escape
-    rows_routes = "".join(
-        f"<tr><td>{e(r.name)}</td><td>{e(r.protocol.value if r.protocol else 'any')}</td>"
-        f"<td>{e(r.path_prefix)}</td><td>{e(', '.join(x.address for x in r.endpoints))}</td></tr>"
-        for r in p.routes
-    )
-    rows_backends = "".join(
-        f"<tr><td>{e(b.name)}</td><td>{e(b.protocol)}</td>"
-        f"<td>{e(', '.join(f'{x.address} (w={x.weight})' for x in b.endpoints))}</td></tr>"
-        for b in p.backends.values()
-    )
-    errors = "".join(f"<li><code>{e(x)}</code></li>" for x in last["errors"])
-    state = "draining" if gw.draining else ("ready" if gw.ready else "starting")
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Sluice status</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px}}
-table{{border-collapse:collapse}}</style></head><body>
-<h1>Sluice</h1>
-<p>State: <b>{state}</b> · in flight: {gw.inflight.count} · ports: {e(str(server.ports))}</p>
-<p>Policy <code>{e(str(st["version"]))}</code> from <code>{e(str(st["path"]))}</code> ·
-reloads: {st["reloads"]} · last reload: {"ok" if last["ok"] else "<b>rejected</b>"}</p>
-<ul>{errors}</ul>
-<h2>Routes (first match wins)</h2>
-<table><tr><th>route</th><th>protocol</th><th>path prefix</th><th>endpoints</th></tr>
-{rows_routes}</table>
-<h2>Backends</h2>
-<table><tr><th>backend</th><th>protocol</th><th>endpoints</th></tr>{rows_backends}</table>
-</body></html>"""
 
 
 async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool) -> AdminListener:
@@ -147,6 +136,8 @@ async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
+    # The colour history and the "recent" counter window (a task the services cancel at stop).
+    server.gateway.services.spawn(runner.app[BOARD].run(), "status-board")
     sockets = runner.addresses
     bound = int(sockets[0][1]) if sockets else port
     return AdminListener(runner, bound)

@@ -1,8 +1,10 @@
 """Composition root: builds the services (once), the policy holder, the chain per policy, and
 the upstream pools.
 
-No I/O at import. `Gateway` is what adapters are handed: the active `Snapshot` (policy + chain),
-the long-lived `Services`, the upstream pools, and the in-flight tracker the drain waits on.
+No I/O at import. `Gateway` is what the engines are handed: the active `Snapshot` (policy +
+chain), the long-lived `Services`, the upstream pools, and the in-flight tracker the drain waits
+on. After every successful reload it activates the new chain and hands the pools their new
+limits; the pools never look at the policy themselves.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
@@ -20,8 +23,8 @@ from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.adapters.channels import ChannelPool
-    from gateway.adapters.pool import UpstreamPool
+    from gateway.upstream.channels import ChannelPool
+    from gateway.upstream.pool import UpstreamPool
 
 
 class InFlight:
@@ -53,7 +56,8 @@ class InFlight:
 
 
 class Gateway:
-    """Owns the policy holder and the upstream pools; the server owns the listeners."""
+    """Owns the services, the policy holder and the upstream pools; the server owns the
+    listeners."""
 
     def __init__(self, policy_path: Path, services: Services | None = None) -> None:
         self.services = services if services is not None else Services()
@@ -70,31 +74,52 @@ class Gateway:
         return Snapshot(policy, build_chain(policy, self.services))
 
     def _activate(self) -> None:
-        self.holder.active.chain.activate()
+        snap = self.holder.active
+        snap.chain.activate()
+        p = snap.policy.policy
+        if self._http_pool is not None:
+            self._http_pool.configure(p.limits, p.timeouts.upstream_idle_s)
+        if self._channels is not None:
+            self._channels.configure(p.limits)
 
     @property
     def active(self) -> Snapshot:
         return self.holder.active
 
+    def snapshot_for(self, info: RequestInfo) -> Snapshot:
+        """The snapshot a new request is served by (the one place the request path asks)."""
+        return self.holder.active
+
     @property
     def http_pool(self) -> UpstreamPool:
         if self._http_pool is None:
-            from gateway.adapters.pool import UpstreamPool
+            from gateway.upstream.pool import UpstreamPool
 
-            self._http_pool = UpstreamPool(self.holder)
+            p = self.active.policy.policy
+            self._http_pool = UpstreamPool(p.limits, p.timeouts.upstream_idle_s)
         return self._http_pool
 
     @property
     def channels(self) -> ChannelPool:
         if self._channels is None:
-            from gateway.adapters.channels import ChannelPool
+            from gateway.upstream.channels import ChannelPool
 
-            self._channels = ChannelPool(self.holder)
+            self._channels = ChannelPool(self.active.policy.policy.limits)
         return self._channels
 
-    async def finish(self, active: Snapshot, ctx: RequestContext) -> None:
+    async def prune_channels(self, grace: float | None = None) -> int:
+        """Close the gRPC channels the active policy no longer uses (after a reload)."""
+        if self._channels is None:
+            return 0
+        compiled = self.active.policy
+        wanted = {e.address for r in compiled.routes for e in r.endpoints if e.protocol == "grpc"}
+        if grace is None:
+            grace = compiled.policy.timeouts.drain_s
+        return await self._channels.prune(wanted, grace)
+
+    async def finish(self, snap: Snapshot, ctx: RequestContext) -> None:
         """Run on_response (reverse order) and record the request's metrics. Never raises."""
-        await active.chain.on_response(ctx)
+        await snap.chain.on_response(ctx)
         metrics.record_request(ctx)
 
     async def aclose(self) -> None:

@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("gateway.bench", "measure Sluice against the backend direct"),
     "ebpf": ("gateway.datapath.commands", "attach, inspect or detach the eBPF TC classifier"),
     "host": ("gateway.hosttune", "plan, apply or roll back host TCP tuning"),
+    "status": ("gateway.status.terminal", "print a running gateway's state (what /status shows)"),
 }
 
 

@@ -164,7 +164,7 @@ class Server:
         if self.grpc is not None:
             jobs.append(self.grpc.refresh_unary())
         if self.gateway._channels is not None:
-            jobs.append(self.gateway._channels.prune())
+            jobs.append(self.gateway.prune_channels())
         for job in jobs:
             task = asyncio.get_running_loop().create_task(job)
             self._tasks.add(task)  # keep a reference until it is done

@@ -17,24 +17,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import grpc.aio
 
-from gateway.core.outcome import OUTCOME_OF, Outcome
+from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
-from gateway.filters.base import RequestContext, Status
+from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
+from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
+from gateway.forward.failures import grpc_outcome
+from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
     from gateway.policy.compiled import CompiledPolicy, Endpoint
     from gateway.policy.model import Limits
-    from gateway.snapshot import Snapshot as Active
 
 log = logging.getLogger("sluice.grpc")
 
@@ -57,10 +59,11 @@ MAX_CACHED_HANDLERS = 4096  # method names come from clients: bound what we reme
 DISCOVERY_TIMEOUT_S = 2.0
 MAX_DETAILS = 4096  # characters of an upstream status message passed to the client
 
-_UPSTREAM_ERROR = {
-    grpc.StatusCode.UNAVAILABLE: "upstream_unavailable",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "upstream_timeout",
-    grpc.StatusCode.CANCELLED: "upstream_cancelled",
+# sluice_upstream_errors_total{kind} for upstream call statuses (the failure table's kinds).
+_UPSTREAM_KIND = {
+    grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
+    grpc.StatusCode.CANCELLED: "cancelled",
 }
 
 
@@ -97,20 +100,27 @@ def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, detail
 
 
 def _reject(ctx: RequestContext, context: Context) -> None:
+    """Answer the chain's verdict: its code and reason, Retry-After and the verdict's headers
+    as trailing metadata."""
     verdict = ctx.verdict
+    ctx.outcome = Outcome.REJECTED
+    trailing = list(verdict.headers)
     if verdict.retry_after is not None:
-        context.set_trailing_metadata((("retry-after", str(math.ceil(verdict.retry_after))),))
+        trailing.append(("retry-after", retry_after_value(verdict.retry_after)))
+    trailing.extend(ctx.response_headers)
+    if trailing:
+        context.set_trailing_metadata(tuple(trailing))
     _status(ctx, context, CODES.get(verdict.grpc_status, grpc.StatusCode.UNKNOWN), verdict.reason)
 
 
 def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
+    """The upstream call ended with a status: passed to the client as the backend sent it
+    (details capped); the outcome comes from the one failure table."""
     code = e.code()
-    kind = _UPSTREAM_ERROR.get(code, "")
-    ctx.outcome = Outcome.UPSTREAM_ERROR
-    if kind:
-        ctx.outcome = OUTCOME_OF[kind]
-        if ctx.endpoint is not None:
-            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind[9:]).inc()
+    ctx.outcome = grpc_outcome(code.value[0])
+    kind = _UPSTREAM_KIND.get(code)
+    if kind is not None and ctx.endpoint is not None:
+        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()
     if trailing:
         context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
@@ -135,8 +145,9 @@ def _cancelled(ctx: RequestContext, context: Context) -> None:
 class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     """The generic handler: picks the unary or the stream-stream behaviour per method name."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
         self._gw = gateway
+        self.deadlines = Deadlines(loop)
         self.unary: frozenset[str] = frozenset()
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # type: ignore[type-arg]
 
@@ -151,22 +162,39 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         if handler is None:
             if method in self.unary:
                 handler = grpc.unary_unary_rpc_method_handler(
-                    functools.partial(_unary_call, self._gw, method)
+                    functools.partial(_unary_call, self._gw, self.deadlines, method)
                 )
             else:
                 handler = grpc.stream_stream_rpc_method_handler(
-                    functools.partial(_stream_call, self._gw, method)
+                    functools.partial(_stream_call, self._gw, self.deadlines, method)
                 )
             if len(self._handlers) < MAX_CACHED_HANDLERS:
                 self._handlers[method] = handler
         return handler
 
 
-def _begin(active: Active, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
-    return RequestContext(info, active.policy), md
+    return RequestContext(info, gw.active.policy), md
+
+
+def _trailers(chain: Any, ctx: RequestContext, context: Context, trailing: Any) -> bool:
+    """The upstream's trailing metadata to the client (plus the filters' response headers);
+    the chain's TRAILERS event first. False: a filter ended the call (its verdict is set)."""
+    md = tuple(trailing or ())
+    if chain.has_events:
+        text = tuple((k, v) for k, v in md if isinstance(v, str))
+        if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
+            _reject(ctx, context)
+            ctx.outcome = Outcome.STREAM_CUT
+            return False
+    if ctx.response_headers:
+        md = md + tuple(ctx.response_headers)
+    if md:
+        context.set_trailing_metadata(md)
+    return True
 
 
 def _upstream(
@@ -191,18 +219,26 @@ def _upstream(
 
 # Module-level functions wrapped in functools.partial (not bound methods): grpc checks each
 # behaviour with inspect.iscoroutinefunction per call, which is cheap only for plain functions.
-async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context) -> bytes | None:
-    active = gw.active
-    ctx, md = _begin(active, method, context)
+async def _unary_call(
+    gw: Gateway, deadlines: Deadlines, method: str, request: bytes, context: Context
+) -> bytes | None:
+    ctx, md = _begin(gw, method, context)
+    active = gw.snapshot_for(ctx.info)
+    ctx.policy = active.policy
     ctx.bytes_in = len(request)
     gw.inflight.enter()
+    task = asyncio.current_task()
+    assert task is not None
     try:
         if await active.chain.on_request(ctx) is Status.STOP:
             _reject(ctx, context)
             return None
-        assert ctx.endpoint is not None
+        assert ctx.endpoint is not None and ctx.route is not None
         metadata, timeout = _upstream(ctx, md, context)
+        ctx.attempts += 1
         call = gw.channels.unary(ctx.endpoint, method)(request, timeout=timeout, metadata=metadata)
+        deadlines.start(task, timeout)
+        deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
         try:
             response: bytes = await call
         except grpc.aio.AioRpcError as e:
@@ -210,14 +246,18 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
             return None
         except asyncio.CancelledError:
             call.cancel()
+            if _timed_out(deadlines, task, ctx, context):
+                return None
             _cancelled(ctx, context)
             raise
+        finally:
+            deadlines.stop(task)
+        ctx.first_byte_at = time.monotonic()
         initial = await call.initial_metadata()
         if initial:
             await context.send_initial_metadata(tuple(initial))
-        trailing = await call.trailing_metadata()
-        if trailing:
-            context.set_trailing_metadata(tuple(trailing))
+        if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
+            return None
         ctx.grpc_status = GRPC_OK
         ctx.bytes_out = len(response)
         return response
@@ -236,43 +276,77 @@ async def _unary_call(gw: Gateway, method: str, request: bytes, context: Context
 
 
 async def _stream_call(
-    gw: Gateway, method: str, request_iterator: AsyncIterator[bytes], context: Context
+    gw: Gateway,
+    deadlines: Deadlines,
+    method: str,
+    request_iterator: AsyncIterator[bytes],
+    context: Context,
 ) -> None:
-    active = gw.active
-    ctx, md = _begin(active, method, context)
+    ctx, md = _begin(gw, method, context)
+    active = gw.snapshot_for(ctx.info)
+    ctx.policy = active.policy
     gw.inflight.enter()
     pump: asyncio.Task[None] | None = None
     call: grpc.aio.StreamStreamCall[bytes, bytes] | None = None
+    task = asyncio.current_task()
+    assert task is not None
     try:
         if await active.chain.on_request(ctx) is Status.STOP:
             _reject(ctx, context)
             return
-        assert ctx.endpoint is not None
+        assert ctx.endpoint is not None and ctx.route is not None
         metadata, timeout = _upstream(ctx, md, context)
+        t = ctx.route.timeouts
+        ctx.attempts += 1
         call = gw.channels.stream(ctx.endpoint, method)(None, timeout=timeout, metadata=metadata)
         # The one extra task of a streaming call: client → upstream, as messages come.
         pump = asyncio.get_running_loop().create_task(_pump(context, call, ctx))
+        deadlines.start(task, timeout)
         try:
+            deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
             initial = await call.initial_metadata()
+            ctx.first_byte_at = time.monotonic()
             if initial:
                 await context.send_initial_metadata(tuple(initial))
+            # Backpressure: the next upstream message is read only once the previous one was
+            # accepted downstream (the upstream channel's window is fixed, see channels.py).
+            # A client that reads nothing for idle_s: the upstream call is cancelled at once
+            # (the pending write cannot be cancelled without breaking the call in grpc.aio);
+            # the client gets DEADLINE_EXCEEDED after the one message already queued for it.
             while True:
+                deadlines.tighten(task, t.idle_s, IDLE)
                 msg = await call.read()
                 if msg is EOF:
                     break
                 assert isinstance(msg, bytes)
                 ctx.bytes_out += len(msg)
+                deadlines.tighten(task, t.idle_s, STALL, call.cancel)
                 await context.write(msg)
+                if deadlines.expired(task) == STALL:
+                    ctx.outcome = Outcome.STALLED
+                    _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, "client stalled")
+                    return
+            deadlines.relax(task)
             code = await call.code()
         except grpc.aio.AioRpcError as e:
+            if deadlines.expired(task) == STALL:  # we cancelled it: the client stalled
+                ctx.outcome = Outcome.STALLED
+                _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, "client stalled")
+                return
             _upstream_failed(ctx, context, e)
             return
-        trailing = await call.trailing_metadata()
-        if trailing:
-            context.set_trailing_metadata(tuple(trailing))
+        except asyncio.CancelledError:
+            if _timed_out(deadlines, task, ctx, context):
+                return
+            raise
+        finally:
+            deadlines.stop(task)
+        if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
+            return
         if code is grpc.StatusCode.OK:
             ctx.grpc_status = GRPC_OK
         else:
+            ctx.outcome = grpc_outcome(code.value[0])
             _status(ctx, context, code, await call.details())
     except asyncio.CancelledError:
         if ctx.grpc_status is None:
@@ -289,6 +363,25 @@ async def _stream_call(
             await gw.finish(active, ctx)
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
+
+
+def _timed_out(
+    deadlines: Deadlines, task: asyncio.Task[Any], ctx: RequestContext, context: Context
+) -> bool:
+    """The task was cancelled by one of our deadlines (not the client): answer it. True if so."""
+    kind = deadlines.expired(task)
+    if kind is None or task.uncancel() > 0:
+        return False
+    if kind == STALL:  # the client stopped reading: nothing more will reach it
+        ctx.outcome = Outcome.STALLED
+        _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read in time")
+        return True
+    if ctx.endpoint is not None:
+        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, "timeout").inc()
+    ctx.outcome = Outcome.UPSTREAM_TIMEOUT
+    what = {FIRST_BYTE: "first byte", IDLE: "idle"}.get(kind, "total")
+    _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, f"upstream {what} timeout")
+    return True
 
 
 async def _pump(
@@ -362,7 +455,7 @@ def _discoverable(compiled: CompiledPolicy) -> list[Endpoint]:
 
 async def start_grpc(gateway: Gateway, host: str, port: int) -> GrpcListener:
     """Bind and start the gRPC listener; unary discovery runs in the background."""
-    proxy = _Proxy(gateway)
+    proxy = _Proxy(gateway, asyncio.get_running_loop())
     proxy.set_unary(gateway.active.policy.unary_methods)
     server = grpc.aio.server(
         migration_thread_pool=None,

@@ -2,7 +2,8 @@
 
 Opt-in (`listeners.http.engine: native`); same outward behaviour as the aiohttp engine in
 `gateway.adapters.http`, ~30 µs cheaper per request. This module owns the connections (parsing,
-limits, timers, flow control); the per-request work lives in `gateway.adapters.h1_proxy`.
+limits, timers, flow control); the per-request bytes are in `gateway.adapters.h1_exchange`, the
+request logic in `gateway.forward.http`.
 
 What a connection does and refuses:
 - timers: one lazily moved deadline per connection (no timer per request): `header_read_s` from
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.adapters.h1_messages import Req, simple_response
+from gateway.adapters.h1_messages import HIGH_WATER, LOW_WATER, Req, simple_response
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["H1Conn"]
 
-HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
-LOW_WATER = 64 * 1024
 MAX_PIPELINE = 8  # request heads waiting behind the one being served
 # Lingering close (as nginx's lingering_close): after answering a request whose body was not
 # read (413, an early error), half-close and discard what the client still sends for a moment;
@@ -231,7 +230,9 @@ class H1Conn(asyncio.Protocol):
             self.queued_bytes += len(body)
         elif self.waiter is not None:
             self.wake()
-        if not self.read_paused and (req.buffered > HIGH_WATER or self.queued_bytes > HIGH_WATER):
+        if not self.read_paused and (
+            req.buffered > req.high_water or self.queued_bytes > HIGH_WATER
+        ):
             self.flow()
 
     def on_message_complete(self) -> None:
@@ -249,7 +250,7 @@ class H1Conn(asyncio.Protocol):
     def start(self, req: Req) -> None:
         self.active = req
         self.deadline = None
-        self.task = self.loop.create_task(self.server.proxy.handle(self, req))
+        self.task = self.loop.create_task(self.server.handler.handle(self, req))
 
     def request_done(self, req: Req) -> None:
         """Called by the request task as it ends: next queued request, idle timer, or close."""
@@ -320,7 +321,7 @@ class H1Conn(asyncio.Protocol):
             return
         act = self.active
         want = (
-            (act is not None and act.buffered > HIGH_WATER)
+            (act is not None and act.buffered > act.high_water)
             or len(self.queue) >= MAX_PIPELINE
             or self.queued_bytes > HIGH_WATER
             or self.pending is not None

@@ -8,8 +8,10 @@ from collections import deque
 from email.utils import formatdate
 from http import HTTPStatus
 
-from gateway.adapters.headers import error_body
+from gateway.forward.headers import error_body
 
+HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
+LOW_WATER = 64 * 1024
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _date: list[object] = [0, b""]
@@ -44,6 +46,7 @@ class Req:
         "responded",
         "close",
         "started",
+        "high_water",
     )
 
     def __init__(
@@ -69,6 +72,7 @@ class Req:
         self.responded = False
         self.close = False
         self.started = False
+        self.high_water = HIGH_WATER  # raised while the whole body is being buffered
 
 
 def simple_response(

@@ -1,5 +1,5 @@
 """The native HTTP engine's listener: binds the socket, owns the open connections, and drains
-them on close. Connections are `gateway.adapters.h1.H1Conn`; requests `h1_proxy.H1Proxy`."""
+them on close. Connections are `gateway.adapters.h1.H1Conn`; requests `h1_exchange.H1Handler`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from gateway.adapters.h1 import H1Conn
-from gateway.adapters.h1_proxy import H1Proxy
+from gateway.adapters.h1_exchange import H1Handler
+from gateway.forward.http import HttpForward
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -22,7 +23,7 @@ class H1Server:
         self.limits = policy.limits
         self.header_read_s = policy.timeouts.header_read_s
         self.keepalive_s = policy.timeouts.keepalive_s
-        self.proxy = H1Proxy(gateway, loop)
+        self.handler = H1Handler(HttpForward(gateway, loop))
         self.conns: set[H1Conn] = set()
 
     def __call__(self) -> H1Conn:

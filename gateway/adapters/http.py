@@ -35,15 +35,33 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from gateway.adapters.headers import JSON, error_body
-from gateway.adapters.http_proxy import SMALL_BODY, HttpProxy
+from gateway.adapters.http_exchange import AiohttpExchange
+from gateway.forward.headers import JSON, error_body
+from gateway.forward.http import HttpForward
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.adapters.h1_server import NativeListener
     from gateway.app import Gateway
 
-__all__ = ["SMALL_BODY", "HttpListener", "start_http"]
+__all__ = ["HttpListener", "start_http"]
+
+
+class _Handle:
+    """aiohttp's request handler: wraps the request in an exchange for the forwarding path."""
+
+    __slots__ = ("forward",)
+
+    def __init__(self, forward: HttpForward) -> None:
+        self.forward = forward
+
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        proto: Any = request.protocol
+        ex = AiohttpExchange(request, proto.sluice_peer, self.forward.gateway.draining)
+        await self.forward.serve(ex)
+        if ex.resp is None:  # every path answers; this is a bug guard, not a code path
+            return web.Response(status=500, body=error_body("internal", "gateway error"))
+        return ex.resp
 
 
 class _Handler(RequestHandler):
@@ -153,7 +171,7 @@ async def start_http(
         return await start_native(gateway, host, port, reuse_port=reuse_port)
     limits, timeouts = policy.limits, policy.timeouts
     server = _Server(
-        HttpProxy(gateway, asyncio.get_running_loop()),
+        _Handle(HttpForward(gateway, asyncio.get_running_loop())),
         handler_cancellation=True,
         header_read_s=timeouts.header_read_s,
         keepalive_timeout=timeouts.keepalive_s,

@@ -110,6 +110,23 @@ class Limits(_Model):
     max_idle_connections_per_backend: int = Field(
         default=32, ge=0, description="idle upstream keep-alive connections kept per endpoint"
     )
+    max_buffered_body_bytes: PositiveInt = Field(
+        default=1024 * 1024,
+        description="request bodies up to this size are read whole (within body_read_s) "
+        "before an upstream connection is taken; JSON bodies up to it are parsed for the body "
+        "phase (model, max_tokens, stream). Larger bodies are streamed through unchanged",
+    )
+    max_streamed_uploads_per_backend: PositiveInt = Field(
+        default=64,
+        description="upstream connections per endpoint that may carry a streamed (larger than "
+        "max_buffered_body_bytes) request body at once; more get 503, so slow uploads cannot "
+        "take every connection",
+    )
+    max_event_bytes: PositiveInt = Field(
+        default=1024 * 1024,
+        description="longest SSE line / JSON response body the response phase parses; past it "
+        "the response passes through unparsed",
+    )
 
 
 class Timeouts(_Model):
@@ -119,7 +136,9 @@ class Timeouts(_Model):
         description="from request sent to response headers (504); LLM prefill can be slow",
     )
     idle_s: PositiveFloat = Field(
-        default=60.0, description="longest silence between body chunks either way (504 or cut)"
+        default=60.0,
+        description="longest silence between body chunks either way (504 or cut); also how "
+        "long a client that stopped reading may stall a response before it is cut both ways",
     )
     total_s: PositiveFloat = Field(
         default=600.0, description="whole request, streams included (504)"
@@ -136,6 +155,11 @@ class Timeouts(_Model):
     drain_s: PositiveFloat = Field(
         default=30.0,
         description="on SIGTERM, in-flight requests (streams too) get this long to finish",
+    )
+    body_read_s: PositiveFloat = Field(
+        default=30.0,
+        description="a buffered request body (see limits.max_buffered_body_bytes) must arrive "
+        "within this (408)",
     )
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gateway.adapters.upstream_conn import LOW_WATER, Stale, UpstreamConn
 from gateway.errors import UpstreamProtocolError
+from gateway.upstream.conn import LOW_WATER, Stale, UpstreamConn
 
 
 class UpstreamResponse:
@@ -60,6 +60,13 @@ class UpstreamResponse:
             return
         self._conn = None
         conn.host.put(conn)
+
+    def discard(self) -> None:
+        """Done with a response we refused (e.g. an invalid head): never reuse its connection."""
+        conn = self._conn
+        if conn is not None:
+            conn.keep_alive = False
+        self.release()
 
     async def aclose(self) -> None:
         self.release()

@@ -4,7 +4,7 @@ A channel (one HTTP/2 connection) per endpoint address, opened on first use and 
 request and across policy reloads. After a reload, `prune()` detaches the channels of endpoints
 the policy no longer names (or whose channel options changed) and closes them after a grace, so
 requests still running on the old snapshot finish. Unary-method discovery through the backend's
-server reflection lives in `gateway.adapters.reflection` and is reached through `discover_unary`.
+server reflection lives in `gateway.upstream.reflection` and is reached through `discover_unary`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from gateway.adapters.reflection import discover_unary_methods
+from gateway.upstream.reflection import discover_unary_methods
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
-    from gateway.policy.holder import PolicyHolder
     from gateway.policy.model import Limits
-    from gateway.snapshot import Snapshot as Active
 
 log = logging.getLogger("sluice.grpc.channels")
 
@@ -59,6 +57,12 @@ def channel_options(limits: Limits) -> Options:
         # Each Sluice channel owns its connection (no sharing through the global subchannel
         # pool), so closing a pruned channel really closes its socket.
         ("grpc.use_local_subchannel_pool", 1),
+        # Backpressure: the gateway only reads the next upstream message once the previous one
+        # was accepted downstream; with BDP probing the channel's receive window grows to
+        # megabytes and a backend could still pour a whole response into the gateway for a
+        # client that reads nothing. A fixed 64 KiB stream window keeps it at one window.
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", 65536),
     )
 
 
@@ -78,19 +82,19 @@ class _Upstream:
 class ChannelPool:
     """Upstream grpc.aio channels keyed by endpoint address; the gateway owns and closes it."""
 
-    def __init__(self, holder: PolicyHolder[Active]) -> None:
-        self._holder = holder
+    def __init__(self, limits: Limits) -> None:
         self._upstreams: dict[str, _Upstream] = {}
         self._closing: dict[asyncio.Task[None], grpc.aio.Channel] = {}
-        self._options_for: tuple[int, Options] | None = None  # (id(limits), options)
+        self._options_now: Options = channel_options(limits)
         self._discovery_failed: set[str] = set()
 
+    def configure(self, limits: Limits) -> None:
+        """New limits from a reload: channels opened from now on use them (`prune` closes the
+        ones whose options changed)."""
+        self._options_now = channel_options(limits)
+
     def _options(self) -> Options:
-        limits = self._holder.active.policy.policy.limits
-        cached = self._options_for
-        if cached is None or cached[0] != id(limits):
-            cached = self._options_for = (id(limits), channel_options(limits))
-        return cached[1]
+        return self._options_now
 
     def _upstream(self, endpoint: Endpoint) -> _Upstream:
         up = self._upstreams.get(endpoint.address)
@@ -139,23 +143,27 @@ class ChannelPool:
         self._discovery_failed.discard(endpoint.address)
         return found
 
+    def state(self) -> dict[str, dict[str, str]]:
+        """Per endpoint address: the channel's connectivity (IDLE, CONNECTING, READY,
+        TRANSIENT_FAILURE), read without asking it to connect (for /admin/state)."""
+        return {
+            addr: {"channel": up.channel.get_state(try_to_connect=False).name}
+            for addr, up in self._upstreams.items()
+        }
+
     def addresses(self) -> set[str]:
         return set(self._upstreams)
 
-    async def prune(self, grace: float | None = None) -> int:
-        """Detach channels the active policy no longer needs (endpoint gone, or channel options
-        changed) and close them in the background after `grace` seconds (default: the policy's
-        drain time), so calls still running on the old policy can finish. Returns how many."""
-        compiled = self._holder.active.policy
-        wanted = {e.address for r in compiled.routes for e in r.endpoints if e.protocol == "grpc"}
+    async def prune(self, wanted: set[str], grace: float) -> int:
+        """Detach channels whose address is not `wanted` any more, or whose options changed,
+        and close them in the background after `grace` seconds, so calls still running on the
+        old policy can finish. Returns how many."""
         options = self._options()
         stale = [
             up
             for addr, up in self._upstreams.items()
             if addr not in wanted or up.options != options
         ]
-        if grace is None:
-            grace = compiled.policy.timeouts.drain_s
         for up in stale:
             del self._upstreams[up.address]
             task = asyncio.get_running_loop().create_task(up.channel.close(grace))

@@ -17,7 +17,8 @@ Timeouts need no per-request `wait_for`: each connection owns one lazily moved t
 adapter. Cancelling the awaiting task aborts the connection at once (the backend sees the
 disconnect); so does releasing a response that was not read to its end.
 
-Limits (connections, idle list, response head size) are read from the live policy per request.
+Limits (connections, idle list, response head size) are handed in by the gateway (`configure`
+after each reload).
 Hop-by-hop headers are the caller's business (the HTTP adapter strips them both ways); the pool
 adds only the framing header. A response to HEAD, a 1xx interim head (skipped) or extra bytes
 after a response never leave a connection in the idle list in an unknown state: HEAD and extra
@@ -40,8 +41,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gateway.adapters.upstream_conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn
-from gateway.adapters.upstream_request import (
+from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from gateway.telemetry import metrics
+from gateway.upstream.conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn
+from gateway.upstream.request import (
     REPLAY_LIMIT,
     ReplayStream,
     encode_head,
@@ -49,15 +52,11 @@ from gateway.adapters.upstream_request import (
     send_stream,
     wait_head,
 )
-from gateway.adapters.upstream_response import UpstreamResponse
-from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.telemetry import metrics
+from gateway.upstream.response import UpstreamResponse
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
-    from gateway.policy.holder import PolicyHolder
     from gateway.policy.model import Limits, Timeouts
-    from gateway.snapshot import Snapshot as Active
 
 __all__ = [
     "HIGH_WATER",
@@ -253,16 +252,39 @@ def _readable(fd: int) -> bool:
 class UpstreamPool:
     """Keep-alive HTTP/1.1 connections to every endpoint; limits come from the live policy."""
 
-    def __init__(self, holder: PolicyHolder[Active]) -> None:
-        self._holder = holder
+    def __init__(self, limits: Limits, idle_s: float) -> None:
+        self._limits = limits
+        self._idle_s = idle_s
         self._hosts: dict[tuple[str, int], UpstreamHost] = {}
+        self._uploads: dict[tuple[str, int], int] = {}
         self.closed = False
 
+    def uploads(self, endpoint: Endpoint) -> int:
+        """Requests now streaming a body to this endpoint (bounded by the caller)."""
+        return self._uploads.get((endpoint.host, endpoint.port), 0)
+
+    def upload_started(self, endpoint: Endpoint) -> None:
+        key = (endpoint.host, endpoint.port)
+        self._uploads[key] = self._uploads.get(key, 0) + 1
+
+    def upload_done(self, endpoint: Endpoint) -> None:
+        key = (endpoint.host, endpoint.port)
+        n = self._uploads.get(key, 0) - 1
+        if n > 0:
+            self._uploads[key] = n
+        else:
+            self._uploads.pop(key, None)
+
+    def configure(self, limits: Limits, idle_s: float) -> None:
+        """New bounds from a reload; connections in use keep going, new decisions use these."""
+        self._limits = limits
+        self._idle_s = idle_s
+
     def limits(self) -> Limits:
-        return self._holder.active.policy.policy.limits
+        return self._limits
 
     def idle_s(self) -> float:
-        return float(self._holder.active.policy.policy.timeouts.upstream_idle_s)
+        return self._idle_s
 
     async def request(
         self,
@@ -338,6 +360,18 @@ class UpstreamPool:
             except BaseException:
                 conn.abort()
                 raise
+
+    def state(self) -> dict[str, dict[str, int]]:
+        """Per endpoint address: open connections, idle ones, requests waiting for one (read by
+        /admin/state; nothing on the request path)."""
+        return {
+            (f"[{h.host}]:{h.port}" if ":" in h.host else f"{h.host}:{h.port}"): {
+                "connections": h.total,
+                "idle": len(h.idle),
+                "waiting": len(h.waiters),
+            }
+            for h in self._hosts.values()
+        }
 
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when their response is released."""

@@ -11,13 +11,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gateway.adapters.upstream_conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
-from gateway.adapters.upstream_response import UpstreamResponse
 from gateway.errors import UpstreamProtocolError
+from gateway.upstream.conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
+from gateway.upstream.response import UpstreamResponse
 
 if TYPE_CHECKING:
-    from gateway.adapters.pool import UpstreamHost
     from gateway.policy.model import Timeouts
+    from gateway.upstream.pool import UpstreamHost
 
 REPLAY_LIMIT = 64 * 1024  # streamed request bytes kept for a stale-connection retry
 

@@ -11,11 +11,11 @@ import grpc.aio
 import pytest
 from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
 
-from gateway.adapters.channels import ChannelPool, channel_options
-from gateway.adapters.reflection import unary_methods_of
 from gateway.app import Gateway
 from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Limits
+from gateway.upstream.channels import ChannelPool, channel_options
+from gateway.upstream.reflection import unary_methods_of
 from tests.adapters.test_grpc import GENERATE, INFER, pb2, upstream_server, write_policy
 from tests.support import free_port
 
@@ -46,11 +46,11 @@ async def test_prune_closes_channels_of_endpoints_gone_after_reload(tmp_path: Pa
     pool: ChannelPool = gateway.channels
     try:
         old = pool.get(endpoint(old_port))
-        assert await pool.prune(grace=0) == 0  # still in the policy: kept
+        assert await gateway.prune_channels(grace=0) == 0  # still in the policy: kept
         write_policy(tmp_path, new_port)
         assert gateway.holder.reload().changed
         new = pool.get(endpoint(new_port))
-        assert await pool.prune(grace=0) == 1
+        assert await gateway.prune_channels(grace=0) == 1
         assert pool.addresses() == {endpoint(new_port).address}
         await asyncio.sleep(0.05)  # the close runs in the background
         with pytest.raises(grpc.aio.UsageError):
@@ -67,7 +67,7 @@ async def test_prune_closes_channels_whose_options_changed(tmp_path: Path) -> No
             before = gateway.channels.get(endpoint(port))
             write_policy(tmp_path, port, max_message=4096)
             assert gateway.holder.reload().changed
-            assert await gateway.channels.prune(grace=0) == 1
+            assert await gateway.prune_channels(grace=0) == 1
             assert gateway.channels.get(endpoint(port)) is not before
         finally:
             await gateway.aclose()
@@ -82,7 +82,7 @@ async def test_pruned_channel_lets_a_running_call_finish_within_grace(tmp_path: 
             assert await call.read() is not None
             write_policy(tmp_path, free_port())
             assert gateway.holder.reload().changed
-            assert await gateway.channels.prune(grace=5) == 1
+            assert await gateway.prune_channels(grace=5) == 1
             while await call.read() is not grpc.aio.EOF:  # type: ignore[attr-defined]
                 pass
             assert await call.code() is grpc.StatusCode.OK

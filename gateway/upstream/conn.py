@@ -1,7 +1,7 @@
 """One upstream HTTP/1.1 connection: the asyncio.Protocol, its httptools callbacks, its timer.
 
 `UpstreamConn` owns the transport and the state of the response being read on it (head, body
-chunks, backpressure, the first error); `gateway.adapters.pool` owns the set of connections.
+chunks, backpressure, the first error); `gateway.upstream.pool` owns the set of connections.
 
 Timeouts need no per-request `wait_for`: each connection owns at most one `call_at` timer whose
 deadline moves lazily (first byte; idle = silence between chunks either way, so a stalled
@@ -20,7 +20,7 @@ import httptools
 from gateway.errors import UpstreamProtocolError, UpstreamTimeout
 
 if TYPE_CHECKING:
-    from gateway.adapters.pool import UpstreamHost
+    from gateway.upstream.pool import UpstreamHost
 
 HIGH_WATER = 256 * 1024  # unread response bytes before pause_reading()
 LOW_WATER = 64 * 1024  # resume_reading() once the consumer is back under this

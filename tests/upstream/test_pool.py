@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from gateway.adapters.pool import HIGH_WATER, UpstreamPool
 from gateway.app import Gateway
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Timeouts
+from gateway.upstream.pool import HIGH_WATER, UpstreamPool
 
 T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
 H = [(b"host", b"u")]

@@ -1,0 +1,207 @@
+"""The native engine's `Exchange`: one parsed request (`Req`) on an `H1Conn`, as raw bytes.
+
+Moves bytes only: the body from the connection's buffer (with flow control and
+`100 Continue`), the response head and body to the transport (chunked framing, Connection,
+Date). Every decision is in `gateway.forward.http`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from gateway.adapters.h1_messages import CONTINUE, HIGH_WATER, REASONS, Req, date_value
+from gateway.core.request import Protocol, RequestInfo
+from gateway.forward.exchange import BodyTooLarge
+
+if TYPE_CHECKING:
+    from gateway.adapters.h1 import H1Conn
+    from gateway.forward.http import HttpForward
+
+log = logging.getLogger(__name__)
+
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+class H1Exchange:
+    __slots__ = (
+        "conn", "req", "info", "raw_headers", "header_bytes", "query", "has_body", "head_sent",
+        "sse", "framed", "draining",
+    )  # fmt: skip
+
+    def __init__(self, conn: H1Conn, req: Req, draining: bool) -> None:
+        self.conn = conn
+        self.req = req
+        raw = req.headers
+        headers: dict[str, str] = {}
+        for n, v in raw:  # repeated names: join them, as RFC 9110 §5.3 allows
+            k = n.decode("latin-1").lower()
+            s = v.decode("utf-8", "surrogateescape")
+            headers[k] = s if k not in headers else headers[k] + ", " + s
+        path, _, self.query = req.target.decode("utf-8", "surrogateescape").partition("?")
+        cl_raw = headers.get("content-length")
+        cl = int(cl_raw) if cl_raw is not None else None  # digits only: llhttp checked them
+        self.info = RequestInfo(
+            Protocol.HTTP, req.method, path, headers, conn.peer, headers.get("host", ""), cl
+        )
+        self.raw_headers: Sequence[tuple[bytes, bytes]] = raw
+        self.header_bytes = req.header_size
+        self.has_body = req.chunked or bool(cl)
+        self.head_sent = False
+        self.sse = False
+        self.framed = False
+        self.draining = draining
+
+    # --- request body ---
+
+    async def read_body(self, limit: int) -> bytes | None:
+        conn, req = self.conn, self.req
+        self._continue()
+        req.high_water = limit  # let the connection buffer the whole body (bounded by limit)
+        try:
+            while not req.body_done:
+                if req.body_error or conn.closed:
+                    raise EOFError("incomplete body")
+                if req.buffered > limit:
+                    return None
+                if conn.read_paused:
+                    conn.flow()
+                await conn.wait()
+        finally:
+            req.high_water = HIGH_WATER
+        if req.buffered > limit:
+            return None
+        data = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+        req.body.clear()
+        req.buffered = 0
+        return data
+
+    async def body_stream(self, limit: int) -> AsyncIterator[bytes]:
+        conn, req = self.conn, self.req
+        self._continue()
+        body = req.body
+        total = 0
+        while True:
+            if body:
+                chunk = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                req.buffered = 0
+                if conn.read_paused:
+                    conn.flow()
+                total += len(chunk)
+                if total > limit:
+                    raise BodyTooLarge()
+                yield chunk
+            elif req.body_done:
+                return
+            elif req.body_error or conn.closed:
+                raise EOFError("incomplete body")
+            else:
+                await conn.wait()
+
+    def _continue(self) -> None:
+        conn, req = self.conn, self.req
+        if req.continued or req.body_done or conn.transport is None:
+            return
+        req.continued = True
+        if "expect" in self.info.headers:  # checked to be 100-continue before the chain
+            conn.transport.write(CONTINUE)
+
+    # --- response ---
+
+    def _finish_head(self, head: bytearray, close: bool = False) -> None:
+        conn, req = self.conn, self.req
+        close = close or not req.keep_alive or self.draining or not req.body_done or conn.stopping
+        if close:
+            head += b"connection: close\r\n\r\n"
+        elif req.http10:
+            head += b"connection: keep-alive\r\n\r\n"
+        else:
+            head += b"\r\n"
+        req.close = close
+        req.responded = True
+        self.head_sent = True
+
+    async def send_head(self, status: int, lines: bytes, length: int | None, date: bool) -> None:
+        req = self.req
+        head = _head(status, lines, date)
+        if length is not None:
+            head += b"content-length: %d\r\n" % length
+        elif not req.http10:
+            head += b"transfer-encoding: chunked\r\n"
+            self.framed = True
+        else:
+            req.keep_alive = False  # HTTP/1.0: the end of the body is the close
+        self._finish_head(head)
+        transport = self.conn.transport
+        if transport is not None and not self.conn.closed:
+            transport.write(bytes(head))
+
+    async def write(self, chunk: bytes) -> None:
+        conn = self.conn
+        transport = conn.transport
+        if transport is None or conn.closed:
+            raise ConnectionResetError("client disconnected")
+        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self.framed else chunk)
+        if conn.write_paused:
+            await conn.drain()
+
+    async def end(self) -> None:
+        conn = self.conn
+        if self.framed and conn.transport is not None and not conn.closed:
+            conn.transport.write(_LAST_CHUNK)
+
+    async def respond(
+        self,
+        status: int,
+        lines: bytes,
+        body: bytes,
+        date: bool,
+        close: bool = False,
+        length: int | None = None,
+    ) -> None:
+        head = _head(status, lines, date)
+        if length is not None:
+            head += b"content-length: %d\r\n" % length
+        elif status >= 200 and status != 204:
+            head += b"content-length: %d\r\n" % len(body)
+        self._finish_head(head, close)
+        conn = self.conn
+        if conn.transport is not None and not conn.closed:
+            conn.transport.write(bytes(head) + body if body else bytes(head))
+
+    def abort(self) -> None:
+        self.req.responded = False  # the connection is cut when the request task ends
+        if self.conn.transport is not None:
+            self.conn.transport.abort()
+
+
+def _head(status: int, lines: bytes, date: bool) -> bytearray:
+    """Status line from the code (never an upstream reason phrase), the lines, a Date."""
+    head = bytearray(b"HTTP/1.1 %d %b\r\n" % (status, REASONS.get(status, b"")))
+    head += lines
+    if not date:
+        head += b"date: %b\r\n" % date_value()
+    return head
+
+
+class H1Handler:
+    """Runs one request task: builds the exchange and hands it to the forwarding path."""
+
+    def __init__(self, forward: HttpForward) -> None:
+        self.forward = forward
+
+    async def handle(self, conn: H1Conn, req: Req) -> None:
+        req.started = True
+        ex = H1Exchange(conn, req, self.forward.gateway.draining)
+        try:
+            await self.forward.serve(ex)
+        except (asyncio.CancelledError, ConnectionError):
+            pass  # the client left: the request is recorded as cancelled
+        except Exception:  # a bug of ours: log it, cut this connection, keep serving others
+            log.exception("native HTTP request failed")
+            req.responded = False
+        finally:
+            conn.request_done(req)

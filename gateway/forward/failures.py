@@ -1,0 +1,75 @@
+"""The one table from an upstream failure to what the client sees, for both protocols.
+
+HTTP status, gRPC code, the JSON error type, the outcome, and the `kind` label of
+`sluice_upstream_errors_total`. Timeouts before the response head are 504 /
+DEADLINE_EXCEEDED; a connection that cannot be had is 502 / UNAVAILABLE (a client may retry
+it elsewhere); a backend that speaks broken HTTP or cuts its answer is 502 / INTERNAL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.core.outcome import Outcome
+from gateway.core.verdict import (
+    GRPC_DEADLINE_EXCEEDED,
+    GRPC_INTERNAL,
+    GRPC_UNAVAILABLE,
+)
+from gateway.errors import (
+    UpstreamConnectError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    outcome: Outcome
+    http_status: int
+    grpc_status: int
+    error_type: str  # the JSON error body's `type` / the SSE error event's type
+    kind: str  # sluice_upstream_errors_total{kind}
+
+
+CONNECT = Failure(
+    Outcome.UPSTREAM_CONNECT, 502, GRPC_UNAVAILABLE, "upstream_connect_error", "connect"
+)
+TIMEOUT = Failure(
+    Outcome.UPSTREAM_TIMEOUT, 504, GRPC_DEADLINE_EXCEEDED, "upstream_timeout", "timeout"
+)
+PROTOCOL = Failure(
+    Outcome.UPSTREAM_PROTOCOL, 502, GRPC_INTERNAL, "upstream_protocol_error", "protocol"
+)
+UNAVAILABLE = Failure(
+    Outcome.UPSTREAM_ERROR, 503, GRPC_UNAVAILABLE, "upstream_unavailable", "unavailable"
+)
+
+
+def failure_for(exc: BaseException) -> Failure:
+    """The failure an exception of the upstream side stands for."""
+    if isinstance(exc, UpstreamTimeout):
+        return TIMEOUT
+    if isinstance(exc, UpstreamConnectError):
+        return CONNECT
+    if isinstance(exc, UpstreamProtocolError):
+        return PROTOCOL
+    return PROTOCOL
+
+
+# gRPC status codes an upstream call ended with → the outcome (the code itself is passed to the
+# client as the backend sent it).
+GRPC_OUTCOMES: dict[int, Outcome] = {
+    0: Outcome.OK,
+    1: Outcome.UPSTREAM_ERROR,  # CANCELLED by the backend
+    4: Outcome.UPSTREAM_TIMEOUT,
+    13: Outcome.UPSTREAM_ERROR,
+    14: Outcome.UPSTREAM_ERROR,
+    15: Outcome.UPSTREAM_ERROR,
+}
+
+
+def grpc_outcome(code: int) -> Outcome:
+    """Application errors (NOT_FOUND, INVALID_ARGUMENT, ...) are the backend's answer: OK for the
+    gateway; UNAVAILABLE, INTERNAL, DATA_LOSS, DEADLINE_EXCEEDED, CANCELLED are failures."""
+    return GRPC_OUTCOMES.get(code, Outcome.OK)

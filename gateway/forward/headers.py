@@ -1,0 +1,184 @@
+"""Headers both ways, for both engines: hop-by-hop sets, the upstream request's headers, the
+client response's header lines (from an upstream head or for an error), JSON error bodies.
+
+Upstream response heads are validated before anything reaches the client (a status outside
+100–599 or a header value with control bytes is a 502), and the client's status line is written
+from the code, never from the upstream's reason phrase. Header bytes are passed as they came.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.filters.base import RequestContext
+    from gateway.policy.compiled import Endpoint
+
+# RFC 9110 §7.6.1 hop-by-hop fields, plus the ones a proxy rewrites itself: framing (the pool and
+# the engines frame each side), Host (set to the endpoint), Expect (we stream the body ourselves).
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+REQUEST_DROP = HOP_BY_HOP | {
+    b"host",
+    b"content-length",
+    b"expect",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+}
+RESPONSE_DROP = HOP_BY_HOP | {b"content-length"}
+
+JSON = "application/json"  # content type of `error_body`
+
+# RFC 9110 §5.5: a field value is VCHAR / obs-text / SP / HTAB; anything else is refused.
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def connection_listed(value: bytes) -> set[bytes]:
+    """Names listed in a Connection header: hop-by-hop for this hop only (RFC 9110 §7.6.1)."""
+    return {t.strip().lower() for t in value.split(b",") if t.strip()}
+
+
+def error_body(error_type: str, message: str) -> bytes:
+    return json.dumps(
+        {"error": {"type": error_type, "message": message}}, separators=(",", ":")
+    ).encode()
+
+
+def retry_after_value(seconds: float) -> str:
+    """Retry-After is whole seconds (RFC 9110 §10.2.3): round up, never below 1."""
+    return str(max(1, math.ceil(seconds)))
+
+
+def request_headers(
+    raw: Sequence[tuple[bytes, bytes]], ctx: RequestContext, endpoint: Endpoint
+) -> list[tuple[bytes, bytes]]:
+    """Client headers minus hop-by-hop, plus Host, X-Forwarded-* and the filters' headers (a
+    client header whose name a filter sets is replaced, never doubled)."""
+    extra = ctx.upstream_headers
+    drop = REQUEST_DROP
+    conn_listed: set[bytes] | None = None
+    xff = b""
+    out: list[tuple[bytes, bytes]] = [(b"host", endpoint.address.encode())]
+    for n, v in raw:
+        ln = n.lower()
+        if ln in drop:
+            if ln == b"connection":
+                conn_listed = connection_listed(v)
+            elif ln == b"x-forwarded-for":
+                xff = v if not xff else xff + b", " + v
+            continue
+        if extra and ln.decode("latin-1") in extra:
+            continue
+        out.append((n, v))
+    if conn_listed:
+        out = [(n, v) for n, v in out if n.lower() not in conn_listed or n == b"host"]
+    peer = ctx.info.peer.encode()
+    out.append((b"x-forwarded-for", xff + b", " + peer if xff else peer))
+    out.append((b"x-forwarded-proto", b"http"))
+    for name, value in extra.items():
+        if value:  # an empty value only strips the client's copy (e.g. a claim header)
+            out.append((name.encode("latin-1"), value.encode("latin-1")))
+    return out
+
+
+class BadUpstreamHead(Exception):
+    """The upstream response head cannot be passed on (→ 502)."""
+
+
+class ClientHead:
+    """The client's response head built from an upstream head."""
+
+    __slots__ = ("lines", "length", "chunked", "date", "content_type")
+
+    def __init__(self) -> None:
+        self.lines = b""
+        self.length: int | None = None
+        self.chunked = False
+        self.date = False
+        self.content_type = b""
+
+
+def client_head(
+    status: int, headers: Sequence[tuple[bytes, bytes]], ctx: RequestContext
+) -> ClientHead:
+    """Hop-by-hop (and Connection-listed) fields dropped, values checked, the request id and
+    the filters' response headers added. Raises BadUpstreamHead."""
+    if not 100 <= status <= 599:
+        raise BadUpstreamHead(f"invalid upstream status {status}")
+    head = ClientHead()
+    conn_listed: set[bytes] | None = None
+    has_rid = False
+    kept: list[bytes] = []
+    for n, v in headers:
+        ln = n.lower()
+        if ln in RESPONSE_DROP:
+            if ln == b"content-length":
+                if not v.isdigit():
+                    raise BadUpstreamHead("invalid upstream Content-Length")
+                head.length = int(v)
+            elif ln == b"transfer-encoding":
+                head.chunked = True
+            elif ln == b"connection":
+                conn_listed = connection_listed(v)
+            continue
+        if ln == b"date":
+            head.date = True
+        elif ln == b"x-request-id":
+            has_rid = True
+        elif ln == b"content-type":
+            head.content_type = v.lower()
+        kept.append(ln)
+        kept.append(n + b": " + v + b"\r\n")
+    values = b"\t".join(v for _, v in headers)
+    if _BAD_VALUE.search(values):
+        raise BadUpstreamHead("invalid byte in an upstream header value")
+    if head.chunked:
+        head.length = None
+    if conn_listed:
+        lines = [kept[i + 1] for i in range(0, len(kept), 2) if kept[i] not in conn_listed]
+    else:
+        lines = kept[1::2]
+    if ctx.request_id and not has_rid:
+        lines.append(b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1"))
+    for name, value in ctx.response_headers:
+        lines.append(_line(name, value))
+    head.lines = b"".join(lines)
+    return head
+
+
+def response_lines(
+    ctx: RequestContext,
+    retry_after: float | None = None,
+    extra: Sequence[tuple[str, str]] = (),
+) -> bytes:
+    """Header lines of a response Sluice writes itself (a JSON error)."""
+    out = b"content-type: application/json\r\n"
+    if retry_after is not None:
+        out += b"retry-after: %b\r\n" % retry_after_value(retry_after).encode()
+    if ctx.request_id:
+        out += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
+    for name, value in extra:
+        out += _line(name, value)
+    for name, value in ctx.response_headers:
+        out += _line(name, value)
+    return out
+
+
+def _line(name: str, value: str) -> bytes:
+    line = f"{name}: {value}\r\n".encode("latin-1", "replace")
+    if line.count(b"\r") != 1 or line.count(b"\n") != 1:
+        raise ValueError("CR/LF in a response header set by a filter")
+    return line

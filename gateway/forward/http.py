@@ -1,0 +1,286 @@
+"""The HTTP request lifecycle, written once for both engines.
+
+Per request, in this order: header bounds (431), path safety (400), Expect (417), the chain's
+`on_request` (its verdict; a route and an endpoint, else 404/503), Content-Length bound (413),
+the body phase (a body up to `limits.max_buffered_body_bytes` is read whole within
+`timeouts.body_read_s` before any upstream connection is taken, 408 past it; JSON bodies are
+parsed and shown to `on_body`, which may rewrite them), the upstream call through the pool,
+the response phase (`gateway.forward.relay`), and `finish` (on_response in reverse, metrics).
+
+Failures map through the one table in `gateway.forward.failures`. Deadlines (total, body,
+client stall) are the coarse ticker of `gateway.forward.deadlines`: an overdue request task is
+cancelled and asks which deadline it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.core import body as bodies
+from gateway.core.outcome import Outcome
+from gateway.core.request import unsafe_path
+from gateway.core.verdict import (
+    BAD_EXPECT,
+    BAD_PATH,
+    BODY_TIMEOUT,
+    BODY_TOO_LARGE,
+    GRPC_UNAVAILABLE,
+    HEADERS_TOO_LARGE,
+    NO_ROUTE,
+    Verdict,
+    reject,
+)
+from gateway.errors import UpstreamError
+from gateway.filters.base import RequestContext, Status
+from gateway.forward import relay
+from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
+from gateway.forward.exchange import BodyTooLarge, Exchange
+from gateway.forward.failures import failure_for
+from gateway.forward.headers import error_body, request_headers, response_lines
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from gateway.app import Gateway
+    from gateway.snapshot import Snapshot
+
+log = logging.getLogger("sluice.forward")
+
+UPLOADS_FULL = reject(
+    503, GRPC_UNAVAILABLE, "uploads_busy", "too many streamed uploads to this backend", 1.0
+)
+_JSON_TYPES = (b"application/json", b"text/json")
+
+
+class HttpForward:
+    """One per listener (and loop); no per-request closures."""
+
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
+        self.gateway = gateway
+        self.loop = loop
+        self.deadlines = Deadlines(loop)
+
+    async def serve(self, ex: Exchange) -> None:
+        """Serve one request to its end. Raises CancelledError / ConnectionError only when the
+        client went away; every other failure is answered."""
+        gw = self.gateway
+        info = ex.info
+        snap = gw.snapshot_for(info)
+        ctx = RequestContext(info, snap.policy)
+        gw.inflight.enter()
+        try:
+            verdict = await self._admit(ex, ctx, snap)
+            if verdict is not None:
+                await self._reject(ex, ctx, verdict)
+                return
+            await self._forward(ex, ctx, snap)
+        except (asyncio.CancelledError, ConnectionError):
+            if ctx.outcome is Outcome.OK:
+                ctx.outcome = Outcome.CLIENT_CANCELLED
+            raise
+        except Exception:  # a bug of ours: one log line with the traceback, a 500 if possible
+            log.exception("HTTP request failed: %s %s", info.method, info.path[:200])
+            ctx.outcome = Outcome.INTERNAL
+            if not ex.head_sent:
+                await self._answer(ex, ctx, 500, "internal", "gateway error", close=True)
+            else:
+                ex.abort()
+        finally:
+            try:
+                await gw.finish(snap, ctx)
+            finally:
+                gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
+
+    async def _admit(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> Verdict | None:
+        info = ctx.info
+        limits = snap.policy.policy.limits
+        if (
+            ex.header_bytes > limits.max_header_bytes
+            or len(ex.raw_headers) > limits.max_header_count
+        ):
+            return HEADERS_TOO_LARGE  # no filter saw it: none gets on_response (ctx.ran == 0)
+        if unsafe_path(info.path):
+            return BAD_PATH
+        expect = info.headers.get("expect")
+        if expect is not None and expect.lower() != "100-continue":
+            return BAD_EXPECT
+        chain = snap.chain
+        if await chain.on_request(ctx) is Status.STOP:
+            return ctx.verdict
+        if ctx.route is None or ctx.endpoint is None:
+            return NO_ROUTE
+        cl = info.content_length
+        if cl is not None and cl > limits.max_body_bytes:
+            return BODY_TOO_LARGE
+        return None
+
+    async def _forward(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> None:
+        route, endpoint = ctx.route, ctx.endpoint
+        assert route is not None and endpoint is not None
+        policy = snap.policy.policy
+        limits, timeouts = policy.limits, route.timeouts
+        info = ctx.info
+        loop = self.loop
+        task = asyncio.current_task(loop)
+        assert task is not None
+        deadlines = self.deadlines
+        deadlines.start(task, timeouts.total_s)
+        body: AsyncIterator[bytes] | bytes | None = None
+        streamed = False
+        pool = self.gateway.http_pool
+        try:
+            try:
+                if ex.has_body:
+                    deadlines.tighten(task, policy.timeouts.body_read_s, BODY)
+                    whole = await ex.read_body(
+                        min(limits.max_buffered_body_bytes, limits.max_body_bytes)
+                    )
+                    deadlines.relax(task)
+                    if whole is not None:
+                        body = whole
+                        ctx.bytes_in = len(whole)
+                    else:
+                        if pool.uploads(endpoint) >= limits.max_streamed_uploads_per_backend:
+                            await self._reject(ex, ctx, UPLOADS_FULL)
+                            return
+                        body = self._counted(ex, ctx, limits.max_body_bytes)
+                        streamed = True
+                if snap.chain.has_body:
+                    verdict = self._body_phase(ctx, snap, body, info.content_length)
+                    if verdict is not None:
+                        await self._reject(ex, ctx, verdict)
+                        return
+                    b = ctx.body
+                    if b is not None and b.dirty and b.doc is not None:
+                        body = json.dumps(b.doc, separators=(",", ":")).encode()
+                        ctx.bytes_in = len(body)
+                path = route.upstream_path(info.path)
+                if ex.query:
+                    path += "?" + ex.query
+                headers = request_headers(ex.raw_headers, ctx, endpoint)
+                ctx.attempts += 1
+                if streamed:
+                    pool.upload_started(endpoint)
+                try:
+                    up = await pool.request(
+                        endpoint,
+                        info.method,
+                        path,
+                        headers,
+                        body,
+                        timeouts,
+                        content_length=info.content_length if streamed else None,
+                    )
+                finally:
+                    if streamed:
+                        pool.upload_done(endpoint)
+            except BodyTooLarge:
+                await self._reject(ex, ctx, BODY_TOO_LARGE)
+                return
+            except EOFError:  # the client's body was malformed or cut
+                ctx.outcome = Outcome.BAD_REQUEST
+                await self._answer(ex, ctx, 400, "bad_request", "incomplete body", close=True)
+                return
+            except UpstreamError as e:
+                await self._upstream_failed(ex, ctx, e)
+                return
+            try:
+                await relay.relay(self, ex, ctx, snap, up, task)
+            finally:
+                up.release()
+        except asyncio.CancelledError:
+            kind = deadlines.expired(task)
+            if kind is None or task.uncancel() > 0:
+                raise  # the client left (or both at once): not ours to answer
+            await self._expired(ex, ctx, kind)
+        finally:
+            deadlines.stop(task)
+
+    def _body_phase(
+        self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None
+    ) -> Verdict | None:
+        if isinstance(body, bytes):
+            rb = bodies.opaque(len(body), body)
+            if body and _is_json(ctx):
+                try:
+                    rb = bodies.from_doc(body, json.loads(body))
+                except (ValueError, RecursionError):
+                    pass  # malformed JSON passes through unchanged
+        else:  # streamed (larger than the buffer cap) or absent: sizes only
+            rb = bodies.opaque(length or 0)
+        ctx.body = rb
+        if snap.chain.on_body(ctx, rb) is Status.STOP:
+            return ctx.verdict
+        return None
+
+    async def _counted(self, ex: Exchange, ctx: RequestContext, limit: int) -> AsyncIterator[bytes]:
+        async for chunk in ex.body_stream(limit):
+            ctx.bytes_in += len(chunk)
+            yield chunk
+
+    async def _expired(self, ex: Exchange, ctx: RequestContext, kind: str) -> None:
+        endpoint = ctx.endpoint
+        if kind == BODY:
+            await self._reject(ex, ctx, BODY_TIMEOUT)
+            return
+        if kind == STALL:  # the client stopped reading: cut both ways (the upstream is released)
+            ctx.outcome = Outcome.STALLED
+            ex.abort()
+            return
+        assert kind == TOTAL
+        if endpoint is not None:
+            metrics.UPSTREAM_ERRORS.labels(endpoint.backend, "timeout").inc()
+        ctx.outcome = Outcome.UPSTREAM_TIMEOUT
+        if not ex.head_sent:
+            await self._answer(ex, ctx, 504, "upstream_timeout", "upstream total timeout")
+        else:
+            await relay.end_early(ex, ctx, "upstream_timeout", "upstream total timeout")
+
+    async def _upstream_failed(self, ex: Exchange, ctx: RequestContext, e: Exception) -> None:
+        f = failure_for(e)
+        if ctx.endpoint is not None:
+            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, f.kind).inc()
+        ctx.outcome = f.outcome
+        ctx.detail = str(e)[:200]
+        if not ex.head_sent:
+            await self._answer(ex, ctx, f.http_status, f.error_type, str(e))
+        else:
+            await relay.end_early(ex, ctx, f.error_type, str(e))
+
+    async def _reject(self, ex: Exchange, ctx: RequestContext, v: Verdict) -> None:
+        ctx.verdict = v
+        ctx.outcome = Outcome.REJECTED
+        close = v.http_status in (408, 413, 431)  # the rest of the request is not worth reading
+        await self._answer(
+            ex, ctx, v.http_status, v.error_type, v.reason, v.retry_after, v.headers, close
+        )
+
+    async def _answer(
+        self,
+        ex: Exchange,
+        ctx: RequestContext,
+        status: int,
+        error_type: str,
+        message: str,
+        retry_after: float | None = None,
+        extra: tuple[tuple[str, str], ...] = (),
+        close: bool = False,
+    ) -> None:
+        """A JSON error response, whole, in one write."""
+        ctx.http_status = status
+        body = error_body(error_type or "error", message)
+        lines = response_lines(ctx, retry_after, extra)
+        ctx.bytes_out = len(body)
+        await ex.respond(status, lines, body, False, close or self.gateway.draining)
+
+
+def _is_json(ctx: RequestContext) -> bool:
+    ct = ctx.info.headers.get("content-type")
+    if ct is None:
+        return True  # many clients omit it; a body that does not parse stays opaque
+    low = ct.lower().encode("latin-1", "replace")
+    return any(t in low for t in _JSON_TYPES) or b"+json" in low

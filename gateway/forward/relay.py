@@ -1,0 +1,231 @@
+"""The response phase of an HTTP request: upstream head → client, body relayed chunk by chunk.
+
+- The head is validated and rebuilt (`headers.client_head`); an invalid one is a 502.
+- A body that is complete with its head goes out with it in one write.
+- Filters with `on_event` see the HEAD, the JSON body of a non-streaming answer (read whole up to
+  `limits.max_event_bytes` before it is sent, so a STOP can still answer with an error), and
+  each SSE event; `ctx.usage` is taken from OpenAI `usage` wherever it appears. SSE is parsed
+  only when someone listens (a filter, or a usage chunk to hide that Sluice asked for); then
+  whole events are written, so one can be dropped or the stream ended after it.
+- A stream that cannot finish (a filter's STOP, the upstream dying or timing out, the total
+  deadline) ends cleanly when it is SSE: an error event and `data: [DONE]`, then the normal end
+  of the chunked body. Other bodies are cut (no last-chunk marker: the client sees an error,
+  never a complete-looking truncated answer).
+- A client that stops reading stalls the writes; past `timeouts.idle_s` without progress the
+  request is cut both ways (deadline STALL in `gateway.forward.http`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.body import usage_from
+from gateway.core.outcome import Outcome
+from gateway.core.sse import SseParser, error_event
+from gateway.errors import UpstreamError, UpstreamProtocolError
+from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
+from gateway.forward.deadlines import STALL
+from gateway.forward.headers import BadUpstreamHead, client_head
+
+if TYPE_CHECKING:
+    from gateway.forward.exchange import Exchange
+    from gateway.forward.http import HttpForward
+    from gateway.snapshot import Snapshot
+    from gateway.upstream.response import UpstreamResponse
+
+_SSE = b"text/event-stream"
+_JSON = b"json"
+
+
+def may_have_body(method: str, status: int) -> bool:
+    return method != "HEAD" and status >= 200 and status not in (204, 304)
+
+
+async def relay(
+    fw: HttpForward,
+    ex: Exchange,
+    ctx: RequestContext,
+    snap: Snapshot,
+    up: UpstreamResponse,
+    task: asyncio.Task[Any],
+) -> None:
+    status = up.status
+    try:
+        head = client_head(status, up.headers, ctx)
+    except BadUpstreamHead as e:
+        up.discard()
+        await fw._upstream_failed(ex, ctx, UpstreamProtocolError(str(e)))
+        return
+    ctx.http_status = status
+    if status >= 500:
+        ctx.outcome = Outcome.UPSTREAM_ERROR  # passed on as the backend sent it
+    chain = snap.chain
+    listen = chain.has_events
+    if (
+        listen
+        and chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, metadata=_decoded(up.headers)))
+        is Status.STOP
+    ):
+        await fw._reject(ex, ctx, ctx.verdict)
+        return
+    bodied = may_have_body(ctx.info.method, status)
+    limits = snap.policy.policy.limits
+    try:
+        chunk = await up.read_chunk()
+        json_body = listen and bodied and _JSON in head.content_type
+        if json_body and not up.complete and (head.length or 0) <= limits.max_event_bytes:
+            chunk = await _read_up_to(up, chunk, limits.max_event_bytes)
+        if up.complete:
+            if json_body and len(chunk) <= limits.max_event_bytes:
+                doc = _loads(chunk)
+                u = usage_from(doc)
+                if u is not None:
+                    ctx.usage = u
+                ev = StreamEvent(EventKind.JSON, status, chunk, doc)
+                if chain.on_event(ctx, ev) is Status.STOP:
+                    await fw._reject(ex, ctx, ctx.verdict)
+                    return
+            ctx.first_byte_at = time.monotonic()
+            ctx.bytes_out = len(chunk) if bodied else 0
+            # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
+            await ex.respond(
+                status,
+                head.lines,
+                chunk if bodied else b"",
+                head.date,
+                fw.gateway.draining,
+                None if bodied else head.length,
+            )
+            return
+        length = head.length
+        ex.sse = bodied and length is None and head.content_type.startswith(_SSE)
+        await ex.send_head(status, head.lines, length, head.date)
+        ctx.first_byte_at = time.monotonic()
+        b = ctx.body
+        hide_usage = b is not None and b.usage_added
+        if ex.sse and (listen or hide_usage):
+            await _relay_events(fw, ex, ctx, snap, up, task, chunk, listen, hide_usage)
+            return
+        deadlines, idle = fw.deadlines, ctx.route.timeouts.idle_s if ctx.route else 60.0
+        while chunk:
+            ctx.bytes_out += len(chunk)
+            deadlines.tighten(task, idle, STALL)
+            await ex.write(chunk)
+            deadlines.relax(task)
+            chunk = await up.read_chunk()
+        await ex.end()
+    except UpstreamError as e:
+        await fw._upstream_failed(ex, ctx, e)
+
+
+async def _relay_events(
+    fw: HttpForward,
+    ex: Exchange,
+    ctx: RequestContext,
+    snap: Snapshot,
+    up: UpstreamResponse,
+    task: asyncio.Task[Any],
+    chunk: bytes,
+    listen: bool,
+    hide_usage: bool,
+) -> None:
+    """SSE, parsed: whole events are written; one may be dropped (the usage chunk Sluice asked
+    for) or the stream ended after it (a filter's STOP)."""
+    chain = snap.chain
+    parser = SseParser(snap.policy.policy.limits.max_event_bytes)
+    deadlines = fw.deadlines
+    idle = ctx.route.timeouts.idle_s if ctx.route else 60.0
+    while chunk:
+        if parser.overflowed:
+            out = chunk
+        else:
+            parts: list[bytes] = []
+            for ev in parser.feed(chunk):
+                if not ev.data or ev.done:
+                    parts.append(ev.raw)
+                    continue
+                doc = _loads(ev.data)
+                u = usage_from(doc)
+                if u is not None:
+                    ctx.usage = u
+                if listen:
+                    sev = StreamEvent(EventKind.SSE, 0, ev.data, doc)
+                    if chain.on_event(ctx, sev) is Status.STOP:
+                        await _write(ex, ctx, task, deadlines, idle, b"".join(parts))
+                        v = ctx.verdict
+                        ctx.outcome = Outcome.STREAM_CUT
+                        await end_early(ex, ctx, v.error_type or "stream_cut", v.reason)
+                        return
+                if hide_usage and u is not None and not doc.get("choices"):
+                    continue  # the usage-only chunk the client did not ask for
+                parts.append(ev.raw)
+            if parser.overflowed:
+                parts.append(parser.take_rest())
+            out = b"".join(parts)
+        if out:
+            await _write(ex, ctx, task, deadlines, idle, out)
+        chunk = await up.read_chunk()
+    rest = parser.take_rest()
+    if rest:
+        await _write(ex, ctx, task, deadlines, idle, rest)
+    await ex.end()
+
+
+async def _write(
+    ex: Exchange,
+    ctx: RequestContext,
+    task: asyncio.Task[Any],
+    deadlines: Any,
+    idle: float,
+    data: bytes,
+) -> None:
+    if not data:
+        return
+    ctx.bytes_out += len(data)
+    deadlines.tighten(task, idle, STALL)
+    await ex.write(data)
+    deadlines.relax(task)
+
+
+async def end_early(ex: Exchange, ctx: RequestContext, error_type: str, message: str) -> None:
+    """End a response whose head is out: an SSE error event + [DONE] and a clean end when the
+    stream is SSE; otherwise cut the connection."""
+    if ex.sse:
+        data = error_event(error_type, message)
+        ctx.bytes_out += len(data)
+        try:
+            await ex.write(data)
+            await ex.end()
+        except (ConnectionError, OSError):
+            ex.abort()
+        return
+    ex.abort()
+
+
+async def _read_up_to(up: UpstreamResponse, first: bytes, limit: int) -> bytes:
+    """Gather a JSON body until it is complete or passes `limit` (then it streams from there)."""
+    parts = [first]
+    size = len(first)
+    while not up.complete and size <= limit:
+        more = await up.read_chunk()
+        if not more:
+            break
+        parts.append(more)
+        size += len(more)
+    return b"".join(parts)
+
+
+def _loads(data: bytes) -> Any:
+    if not data or data[:1] not in (b"{", b"["):
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _decoded(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
+    return tuple((n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in headers)
