@@ -99,6 +99,21 @@ def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, detail
         context.set_details(details[:MAX_DETAILS])
 
 
+def bounded_metadata(
+    md: Sequence[tuple[str, str | bytes]], cap: int
+) -> tuple[tuple[str, str | bytes], ...]:
+    """The first entries of an upstream's metadata that fit `cap` bytes as HTTP/2 counts them
+    (name + value + 32 each, RFC 7541 4.1); the channel accepts more from a backend than the
+    client is likely to (limits.grpc_max_upstream_metadata_bytes vs grpc_max_metadata_bytes)."""
+    size, out = 0, []
+    for k, v in md:
+        size += len(k) + len(v) + 32
+        if size > cap:
+            break
+        out.append((k, v))
+    return tuple(out)
+
+
 def _reject(ctx: RequestContext, context: Context) -> None:
     """Answer the chain's verdict: its code and reason, Retry-After and the verdict's headers
     as trailing metadata."""
@@ -123,7 +138,8 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
         metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()
     if trailing:
-        context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
+        cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
+        context.set_trailing_metadata(bounded_metadata(cast(Metadata, trailing), cap))
     _status(ctx, context, code, e.details() or "")
 
 
@@ -183,7 +199,7 @@ def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, 
 def _trailers(chain: Any, ctx: RequestContext, context: Context, trailing: Any) -> bool:
     """The upstream's trailing metadata to the client (plus the filters' response headers);
     the chain's TRAILERS event first. False: a filter ended the call (its verdict is set)."""
-    md = tuple(trailing or ())
+    md = bounded_metadata(trailing or (), ctx.policy.policy.limits.grpc_max_metadata_bytes)
     if chain.has_events:
         text = tuple((k, v) for k, v in md if isinstance(v, str))
         if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:

@@ -4,7 +4,8 @@ server reflection, so a gateway can health-check it and learn which methods are 
 
 Test hooks carried in request metadata: every `x-echo-*` key comes back as initial and trailing
 metadata; `x-mock-sleep-ms: N` delays Infer by N ms (deadline tests); `x-mock-status: CODE` aborts
-the call with that numeric status and details "mock failure". Trailing metadata always carries the
+the call with that numeric status and details "mock failure" (padded to `x-mock-details-bytes: N`
+characters when given, up to 1 MiB: a huge grpc-message). Trailing metadata always carries the
 total token count under the `usage_trailer` knob (default `x-mock-usage-tokens`).
 """
 
@@ -59,6 +60,18 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
     )
 
 
+MAX_DETAILS_BYTES = 1 << 20  # bound of the x-mock-details-bytes hook
+
+
+def _details(metadata: dict[str, str | bytes]) -> str:
+    """ "mock failure", or padded to `x-mock-details-bytes` characters (a huge grpc-message)."""
+    size = metadata.get("x-mock-details-bytes")
+    if not isinstance(size, str) or not size.strip().isdigit():
+        return "mock failure"
+    n = min(int(size), MAX_DETAILS_BYTES)
+    return ("mock failure " + "x" * n)[:n]
+
+
 class InferenceServicer:
     """The Inference service; registered with the generated `add_InferenceServicer_to_server`."""
 
@@ -78,7 +91,8 @@ class InferenceServicer:
             await context.send_initial_metadata(echo)
         status = metadata.get("x-mock-status")
         if isinstance(status, str) and status.strip().isdigit() and int(status) != 0:
-            await self._abort(context, call, ctx, _CODES.get(int(status), grpc.StatusCode.UNKNOWN))
+            code = _CODES.get(int(status), grpc.StatusCode.UNKNOWN)
+            await self._abort(context, call, ctx, code, _details(metadata))
         failure = ctx.knobs.failure
         if failure == "hang":
             await asyncio.Event().wait()  # until the client cancels or the server stops

@@ -101,6 +101,12 @@ class Limits(_Model):
         "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
     )
     grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
+    grpc_max_upstream_metadata_bytes: PositiveInt = Field(
+        default=1 << 20,
+        description="gRPC metadata bytes a backend may send (a long status message arrives "
+        "whole, then its details are cut to 4096 characters and the rest of the metadata to "
+        "grpc_max_metadata_bytes for the client)",
+    )
     grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(
         default=60.0, description="pings closer than this without data count as strikes (GOAWAY)"
     )

@@ -1,0 +1,55 @@
+"""Hardening, against a live gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from gateway.proto import load
+from tests.integration.conftest import Backend, Gateway, start_gateway
+
+pytestmark = pytest.mark.integration
+
+pb2, pb2_grpc = load()
+
+HEADER_READ_S = 1.5
+TIMEOUTS = f"header_read_s: {HEADER_READ_S}\n  keepalive_s: 75\n  first_byte_s: 5\n  drain_s: 10"
+INFER = "/sluice.inference.v1.Inference/Infer"
+
+
+@pytest.fixture(scope="module")
+def gateways(
+    backend: Backend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Gateway]]:
+    started: dict[str, Gateway] = {}
+    try:
+        for engine in ("aiohttp", "native"):
+            tmp = tmp_path_factory.mktemp(f"hardening-{engine}")
+            started[engine] = start_gateway(backend, tmp, engine=engine, timeouts=TIMEOUTS)
+        yield started
+    finally:
+        for gw in started.values():
+            assert gw.proc.stop() == 0, gw.proc.output()
+
+
+# -- item 10: a 100 KB grpc-message from the backend ------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["Infer", "Generate"])
+async def test_huge_upstream_status_message_reaches_the_client_trimmed(
+    gateways: dict[str, Gateway], method: str
+) -> None:
+    md = (("x-mock-status", "13"), ("x-mock-details-bytes", "100000"))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gateways['aiohttp'].grpc_port}") as ch:
+        stub = pb2_grpc.InferenceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            if method == "Infer":
+                await stub.Infer(pb2.InferRequest(prompt="x"), metadata=md, timeout=10)
+            else:
+                async for _ in stub.Generate(pb2.InferRequest(prompt="x"), metadata=md, timeout=10):
+                    pass
+    assert e.value.code() == grpc.StatusCode.INTERNAL, e.value  # the backend's code
+    details = e.value.details() or ""
+    assert len(details) == 4096 and details.startswith("mock failure x")
