@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 import grpc.aio
 
+from gateway.adapters.grpc_calls import CallAccounting
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
@@ -44,6 +45,7 @@ Metadata = Sequence[tuple[str, str | bytes]]
 Context = grpc.aio.ServicerContext[bytes, bytes]
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
+CALLS = CallAccounting()  # calls that end between handler lookup and _begin (one listener)
 CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
 
 # Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
@@ -173,6 +175,7 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             self._handlers = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        CALLS.looked_up()  # runs in the call's task: a call that ends before _begin is counted
         method: str = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
@@ -190,6 +193,7 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 
 
 def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+    CALLS.started()
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())

@@ -127,6 +127,15 @@ def record_request(ctx: RequestContext) -> None:
         REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()
 
 
+GRPC_ENDED_BEFORE_HANDLER = Counter(
+    "sluice_grpc_calls_ended_before_handler_total",
+    "gRPC calls grpc ended before Sluice's handler ran (so in no other request metric and not "
+    "in the access log): reason cancelled (by the client) or no_request (no request message).",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+
 # --- datapath (eBPF TC classifier; written by gateway/datapath/sync.py) ---------------------
 DATAPATH_UP = Gauge(
     "sluice_datapath_up",
