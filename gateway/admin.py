@@ -2,7 +2,8 @@
 
 GET  /healthz               200 while the process runs
 GET  /readyz                200 once policy and listeners are up; 503 before and during drain
-GET  /metrics               Prometheus text format (all workers' series under --workers N)
+GET  /metrics               Prometheus text format (all workers' series under --workers N);
+                            OpenMetrics, with exemplars, when the scraper's Accept asks for it
 GET  /status                the live status page (static files; see gateway.status)
 GET  /admin/state           the JSON document the page reads (also for scripts)
 GET  /admin/policy          current policy (JSON), version hash, last reload result
@@ -76,8 +77,14 @@ def build_admin_app(server: Server) -> web.Application:
         detail.update(gw.services.readiness())
         return _json(detail, 200 if detail["ready"] else 503)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
         IN_FLIGHT.set(gw.inflight.count)  # exact for this process; other workers sample it
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            # OpenMetrics carries the exemplars (trace ids of kept traces).
+            from prometheus_client.openmetrics import exposition as om
+
+            body = om.generate_latest(registry)  # type: ignore[no-untyped-call]
+            return web.Response(body=body, headers={"Content-Type": om.CONTENT_TYPE_LATEST})
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

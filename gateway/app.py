@@ -10,11 +10,13 @@ limits; the pools never look at the policy themselves.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
+from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.holder import PolicyHolder
@@ -117,9 +119,18 @@ class Gateway:
             grace = compiled.policy.timeouts.drain_s
         return await self._channels.prune(wanted, grace)
 
-    async def finish(self, snap: Snapshot, ctx: RequestContext) -> None:
-        """Run on_response (reverse order) and record the request's metrics. Never raises."""
-        await snap.chain.on_response(ctx)
+    def finish(self, snap: Snapshot, ctx: RequestContext) -> Awaitable[None] | None:
+        """Run on_response (reverse order) and record the request's metrics. Never raises.
+        Returns an awaitable only when a filter's on_response is a coroutine (await it)."""
+        chain = snap.chain
+        if chain.sync_response:
+            chain.on_response_plain(ctx)
+            metrics.record_request(ctx)
+            return None
+        return self._finish(chain, ctx)
+
+    async def _finish(self, chain: Chain, ctx: RequestContext) -> None:
+        await chain.on_response(ctx)
         metrics.record_request(ctx)
 
     async def aclose(self) -> None:

@@ -27,7 +27,7 @@ import grpc.aio
 from gateway.adapters.grpc_calls import CallAccounting
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
+from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNKNOWN
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
@@ -145,6 +145,11 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     _status(ctx, context, code, e.details() or "")
 
 
+def _end_try(ctx: RequestContext) -> None:
+    code = ctx.grpc_status if ctx.grpc_status is not None else GRPC_UNKNOWN
+    ctx.end_try(time.monotonic(), code, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
+
+
 def _crashed(ctx: RequestContext, context: Context) -> None:
     log.exception("gRPC proxy failed on %s", ctx.info.path)
     ctx.outcome = Outcome.INTERNAL
@@ -254,8 +259,8 @@ async def _unary_call(
             _reject(ctx, context)
             return None
         assert ctx.endpoint is not None and ctx.route is not None
+        ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
         metadata, timeout = _upstream(ctx, md, context)
-        ctx.attempts += 1
         call = gw.channels.unary(ctx.endpoint, method)(request, timeout=timeout, metadata=metadata)
         deadlines.start(task, timeout)
         deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
@@ -272,7 +277,8 @@ async def _unary_call(
             raise
         finally:
             deadlines.stop(task)
-        ctx.first_byte_at = time.monotonic()
+        ctx.first_byte_at = now = time.monotonic()
+        ctx.try_first_byte(now)
         initial = await call.initial_metadata()
         if initial:
             await context.send_initial_metadata(tuple(initial))
@@ -289,8 +295,11 @@ async def _unary_call(
         _crashed(ctx, context)
         return None
     finally:
+        _end_try(ctx)
         try:
-            await gw.finish(active, ctx)
+            pending = gw.finish(active, ctx)
+            if pending is not None:
+                await pending
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -315,9 +324,9 @@ async def _stream_call(
             _reject(ctx, context)
             return
         assert ctx.endpoint is not None and ctx.route is not None
+        ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
         metadata, timeout = _upstream(ctx, md, context)
         t = ctx.route.timeouts
-        ctx.attempts += 1
         call = gw.channels.stream(ctx.endpoint, method)(None, timeout=timeout, metadata=metadata)
         # The one extra task of a streaming call: client → upstream, as messages come.
         pump = asyncio.get_running_loop().create_task(_pump(context, call, ctx))
@@ -325,7 +334,8 @@ async def _stream_call(
         try:
             deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
             initial = await call.initial_metadata()
-            ctx.first_byte_at = time.monotonic()
+            ctx.first_byte_at = now = time.monotonic()
+            ctx.try_first_byte(now)
             if initial:
                 await context.send_initial_metadata(tuple(initial))
             # Backpressure: the next upstream message is read only once the previous one was
@@ -340,6 +350,7 @@ async def _stream_call(
                     break
                 assert isinstance(msg, bytes)
                 ctx.bytes_out += len(msg)
+                ctx.stream_event(time.monotonic())
                 deadlines.tighten(task, t.idle_s, STALL, call.cancel)
                 await context.write(msg)
                 if deadlines.expired(task) == STALL:
@@ -379,8 +390,11 @@ async def _stream_call(
             pump.cancel()
         if call is not None and not call.done():
             call.cancel()  # client gone or we failed: the upstream must stop at once
+        _end_try(ctx)
         try:
-            await gw.finish(active, ctx)
+            pending = gw.finish(active, ctx)
+            if pending is not None:
+                await pending
         finally:
             gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 

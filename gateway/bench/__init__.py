@@ -1,7 +1,7 @@
 """`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
 
     python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
-                            [--engine aiohttp|native]
+                            [--engine aiohttp|native] [--tracing]
     python -m tests.bench.run [same options]
 
 Rows, each after a 2 s warm-up run of the same command:
@@ -13,6 +13,8 @@ Rows, each after a 2 s warm-up run of the same command:
 - HTTP Sluice: wrk → `sluice serve` with a policy written here → the same backend.
 - gRPC backend direct: h2load (gRPC-framed unary `Infer`) → `sluice mock-backend`.
 - gRPC Sluice: h2load → `sluice serve` → the same mock backend.
+- With `--tracing`, each Sluice row again through a second gateway whose policy adds
+  `tracing` (tail sampling at 1e-5: the OK requests measured are decided and dropped).
 
 Proxy CPU µs/req is utime+stime of the proxy process (and its children) from /proc/PID/stat,
 read before and after the measured run, divided by the completed requests. The proxies run on
@@ -59,6 +61,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("aiohttp", "native"),
         default="aiohttp",
         help="Sluice's HTTP ingress engine (listeners.http.engine)",
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also measure a gateway with tail-sampled tracing on (rows '+ tail sampling')",
     )
     parser.add_argument(
         "--wait-idle",

@@ -123,6 +123,7 @@ def policy_doc(
     grpc_backend: int | None,
     access_log: bool,
     engine: str = "aiohttp",
+    tracing: bool = False,
 ) -> dict[str, Any]:
     backends: list[dict[str, Any]] = []
     routes: list[dict[str, Any]] = []
@@ -163,6 +164,8 @@ def policy_doc(
         "access_log": {"enabled": access_log},
         "mock_backend": {"enabled": False},
     }
+    if tracing:  # tail sampling as shipped: OK requests are not kept, nothing is exported
+        doc["tracing"] = {"enabled": True, "sample_ratio": 1e-5, "slow_ms": 2000}
     from gateway.policy.model import Policy
 
     Policy.model_validate(doc)  # fail here, with the reason, rather than in the child
@@ -189,18 +192,24 @@ def start_mock(s: Setup) -> tuple[int, int, int]:
 
 
 def start_gateway(
-    s: Setup, http_backend: int | None, grpc_backend: int | None
+    s: Setup,
+    http_backend: int | None,
+    grpc_backend: int | None,
+    tracing: bool = False,
+    name: str = "gateway",
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
-    doc = policy_doc(ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine)
-    path = s.procs.tmp / "bench-policy.yaml"
+    doc = policy_doc(
+        ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine, tracing
+    )
+    path = s.procs.tmp / f"bench-policy-{name}.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
-    p = s.procs.start("gateway", pinned(s.gw_cpus, cmd))
+    p = s.procs.start(name, pinned(s.gw_cpus, cmd))
     try:
-        wait_until("gateway", lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])
+        wait_until(name, lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])
     except Exception as e:
-        raise RuntimeError(f"{e}\n{s.procs.tail('gateway')}") from e
+        raise RuntimeError(f"{e}\n{s.procs.tail(name)}") from e
     return p, ports
 
 
@@ -233,6 +242,19 @@ def run_all(s: Setup) -> list[Row]:
     except Exception as e:
         gw_error = f"gateway did not start: {e}"
 
+    # --tracing: a second gateway, the same policy plus tail sampling, measured right after.
+    traced: list[tuple[str, subprocess.Popen[bytes] | None, dict[str, int], str | None]] = [
+        ("", gw, gw_ports, gw_error)
+    ]
+    if a.tracing:
+        try:
+            tg, tports = start_gateway(
+                s, http_be if do_http else None, mock_grpc, True, "gateway-traced"
+            )
+            traced.append((" + tail sampling", tg, tports, None))
+        except Exception as e:
+            traced.append((" + tail sampling", None, {}, f"gateway did not start: {e}"))
+
     cores = cpu_list(s.gw_cpus)
     stats = mock_stats(mock_admin) if mock_admin is not None else None
 
@@ -249,33 +271,37 @@ def run_all(s: Setup) -> list[Row]:
         if proxy is not None:
             url = f"http://127.0.0.1:{proxy[1]}/v1/models"
             rows.append(run(Row("HTTP nginx proxy"), s.wrk(url), parse_wrk, proxy[0].pid))
-        row = Row(f"HTTP Sluice ({a.engine})")
-        if gw is None:
-            row.error = gw_error
-        else:
-            url = f"http://127.0.0.1:{gw_ports['http']}/v1/models"
-            if not models_ok(url):
-                status, body = http_get(url)
-                row.error = f"probe GET {url} → {status} {body[:200]!r}"
+        for suffix, g, g_ports, g_error in traced:
+            row = Row(f"HTTP Sluice ({a.engine}){suffix}")
+            if g is None:
+                row.error = g_error
             else:
-                run(row, s.wrk(url), parse_wrk, gw.pid)
-        rows.append(row)
+                url = f"http://127.0.0.1:{g_ports['http']}/v1/models"
+                if not models_ok(url):
+                    status, body = http_get(url)
+                    row.error = f"probe GET {url} → {status} {body[:200]!r}"
+                else:
+                    run(row, s.wrk(url), parse_wrk, g.pid)
+            rows.append(row)
     if do_grpc:
         assert mock_grpc is not None
         cmd, parse = s.grpc("grpc-direct", mock_grpc)
         rows.append(run(Row("gRPC backend direct (mock)"), cmd, parse, None, stats))
-        row = Row("gRPC Sluice")
-        if gw is None:
-            row.error = gw_error
-        else:
-            try:
-                grpc_ok(f"127.0.0.1:{gw_ports['grpc']}")
-            except Exception as e:
-                row.error = f"probe Infer through Sluice: {e}"
+        for suffix, g, g_ports, g_error in traced:
+            row = Row(f"gRPC Sluice{suffix}")
+            if g is None:
+                row.error = g_error
             else:
-                cmd, parse = s.grpc("grpc-sluice", gw_ports["grpc"])
-                run(row, cmd, parse, gw.pid, stats)
-        rows.append(row)
+                try:
+                    grpc_ok(f"127.0.0.1:{g_ports['grpc']}")
+                except Exception as e:
+                    row.error = f"probe Infer through Sluice: {e}"
+                else:
+                    cmd, parse = s.grpc(
+                        "grpc-sluice" + ("-traced" if suffix else ""), g_ports["grpc"]
+                    )
+                    run(row, cmd, parse, g.pid, stats)
+            rows.append(row)
     if gw is not None:
         if gw.poll() is not None:
             s.notes.append(f"the gateway exited during the run:\n{s.procs.tail('gateway')}")

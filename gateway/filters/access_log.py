@@ -71,6 +71,8 @@ class AccessLogFilter:
             f'"duration_ms":{ctx.elapsed * 1000:.3f},'
             f'"bytes_in":{ctx.bytes_in},"bytes_out":{ctx.bytes_out}'
         )
+        if ctx.trace_id:  # tracing on: the id the backend saw too (traceparent)
+            line += f',"trace_id":"{ctx.trace_id:032x}"'
         if ctx.error:
             line += f',"error":{_str(ctx.error)}'
         if ctx.cancelled:

@@ -26,7 +26,8 @@ def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
 
 class Chain:
     __slots__ = (
-        "filters", "_req", "_body", "_event", "_resp", "_async_req", "has_body", "has_events",
+        "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "sync_request",
+        "sync_response",
     )  # fmt: skip
 
     def __init__(self, filters: Sequence[Filter]) -> None:
@@ -34,11 +35,12 @@ class Chain:
         # (position, hook, is_coroutine) per phase; position = index in `filters`.
         req = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_request"))]
         self._req = tuple((i, fn, co) for i, (fn, co) in req)
-        self._async_req = any(co for _, _, co in self._req)
+        self.sync_request = not any(co for _, _, co in self._req)
         self._body = tuple(f.on_body for f in self.filters if hasattr(f, "on_body"))
         self._event = tuple(f.on_event for f in self.filters if hasattr(f, "on_event"))
         resp = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_response"))]
         self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in reversed(resp))
+        self.sync_response = not any(co for _, _, co, _ in self._resp)
         self.has_body = bool(self._body)
         self.has_events = bool(self._event)
 
@@ -50,6 +52,15 @@ class Chain:
             if status is Status.STOP:
                 return Status.STOP
         ctx.ran = n
+        return Status.CONTINUE
+
+    def on_request_plain(self, ctx: RequestContext) -> Status:
+        """`on_request` without an await, for a chain whose request hooks are all plain."""
+        for i, fn, _ in self._req:
+            ctx.ran = i + 1
+            if fn(ctx) is Status.STOP:
+                return Status.STOP
+        ctx.ran = len(self.filters)
         return Status.CONTINUE
 
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
@@ -75,6 +86,17 @@ class Chain:
                 else:
                     fn(ctx)
             except Exception:  # one filter's bug must not hide the others' bookkeeping
+                log.exception("filter %s on_response failed", name)
+
+    def on_response_plain(self, ctx: RequestContext) -> None:
+        """`on_response` without an await, for a chain whose response hooks are all plain."""
+        ran = ctx.ran
+        for i, fn, _, name in self._resp:
+            if i >= ran:
+                continue
+            try:
+                fn(ctx)
+            except Exception:
                 log.exception("filter %s on_response failed", name)
 
     def activate(self) -> None:

@@ -27,6 +27,7 @@ class FilterSpec:
 
 FILTERS: dict[str, FilterSpec] = {
     "request_id": FilterSpec("gateway.filters.request_id:build", lambda c: None),
+    "trace": FilterSpec("gateway.filters.trace:build", lambda c: c.policy.tracing),
     "access_log": FilterSpec("gateway.filters.access_log:build", lambda c: c.policy.access_log),
     "route": FilterSpec("gateway.filters.routing:build", lambda c: c),
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from gateway.core import body as bodies
@@ -91,7 +92,9 @@ class HttpForward:
                 ex.abort()
         finally:
             try:
-                await gw.finish(snap, ctx)
+                pending = gw.finish(snap, ctx)
+                if pending is not None:
+                    await pending
             finally:
                 gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -109,7 +112,8 @@ class HttpForward:
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
         chain = snap.chain
-        if await chain.on_request(ctx) is Status.STOP:
+        status = chain.on_request_plain(ctx) if chain.sync_request else await chain.on_request(ctx)
+        if status is Status.STOP:
             return ctx.verdict
         if ctx.route is None or ctx.endpoint is None:
             return NO_ROUTE
@@ -161,8 +165,9 @@ class HttpForward:
                 path = route.upstream_path(info.path)
                 if ex.query:
                     path += "?" + ex.query
+                # begin_try counts the attempt and, when tracing, aims traceparent at this try.
+                ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
                 headers = request_headers(ex.raw_headers, ctx, endpoint)
-                ctx.attempts += 1
                 if streamed:
                     pool.upload_started(endpoint)
                 try:
@@ -178,6 +183,7 @@ class HttpForward:
                 finally:
                     if streamed:
                         pool.upload_done(endpoint)
+                ctx.try_first_byte(time.monotonic(), up.status)
             except BodyTooLarge:
                 await self._reject(ex, ctx, BODY_TOO_LARGE)
                 return
@@ -199,6 +205,7 @@ class HttpForward:
             await self._expired(ex, ctx, kind)
         finally:
             deadlines.stop(task)
+            ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
 
     def _body_phase(
         self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None

@@ -110,8 +110,11 @@ async def relay(
             await _relay_events(fw, ex, ctx, snap, up, task, chunk, listen, hide_usage)
             return
         deadlines, idle = fw.deadlines, ctx.route.timeouts.idle_s if ctx.route else 60.0
+        sse = ex.sse
         while chunk:
             ctx.bytes_out += len(chunk)
+            if sse:  # unparsed SSE: a chunk is (usually) one event
+                ctx.stream_event(time.monotonic())
             deadlines.tighten(task, idle, STALL)
             await ex.write(chunk)
             deadlines.relax(task)
@@ -159,8 +162,11 @@ async def _relay_events(
                         ctx.outcome = Outcome.STREAM_CUT
                         await end_early(ex, ctx, v.error_type or "stream_cut", v.reason)
                         return
-                if hide_usage and u is not None and not doc.get("choices"):
-                    continue  # the usage-only chunk the client did not ask for
+                if u is not None and not doc.get("choices"):
+                    if hide_usage:
+                        continue  # the usage-only chunk the client did not ask for
+                else:
+                    ctx.stream_event(time.monotonic())  # an output event (a token, usually)
                 parts.append(ev.raw)
             if parser.overflowed:
                 parts.append(parser.take_rest())

@@ -359,8 +359,86 @@ class Datapath(_Model):
     )
 
 
-FilterName = Literal["request_id", "access_log", "route"]
-DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "route")
+class TracingExporter(_Model):
+    """Where kept traces go. Unset fields come from the standard OpenTelemetry environment
+    variables (OTEL_EXPORTER_OTLP_TRACES_* or OTEL_EXPORTER_OTLP_*: endpoint, protocol,
+    headers, timeout, certificates), then from the OTLP defaults."""
+
+    protocol: Literal["grpc", "http/protobuf"] | None = Field(
+        default=None,
+        description="OTLP transport; null = OTEL_EXPORTER_OTLP_TRACES_PROTOCOL / "
+        "OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="collector URL (http:// or https://): http://otel-collector:4317 (grpc) or "
+        "http://otel-collector:4318/v1/traces (http); null = the OTEL_* variables, else "
+        "localhost on the protocol's port",
+    )
+    timeout_s: PositiveFloat | None = Field(
+        default=None, description="per export call; null = OTEL_EXPORTER_OTLP_TIMEOUT, else 10"
+    )
+    max_queue_spans: PositiveInt = Field(
+        default=2048,
+        description="spans waiting for the exporter; beyond, spans are dropped and counted "
+        "(sluice_trace_dropped_total), never waited for",
+    )
+
+
+class Tracing(_Model):
+    """OpenTelemetry traces with tail sampling decided in the process when a request ends.
+
+    Errors, refusals and slow requests are always kept; of the rest, `sample_ratio` of the
+    traces, chosen by trace id (the same in every replica). Spans are built only for kept
+    traces, from timings the request recorded, so a dropped request costs a few µs."""
+
+    enabled: bool = Field(default=False, description="trace requests (needs `trace` in filters)")
+    sample_ratio: float = Field(
+        default=1.0e-5,
+        ge=0.0,
+        le=1.0,
+        description="share of the traces that are neither errors nor slow that are kept "
+        "(1e-5 = 0.001 %); also the sampled flag of the traceparent sent to backends",
+    )
+    slow_ms: PositiveFloat = Field(default=2000.0, description="slower than this is always kept")
+    error_status: int = Field(
+        default=400,
+        ge=100,
+        le=600,
+        description="HTTP statuses at or above this are errors (always kept); gRPC: not OK",
+    )
+    service_name: str = Field(
+        default="sluice", min_length=1, max_length=128, description="resource service.name"
+    )
+    max_pending_traces: PositiveInt = Field(
+        default=1000,
+        le=1_000_000,
+        description="kept traces held for export; when full the oldest is dropped and counted",
+    )
+    max_spans_per_trace: PositiveInt = Field(
+        default=64, le=10_000, description="spans held per trace; beyond, dropped and counted"
+    )
+    max_wait_ms: PositiveFloat = Field(
+        default=1000.0,
+        le=60_000,
+        description="a kept trace waits this long for later requests of the same trace "
+        "before it is exported",
+    )
+    genai_attributes: bool = Field(
+        default=False,
+        description="parse request and response bodies for the GenAI attributes (model, "
+        "max_tokens, token usage) even when no other filter reads them (about one JSON parse "
+        "per request and per stream event); without it they appear when another filter (token "
+        "limits) has the bodies parsed",
+    )
+    exporter: TracingExporter = Field(
+        default_factory=TracingExporter, description="OTLP exporter (defaults from OTEL_*)"
+    )
+
+
+FilterName = Literal["request_id", "trace", "access_log", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "trace", "access_log", "route")
 
 
 class Policy(_Model):
@@ -377,6 +455,7 @@ class Policy(_Model):
     access_log: AccessLog = Field(default_factory=AccessLog, description="structured access log")
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
+    tracing: Tracing = Field(default_factory=Tracing, description="OpenTelemetry tail sampling")
 
     @field_validator("filters")
     @classmethod
@@ -460,4 +539,6 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
                 f"({cap}): use at least {2 * cap}, or 0 to turn the check off",
             )
         )
+    if p.tracing.enabled and "trace" not in p.filters:
+        errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     return errors

@@ -113,14 +113,18 @@ def record_request(ctx: RequestContext) -> None:
         counter = REQUESTS.labels(*key)
         if len(_requests_children) < _MAX_CACHED:
             _requests_children[key] = counter
-    counter.inc()
+    # Exemplars (OpenMetrics exposition) point at the traces the tail sampler kept.
+    exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx.trace_kept else None
+    counter.inc(1, exemplar)
     key2 = (route, protocol)
     hist = _seconds_children.get(key2)
     if hist is None:
         hist = REQUEST_SECONDS.labels(*key2)
         if len(_seconds_children) < _MAX_CACHED:
             _seconds_children[key2] = hist
-    hist.observe(ctx.elapsed)
+    hist.observe(ctx.elapsed, exemplar)
+    if ctx.first_token_at is not None or ctx.usage is not None:
+        _record_llm(ctx, route, backend, exemplar)
     if ctx.cancelled:
         CLIENT_CANCELLED.labels(protocol).inc()
     if not ctx.verdict.allowed:
@@ -171,3 +175,73 @@ ACCESS_LOG_DROPPED = Counter(
     "Access log lines (or batches) dropped because stderr was stalled or broken.",
     registry=REGISTRY,
 )
+
+# --- LLM streams and tokens (recorded by record_request from the context) -----------------
+TOKEN_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+TIME_TO_FIRST_TOKEN = Histogram(
+    "sluice_time_to_first_token_seconds",
+    "Streams: from request arrival to the first output event sent to the client.",
+    ["route", "backend"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "sluice_inter_token_latency_seconds",
+    "Streams: mean time between output tokens (events) after the first, one sample per stream.",
+    ["route", "backend"],
+    buckets=TOKEN_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "sluice_tokens_total",
+    "LLM tokens the backends reported (usage), by route, backend and type (input, output).",
+    ["route", "backend", "type"],
+    registry=REGISTRY,
+)
+
+# --- tracing (tail sampler; gateway/filters/trace.py, gateway/telemetry/tracing.py) --------
+TRACE_DECISIONS = Counter(
+    "sluice_trace_decisions_total",
+    "Tail-sampling decisions by reason (error, timeout, rejected, slow, linked, ratio: kept; "
+    "not_sampled: dropped).",
+    ["reason"],
+    registry=REGISTRY,
+)
+TRACE_DROPPED = Counter(
+    "sluice_trace_dropped_total",
+    "Kept traces or spans lost before export, by reason (pending_full: traces; build_failed, "
+    "spans_per_trace, export_queue_full: spans).",
+    ["reason"],
+    registry=REGISTRY,
+)
+TRACE_SPANS_EXPORTED = Counter(
+    "sluice_trace_spans_exported_total",
+    "Spans the OTLP exporter finished, by result (ok, failed).",
+    ["result"],
+    registry=REGISTRY,
+)
+TRACE_PENDING = Gauge(
+    "sluice_trace_pending",
+    "Kept traces waiting for export.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+
+
+def _record_llm(
+    ctx: RequestContext, route: str, backend: str, exemplar: dict[str, str] | None
+) -> None:
+    """Streams: time to first token, mean inter-token latency; any answer: usage tokens."""
+    usage = ctx.usage
+    first = ctx.first_token_at
+    if first is not None:
+        TIME_TO_FIRST_TOKEN.labels(route, backend).observe(first - ctx.started, exemplar)
+        last = ctx.last_token_at
+        tokens = usage.completion_tokens if usage is not None else ctx.stream_events
+        if last is not None and tokens > 1 and last > first:
+            INTER_TOKEN_LATENCY.labels(route, backend).observe((last - first) / (tokens - 1))
+    if usage is not None:
+        TOKENS.labels(route, backend, "input").inc(usage.prompt_tokens)
+        TOKENS.labels(route, backend, "output").inc(usage.completion_tokens)
