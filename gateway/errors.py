@@ -10,6 +10,8 @@ GatewayError
   + StoreUnavailable     Redis down/timeout: each rule says fail_open or fail_closed
   + DatapathError        BPF compile/attach failure: fatal only if the datapath is required
   + HostTuneError        a host setting could not be read, applied or rolled back
+  + AdminError           `sluice policy ... --against/--admin`: the running gateway's admin API
+                         could not be reached or refused the request
 """
 
 from __future__ import annotations
@@ -61,3 +63,7 @@ class DatapathError(GatewayError):
 
 class HostTuneError(GatewayError):
     """A host network setting could not be read, applied or rolled back."""
+
+
+class AdminError(GatewayError):
+    """A running gateway's admin API could not be reached, or answered with an error."""

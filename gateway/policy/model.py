@@ -441,6 +441,81 @@ FilterName = Literal["request_id", "trace", "access_log", "route"]
 DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "trace", "access_log", "route")
 
 
+class Guard(_Model):
+    """The change guard: a reload that would break most recent traffic is held, not applied."""
+
+    enabled: bool = Field(
+        default=True,
+        description="compare each new policy with the recent traffic before it goes live",
+    )
+    max_affected_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="hold a change that would refuse at least this share of the recent requests "
+        "(no route, no usable endpoint, a body limit or timeout they exceed)",
+        examples=[0.5, 0.2],
+    )
+    min_requests: PositiveInt = Field(
+        default=20,
+        description="below this many requests in the window (~5 min) the guard has nothing to "
+        "judge and lets the change through",
+    )
+
+
+RolloutStage = Literal["shadow"] | Annotated[float, Field(gt=0, le=100)]
+
+
+def _default_stages() -> list[RolloutStage]:
+    return ["shadow", 5.0, 25.0, 100.0]
+
+
+class Rollout(_Model):
+    """Staged rollout of this policy when it replaces a running one (not at boot)."""
+
+    stages: list[RolloutStage] = Field(
+        default_factory=_default_stages,
+        min_length=1,
+        max_length=16,
+        description="`shadow` (decisions computed and counted, no effect) then growing "
+        "percentages of requests (by a hash of the request id) served by the new policy",
+        examples=[["shadow", 5, 25, 100], [10, 100]],
+    )
+    hold_s: PositiveFloat = Field(
+        default=60.0, description="how long each stage lasts before the next one"
+    )
+    min_requests: PositiveInt = Field(
+        default=50,
+        description="requests the new share must serve in a stage before it is judged; a stage "
+        "never advances on less (promote it by hand)",
+    )
+    max_error_rate_increase: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="roll back when the new share's error rate (5xx, no route, gRPC UNAVAILABLE "
+        "...) exceeds the old share's by more than this (absolute, 0.02 = 2 points)",
+    )
+    max_p95_ratio: float = Field(
+        default=1.5, ge=1, description="roll back when new p95 > old p95 × this + p95_slack_s"
+    )
+    p95_slack_s: float = Field(
+        default=0.05, ge=0, description="absolute slack added to the p95 allowance"
+    )
+
+    @field_validator("stages")
+    @classmethod
+    def _stage_order(cls, v: list[str | float]) -> list[str | float]:
+        if "shadow" in v[1:]:
+            raise ValueError("`shadow` can only be the first stage")
+        pct = [float(s) for s in v if s != "shadow"]
+        if not pct or pct[-1] != 100:
+            raise ValueError("the last stage must be 100")
+        if any(b <= a for a, b in zip(pct, pct[1:], strict=False)):
+            raise ValueError("percentages must grow from stage to stage")
+        return v
+
+
 class Policy(_Model):
     version: Literal[1] = Field(default=1, description="schema version")
     listeners: Listeners = Field(default_factory=Listeners, description="where Sluice listens")
@@ -456,6 +531,31 @@ class Policy(_Model):
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
     tracing: Tracing = Field(default_factory=Tracing, description="OpenTelemetry tail sampling")
+    guard: Guard = Field(default_factory=Guard, description="change guard of reloads")
+    rollout: Rollout | None = Field(
+        default=None,
+        description="roll this policy out in stages when it replaces a running one "
+        "(null = all at once)",
+    )
+    force: bool = Field(
+        default=False,
+        description="apply this policy even if the change guard would hold it (for automation; "
+        "remove it again, or every later reload of the file skips the guard too)",
+    )
+    checksum: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="sha256 of the file without this line (`sluice policy checksum FILE "
+        "--write`); a file that does not match is refused, so a half-written file never loads",
+        examples=["sha256:" + "0" * 64],
+    )
+    end_marker: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a line the file must end with (put this field at the top): a file cut "
+        "short while being written lacks it and is refused",
+        examples=["# end of policy"],
+    )
 
     @field_validator("filters")
     @classmethod

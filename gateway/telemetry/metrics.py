@@ -245,3 +245,46 @@ def _record_llm(
     if usage is not None:
         TOKENS.labels(route, backend, "input").inc(usage.prompt_tokens)
         TOKENS.labels(route, backend, "output").inc(usage.completion_tokens)
+
+
+# --- policy safety: change guard and staged rollouts (gateway/policy/holder.py, rollout.py) ---
+POLICY_HELD = Gauge(
+    "sluice_policy_held",
+    "1 while the latest policy change is held by the change guard (not applied).",
+    registry=REGISTRY,
+)
+POLICY_GUARD_SHARE = Gauge(
+    "sluice_policy_guard_affected_share",
+    "Share of recent traffic the last policy change checked by the guard would refuse.",
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_STAGE = Gauge(
+    "sluice_policy_rollout_percent",
+    "Percentage of requests served by the policy being rolled out (0 in shadow, -1 = none).",
+    registry=REGISTRY,
+)
+POLICY_ROLLOUTS = Counter(
+    "sluice_policy_rollouts_total",
+    "Staged policy rollouts by how they ended (completed, rolled_back, aborted).",
+    ["result"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_REQUESTS = Counter(
+    "sluice_policy_rollout_requests_total",
+    "Requests served during staged rollouts, by side (old, new policy).",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_ERROR_RATE = Gauge(
+    "sluice_policy_rollout_error_rate",
+    "Error rate of each side in the current rollout stage.",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_P95 = Gauge(
+    "sluice_policy_rollout_p95_seconds",
+    "p95 request duration of each side in the current rollout stage.",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_STAGE.set(-1)
