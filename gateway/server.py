@@ -89,11 +89,14 @@ class Server:
             from gateway.mockbackend import Knobs, start_mock_backend
 
             self.mock = await start_mock_backend(
-                mock_cfg.http, mock_cfg.grpc, Knobs.from_policy(mock_cfg)
+                mock_cfg.http, mock_cfg.grpc, Knobs.from_policy(mock_cfg), mock_cfg.admin
             )
             self._stack.push_async_callback(self.mock.close)
             log.info(
-                "simulated backend on http:%s grpc:%s", self.mock.http_port, self.mock.grpc_port
+                "simulated backend on http:%s grpc:%s admin:%s",
+                self.mock.http_port,
+                self.mock.grpc_port,
+                self.mock.admin_port,
             )
         self._stack.push_async_callback(self.gateway.aclose)
         from gateway.datapath import Datapath
@@ -271,8 +274,9 @@ def _supervise(args: argparse.Namespace) -> int:
     m = policy.mock_backend
     if m.enabled:
         cmd = [sys.executable, "-m", "gateway", "mock-backend"]
-        cmd += ["--http", m.http] if m.http else []
-        cmd += ["--grpc", m.grpc] if m.grpc else []
+        cmd += ["--http", m.http] if m.http else ["--no-http"]
+        cmd += ["--grpc", m.grpc] if m.grpc else ["--no-grpc"]
+        cmd += ["--admin", m.admin] if m.admin else ["--no-admin"]
         mock = subprocess.Popen(cmd, env=os.environ.copy())
     workers = []
     for i in range(args.workers):

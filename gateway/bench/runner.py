@@ -108,11 +108,11 @@ def measure(
     return row
 
 
-def mock_stats(http_port: int) -> BackendStats:
+def mock_stats(admin_port: int) -> BackendStats:
     """A function returning (completed, failed) from the mock backend's /admin/stats."""
 
     def read() -> tuple[int, int]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/admin/stats", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/admin/stats", timeout=2) as r:
             d = json.loads(r.read())
         return int(d["completed"]), int(d["failed"])
 
@@ -174,11 +174,13 @@ def policy_doc(
     return doc
 
 
-def start_mock(s: Setup) -> tuple[int, int]:
-    """`sluice mock-backend` with no delays; ready once a unary Infer returns grpc-status OK."""
-    http, grpc_port = free_port(), free_port()
+def start_mock(s: Setup) -> tuple[int, int, int]:
+    """`sluice mock-backend` with no delays; ready once a unary Infer returns grpc-status OK.
+    Returns its HTTP, gRPC and admin ports."""
+    http, grpc_port, admin = free_port(), free_port(), free_port()
     cmd = [sys.executable, "-m", "gateway", "mock-backend"]
     cmd += ["--http", f"127.0.0.1:{http}", "--grpc", f"127.0.0.1:{grpc_port}"]
+    cmd += ["--admin", f"127.0.0.1:{admin}"]
     cmd += ["--ttft-ms", "0", "--token-delay-ms", "0", "--log-level", "WARNING"]
     p = s.procs.start("mock-backend", pinned(s.load_cpus, cmd))
     try:
@@ -188,7 +190,7 @@ def start_mock(s: Setup) -> tuple[int, int]:
         )
     except Exception as e:
         raise RuntimeError(f"{e}\n{s.procs.tail('mock-backend')}") from e
-    return http, grpc_port
+    return http, grpc_port, admin
 
 
 def start_gateway(
@@ -223,8 +225,9 @@ def run_all(s: Setup) -> list[Row]:
     have_nginx = shutil.which("nginx") is not None
     http_be = mock_grpc = None
     mock_http: int | None = None
+    mock_admin: int | None = None
     if do_grpc or (do_http and not have_nginx):
-        mock_http, mock_grpc = start_mock(s)
+        mock_http, mock_grpc, mock_admin = start_mock(s)
     if do_http and not shutil.which("wrk"):
         raise RuntimeError("wrk not found (Debian package wrk)")
     proxy: tuple[subprocess.Popen[bytes], int] | None = None
@@ -258,7 +261,7 @@ def run_all(s: Setup) -> list[Row]:
             traced.append((" + tail sampling", None, {}, f"gateway did not start: {e}"))
 
     cores = cpu_list(s.gw_cpus)
-    stats = mock_stats(mock_http) if mock_http is not None else None
+    stats = mock_stats(mock_admin) if mock_admin is not None else None
 
     def run(
         row: Row, cmd: MakeCmd, parse: Parse, pid: int | None, backend: BackendStats | None = None

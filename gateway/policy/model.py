@@ -12,6 +12,7 @@ after-validator too (raising the first problem), unless the validation context h
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -36,6 +37,16 @@ HostPort = Annotated[
         description="host:port; IPv6 in brackets",
     ),
 ]
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` or a loopback address (IPv6 with or without brackets)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class _Model(BaseModel):
@@ -92,6 +103,12 @@ class Limits(_Model):
         "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
     )
     grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
+    grpc_max_upstream_metadata_bytes: PositiveInt = Field(
+        default=1 << 20,
+        description="gRPC metadata bytes a backend may send (a long status message arrives "
+        "whole, then its details are cut to 4096 characters and the rest of the metadata to "
+        "grpc_max_metadata_bytes for the client)",
+    )
     grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(
         default=60.0, description="pings closer than this without data count as strikes (GOAWAY)"
     )
@@ -250,9 +267,21 @@ class MockBackend(_Model):
     )
     http: HostPort | None = Field(default="127.0.0.1:18000", description="its HTTP listener")
     grpc: HostPort | None = Field(default="127.0.0.1:18001", description="its gRPC listener")
+    admin: HostPort | None = Field(
+        default="127.0.0.1:18002",
+        description="its admin API (/admin/knobs, /admin/stats, /admin/reset), on a listener of "
+        "its own, loopback only: never route to it (null = off)",
+    )
     ttft_ms: float = Field(default=50.0, ge=0, description="time to first token")
     token_delay_ms: float = Field(default=10.0, ge=0, description="delay between streamed tokens")
     completion_tokens: int = Field(default=16, ge=1, le=100000, description="tokens per completion")
+
+    @field_validator("admin")
+    @classmethod
+    def _admin_on_loopback(cls, v: str | None) -> str | None:
+        if v is not None and not is_loopback(v.rpartition(":")[0]):
+            raise ValueError("the simulated backend's admin API listens on loopback only")
+        return v
 
 
 class DatapathBudget(_Model):
@@ -302,6 +331,23 @@ class Datapath(_Model):
     )
     rapid_reset_min_headers: PositiveInt = Field(
         default=100, description="HEADERS needed in the window before a flow can be judged"
+    )
+    max_header_block_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1 << 30,
+        description="bytes of one HTTP/2 header block (HEADERS + CONTINUATION) before the flow "
+        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes; 0 = off",
+    )
+    ping_flood_max: int = Field(
+        default=1000,
+        ge=0,
+        le=1 << 30,
+        description="PING frames a flow may send per ping_flood_window_s before it is dropped "
+        "(PING flood); 0 = off",
+    )
+    ping_flood_window_s: PositiveFloat = Field(
+        default=10.0, description="window over which PING frames are counted per flow"
     )
     class_priority: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: {"critical": 6, "high": 4, "normal": 0, "low": 1},
@@ -593,6 +639,15 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
     errors += auth_reference_errors(p)
+    hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
+    if hb and hb < 2 * cap:  # HPACK output stays below the metadata size it encodes
+        errors.append(
+            (
+                ("datapath", "max_header_block_bytes"),
+                f"{hb} would drop clients whose metadata fits limits.grpc_max_metadata_bytes "
+                f"({cap}): use at least {2 * cap}, or 0 to turn the check off",
+            )
+        )
     if p.tracing.enabled and "trace" not in p.filters:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     return errors

@@ -131,6 +131,15 @@ def record_request(ctx: RequestContext) -> None:
         REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()
 
 
+GRPC_ENDED_BEFORE_HANDLER = Counter(
+    "sluice_grpc_calls_ended_before_handler_total",
+    "gRPC calls grpc ended before Sluice's handler ran (so in no other request metric and not "
+    "in the access log): reason cancelled (by the client) or no_request (no request message).",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+
 # --- datapath (eBPF TC classifier; written by gateway/datapath/sync.py) ---------------------
 DATAPATH_UP = Gauge(
     "sluice_datapath_up",
@@ -140,7 +149,9 @@ DATAPATH_UP = Gauge(
 DATAPATH_EVENTS = Counter(
     "sluice_datapath_events_total",
     "Kernel classifier counters (packets, bytes, syn_drop, stream_drop, deny_drop, "
-    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, ...).",
+    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, header_block_flows, "
+    "ping_flood_flows, flood_drop, h2_ooo_drop, ...) and blocked_flows_closed (server sockets "
+    "of blocked flows aborted by the gateway).",
     ["event"],
     registry=REGISTRY,
 )

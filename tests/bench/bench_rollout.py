@@ -41,11 +41,12 @@ wrk.headers["Content-Type"] = "application/json"
 
 
 def backend(tmp: Path, *extra: str) -> Backend:
-    http, grpc = free_port(), free_port()
+    http, grpc, admin = free_port(), free_port(), free_port()
     args = ["mock-backend", "--http", f"127.0.0.1:{http}", "--grpc", f"127.0.0.1:{grpc}"]
+    args += ["--admin", f"127.0.0.1:{admin}"]
     proc = Proc([*args, "--ttft-ms", "2", "--token-delay-ms", "0", *extra], tmp / f"{http}.log")
     wait_for_port(http)
-    return Backend(proc, http, grpc)
+    return Backend(proc, http, grpc, admin)
 
 
 def get(url: str) -> Any:

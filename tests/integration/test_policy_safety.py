@@ -36,12 +36,13 @@ def version_of(text: str) -> str:
 
 
 def start_backend(tmp: Path, *extra: str) -> Backend:
-    http, grpc = free_port(), free_port()
+    http, grpc, admin = free_port(), free_port(), free_port()
     args = ["mock-backend", "--http", f"127.0.0.1:{http}", "--grpc", f"127.0.0.1:{grpc}"]
+    args += ["--admin", f"127.0.0.1:{admin}"]
     proc = Proc([*args, "--ttft-ms", "5", "--token-delay-ms", "1", *extra], tmp / f"b{http}.log")
     wait_for_port(http)
     wait_for_port(grpc)
-    return Backend(proc, http, grpc)
+    return Backend(proc, http, grpc, admin)
 
 
 @pytest.fixture(scope="module")
@@ -329,7 +330,7 @@ async def _stream(s: aiohttp.ClientSession, url: str, rid: str, tokens: int) -> 
 
 
 def served_ids(b: Backend) -> set[str]:
-    return {h.get("x-request-id", "") for h in b.stats()["last_headers"]}
+    return {s["request_id"] or "" for s in b.stats()["seen"]}  # request ids, never values
 
 
 async def test_requests_finish_on_the_version_they_started_with(

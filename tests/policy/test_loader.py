@@ -117,6 +117,17 @@ def test_good_file_loads(tmp_path: Path) -> None:
             id="python-tag",
         ),
         pytest.param(
+            "datapath:\n  max_header_block_bytes: 20000\n",
+            "2:27: datapath.max_header_block_bytes: 20000 would drop clients whose metadata "
+            "fits limits.grpc_max_metadata_bytes (16384): use at least 32768",
+            id="header-block-below-metadata-cap",
+        ),
+        pytest.param(
+            "mock_backend:\n  admin: 0.0.0.0:18002\n",
+            "2:10: mock_backend.admin: the simulated backend's admin API listens on loopback only",
+            id="mock-admin-not-loopback",
+        ),
+        pytest.param(
             "base: &b {connect_s: 1}\ntimeouts:\n  <<: *b\n",
             "3:3: timeouts: merge keys (<<) are not supported",
             id="merge-key",
