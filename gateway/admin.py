@@ -6,17 +6,26 @@ GET  /metrics               Prometheus text format (all workers' series under --
                             OpenMetrics, with exemplars, when the scraper's Accept asks for it
 GET  /status                the live status page (static files; see gateway.status)
 GET  /admin/state           the JSON document the page reads (also for scripts)
-GET  /admin/policy          current policy (JSON), version hash, last reload result
+GET  /admin/policy          current policy (JSON), version hash, last reload result, the
+                            change guard's last report, a held change, the rollout, events
+POST /admin/policy/reload   reload now; 200 with the new status (applied or unchanged), 202 a
+                            staged rollout started, 409 held by the change guard, 422 the file
+                            was rejected. Query: force=1 (past the guard), rollout=STAGES
+                            (e.g. shadow,5,25,100; `none`: all at once), hold_s=SECONDS
 GET  /admin/backends        backends' members: breaker, health, ejection, weight, load, in
                             flight, registry; routes' effective weights, canary guard, retry budget
-POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file was rejected
-                            (loopback peers only, wherever the listener is bound)
+GET  /admin/policy/traffic  the recent traffic the guard judges on (`sluice policy check
+                            --against` reads it)
+GET  /admin/policy/rollout  the running (or last) staged rollout; 404 if there never was one
+POST /admin/policy/rollout/promote|abort   next stage now / back to the old policy now
+(POST and the traffic are for loopback peers only, wherever the listener is bound)
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -101,15 +110,46 @@ def build_admin_app(server: Server) -> web.Application:
             }
         )
 
-    async def reload(request: web.Request) -> web.Response:
+    def loopback(request: web.Request) -> bool:
         # The admin port may be opened to Prometheus (0.0.0.0 in Kubernetes); changing state
-        # stays a loopback-only right.
+        # (and reading request paths) stays a loopback-only right.
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        if not peer or peer[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
-            return _json({"error": {"type": "forbidden", "message": "loopback only"}}, 403)
-        status = server.reload()
-        ok = bool(gw.holder.last_result.ok)
-        return _json(status, 200 if ok else 422)
+        return peer is not None and peer[0] in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+    forbidden = {"error": {"type": "forbidden", "message": "loopback only"}}
+
+    async def reload(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        try:
+            force, fields, now = reload_options(request.query)
+        except ValueError as e:
+            return _json({"error": {"type": "bad_request", "message": str(e)}}, 400)
+        status = server.reload(force=force, rollout_fields=fields, now=now)
+        r = gw.holder.last_result
+        code = 422 if not r.ok else 409 if r.held else 202 if r.rollout else 200
+        return _json(status, code)
+
+    async def traffic(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        return _json(gw.traffic.snapshot().as_json())
+
+    async def rollout_status(_: web.Request) -> web.Response:
+        st = gw.holder.rollout_status()
+        if st is None:
+            return _json({"error": {"type": "not_found", "message": "no rollout"}}, 404)
+        return _json(st)
+
+    async def rollout_action(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        holder = gw.holder
+        action = request.match_info["action"]
+        st = holder.promote() if action == "promote" else holder.abort("aborted by hand")
+        if st is None:
+            return _json({"error": {"type": "not_found", "message": "no rollout running"}}, 404)
+        return _json(st)
 
     async def backends(_: web.Request) -> web.Response:
         pool = gw.services.peek("backends")
@@ -145,7 +185,36 @@ def build_admin_app(server: Server) -> web.Application:
     app.router.add_get("/admin/policy", policy)
     app.router.add_get("/admin/backends", backends)
     app.router.add_post("/admin/policy/reload", reload)
+    app.router.add_get("/admin/policy/traffic", traffic)
+    app.router.add_get("/admin/policy/rollout", rollout_status)
+    app.router.add_post(r"/admin/policy/rollout/{action:promote|abort}", rollout_action)
     return app
+
+
+def reload_options(query: Mapping[str, str]) -> tuple[bool, dict[str, Any] | None, bool]:
+    """(force, rollout fields, all at once) from the reload endpoint's query; ValueError."""
+    force = query.get("force", "0").lower() in ("1", "true", "yes")
+    fields: dict[str, Any] = {}
+    now = False
+    stages = query.get("rollout")
+    if stages is not None:
+        if stages.lower() in ("none", "0", "off", "false"):
+            now = True
+        else:
+            fields["stages"] = [
+                s if s == "shadow" else float(s) for s in (x.strip() for x in stages.split(","))
+            ]
+    hold = query.get("hold_s")
+    if hold is not None:
+        fields["hold_s"] = float(hold)
+    if fields:
+        from gateway.policy.model import Rollout
+
+        try:
+            Rollout.model_validate(fields)
+        except ValueError as e:
+            raise ValueError(f"rollout: {e}") from None
+    return force, fields or None, now
 
 
 async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool) -> AdminListener:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 import grpc.aio
 
+from gateway.adapters.grpc_calls import CallAccounting
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import (
@@ -51,6 +52,7 @@ Metadata = Sequence[tuple[str, str | bytes]]
 Context = grpc.aio.ServicerContext[bytes, bytes]
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
+CALLS = CallAccounting()  # calls that end between handler lookup and _begin (one listener)
 CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
 
 # Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
@@ -106,6 +108,21 @@ def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, detail
         context.set_details(details[:MAX_DETAILS])
 
 
+def bounded_metadata(
+    md: Sequence[tuple[str, str | bytes]], cap: int
+) -> tuple[tuple[str, str | bytes], ...]:
+    """The first entries of an upstream's metadata that fit `cap` bytes as HTTP/2 counts them
+    (name + value + 32 each, RFC 7541 4.1); the channel accepts more from a backend than the
+    client is likely to (limits.grpc_max_upstream_metadata_bytes vs grpc_max_metadata_bytes)."""
+    size, out = 0, []
+    for k, v in md:
+        size += len(k) + len(v) + 32
+        if size > cap:
+            break
+        out.append((k, v))
+    return tuple(out)
+
+
 def _reject(ctx: RequestContext, context: Context) -> None:
     """Answer the chain's verdict: its code and reason, Retry-After and the verdict's headers
     as trailing metadata."""
@@ -130,7 +147,8 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
         metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()
     if trailing:
-        context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
+        cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
+        context.set_trailing_metadata(bounded_metadata(cast(Metadata, trailing), cap))
     _status(ctx, context, code, e.details() or "")
 
 
@@ -186,6 +204,7 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             self._handlers = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        CALLS.looked_up()  # runs in the call's task: a call that ends before _begin is counted
         method: str = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
@@ -203,8 +222,14 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
 
 
 def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+    CALLS.started()
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
+    if len(headers) != len(md):  # repeated keys (or -bin values): join repeats as HTTP does,
+        headers = {}  # so that a filter sees two `authorization` entries, not the last one
+        for k, v in md:
+            if type(v) is str:
+                headers[k] = v if k not in headers else headers[k] + ", " + v
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
     return RequestContext(info, gw.active.policy), md
 
@@ -212,7 +237,7 @@ def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, 
 def _trailers(chain: Any, ctx: RequestContext, context: Context, trailing: Any) -> bool:
     """The upstream's trailing metadata to the client (plus the filters' response headers);
     the chain's TRAILERS event first. False: a filter ended the call (its verdict is set)."""
-    md = tuple(trailing or ())
+    md = bounded_metadata(trailing or (), ctx.policy.policy.limits.grpc_max_metadata_bytes)
     if chain.has_events:
         text = tuple((k, v) for k, v in md if isinstance(v, str))
         if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
@@ -237,7 +262,7 @@ def _upstream(
         for k, v in md
         if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
     ]
-    out.extend(extra.items())
+    out.extend((k, v) for k, v in extra.items() if v)  # "": only drop the client's copy
     assert ctx.route is not None
     timeout = ctx.route.timeouts.total_s
     remaining = context.time_remaining()

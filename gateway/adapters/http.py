@@ -14,10 +14,10 @@ Limits and what the client sees:
   the chain is skipped, `finish` still runs.
 - body: Content-Length over `max_body_bytes` → 413 before any backend is contacted; a chunked body
   that grows past it aborts the upstream request → 413 (or a cut if the answer had begun).
-- header-read deadline: aiohttp 3.14 has none for the first request of a connection, so the
-  handler class closes a connection that has not completed a request head within
-  `header_read_s`; between requests aiohttp's `keepalive_timeout` (`keepalive_s`) closes idle and
-  half-sent keep-alive connections.
+- header-read deadline: aiohttp 3.14 has none, so the handler class closes a connection that has
+  not completed a request head within `header_read_s`, from accept and, on a keep-alive
+  connection, from the first byte of each next head; aiohttp's `keepalive_timeout`
+  (`keepalive_s`) closes connections idle between requests.
 - client disconnect: `handler_cancellation=True` makes aiohttp cancel the handler task; the pool
   then aborts the upstream connection and the request is recorded with `ctx.cancelled = True`.
 - total deadline (`route.timeouts.total_s`): 504 before the response head, a cut after it;
@@ -65,21 +65,39 @@ class _Handle:
 
 
 class _Handler(RequestHandler):
-    """aiohttp's per-connection protocol, plus a header deadline, a cached peer and 431s."""
+    """aiohttp's per-connection protocol, plus a header deadline, a cached peer and 431s.
 
-    __slots__ = ("sluice_peer", "_header_deadline", "_header_timer")
+    Header deadline: from accept, and on a keep-alive connection from the first byte of each
+    next request, a complete request head must arrive within `header_read_s`, or the connection
+    is closed (slowloris). aiohttp itself only bounds the time between requests, by
+    `keepalive_timeout`, which a client that sends a byte now and then never reaches."""
+
+    __slots__ = ("sluice_peer", "_header_deadline", "_header_timer", "_heads_before")
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.sluice_peer = ""
         self._header_deadline = manager.header_read_s
         self._header_timer: asyncio.TimerHandle | None = None
+        self._heads_before = 0  # heads parsed when the running deadline was armed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.sluice_peer = str(peer[0]) if peer else ""
-        self._header_timer = self._loop.call_later(self._header_deadline, self._header_expired)
+        self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        # Idle between requests (aiohttp's loop waits for the next message): these bytes begin
+        # the next request head, which gets header_read_s, like the first one.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            timer = self._header_timer
+            if timer is None or self._heads_before != self._request_count:
+                if timer is not None:  # the deadline of a head that already arrived
+                    timer.cancel()
+                self._arm_header_deadline()
+        super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._header_timer is not None:
@@ -87,9 +105,13 @@ class _Handler(RequestHandler):
             self._header_timer = None
         super().connection_lost(exc)
 
+    def _arm_header_deadline(self) -> None:
+        self._heads_before = self._request_count
+        self._header_timer = self._loop.call_later(self._header_deadline, self._header_expired)
+
     def _header_expired(self) -> None:
         self._header_timer = None
-        if getattr(self, "_request_count", 1) == 0 and self.transport is not None:
+        if self._request_count == self._heads_before and self.transport is not None:
             self.transport.close()  # no complete request head in time (slowloris)
 
     def handle_error(

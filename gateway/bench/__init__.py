@@ -1,7 +1,7 @@
 """`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
 
     python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
-                            [--engine aiohttp|native] [--tracing]
+                            [--engine aiohttp|native] [--tracing] [--auth]
     python -m tests.bench.run [same options]
 
 Rows, each after a 2 s warm-up run of the same command:
@@ -11,6 +11,9 @@ Rows, each after a 2 s warm-up run of the same command:
 - HTTP nginx proxy: wrk → nginx `proxy_pass` with a keep-alive upstream → the same backend: the
   reference proxy (DESIGN.md, "The hot path": ~16 µs/req).
 - HTTP Sluice: wrk → `sluice serve` with a policy written here → the same backend.
+- With `--auth`, HTTP auth rows (`gateway/bench/auth.py`): the same backend through a second
+  Sluice with an `auth` section: a route with auth off, a cached token, a fresh token per request
+  (RS256, ES256). The "HTTP Sluice" row, without `auth`, is the auth-off baseline.
 - gRPC backend direct: h2load (gRPC-framed unary `Infer`) → `sluice mock-backend`.
 - gRPC Sluice: h2load → `sluice serve` → the same mock backend.
 - With `--tracing`, each Sluice row again through a second gateway whose policy adds
@@ -66,6 +69,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tracing",
         action="store_true",
         help="also measure a gateway with tail-sampled tracing on (rows '+ tail sampling')",
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="add the JWT rows (a second Sluice with an auth section: route off, cached token, "
+        "fresh RS256 / ES256 token per request)",
     )
     parser.add_argument(
         "--wait-idle",

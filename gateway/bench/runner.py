@@ -42,6 +42,8 @@ from gateway.bench.procs import (
 )
 from gateway.bench.report import WARMUP_S, Row, access_log_tally
 
+RunRow = Callable[[Row, MakeCmd, Parse, int | None], Row]
+
 BackendStats = Callable[[], tuple[int, int]]  # the mock backend's (completed, failed) so far
 
 
@@ -106,11 +108,11 @@ def measure(
     return row
 
 
-def mock_stats(http_port: int) -> BackendStats:
+def mock_stats(admin_port: int) -> BackendStats:
     """A function returning (completed, failed) from the mock backend's /admin/stats."""
 
     def read() -> tuple[int, int]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/admin/stats", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/admin/stats", timeout=2) as r:
             d = json.loads(r.read())
         return int(d["completed"]), int(d["failed"])
 
@@ -172,11 +174,13 @@ def policy_doc(
     return doc
 
 
-def start_mock(s: Setup) -> tuple[int, int]:
-    """`sluice mock-backend` with no delays; ready once a unary Infer returns grpc-status OK."""
-    http, grpc_port = free_port(), free_port()
+def start_mock(s: Setup) -> tuple[int, int, int]:
+    """`sluice mock-backend` with no delays; ready once a unary Infer returns grpc-status OK.
+    Returns its HTTP, gRPC and admin ports."""
+    http, grpc_port, admin = free_port(), free_port(), free_port()
     cmd = [sys.executable, "-m", "gateway", "mock-backend"]
     cmd += ["--http", f"127.0.0.1:{http}", "--grpc", f"127.0.0.1:{grpc_port}"]
+    cmd += ["--admin", f"127.0.0.1:{admin}"]
     cmd += ["--ttft-ms", "0", "--token-delay-ms", "0", "--log-level", "WARNING"]
     p = s.procs.start("mock-backend", pinned(s.load_cpus, cmd))
     try:
@@ -186,7 +190,7 @@ def start_mock(s: Setup) -> tuple[int, int]:
         )
     except Exception as e:
         raise RuntimeError(f"{e}\n{s.procs.tail('mock-backend')}") from e
-    return http, grpc_port
+    return http, grpc_port, admin
 
 
 def start_gateway(
@@ -195,11 +199,14 @@ def start_gateway(
     grpc_backend: int | None,
     tracing: bool = False,
     name: str = "gateway",
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
     doc = policy_doc(
         ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine, tracing
     )
+    if edit is not None:
+        doc = edit(doc)
     path = s.procs.tmp / f"bench-policy-{name}.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
@@ -218,8 +225,9 @@ def run_all(s: Setup) -> list[Row]:
     have_nginx = shutil.which("nginx") is not None
     http_be = mock_grpc = None
     mock_http: int | None = None
+    mock_admin: int | None = None
     if do_grpc or (do_http and not have_nginx):
-        mock_http, mock_grpc = start_mock(s)
+        mock_http, mock_grpc, mock_admin = start_mock(s)
     if do_http and not shutil.which("wrk"):
         raise RuntimeError("wrk not found (Debian package wrk)")
     proxy: tuple[subprocess.Popen[bytes], int] | None = None
@@ -253,7 +261,7 @@ def run_all(s: Setup) -> list[Row]:
             traced.append((" + tail sampling", None, {}, f"gateway did not start: {e}"))
 
     cores = cpu_list(s.gw_cpus)
-    stats = mock_stats(mock_http) if mock_http is not None else None
+    stats = mock_stats(mock_admin) if mock_admin is not None else None
 
     def run(
         row: Row, cmd: MakeCmd, parse: Parse, pid: int | None, backend: BackendStats | None = None
@@ -280,6 +288,8 @@ def run_all(s: Setup) -> list[Row]:
                 else:
                     run(row, s.wrk(url), parse_wrk, g.pid)
             rows.append(row)
+        if a.auth:
+            rows += auth_rows(s, http_be, run)
     if do_grpc:
         assert mock_grpc is not None
         cmd, parse = s.grpc("grpc-direct", mock_grpc)
@@ -304,4 +314,41 @@ def run_all(s: Setup) -> list[Row]:
             s.notes.append(f"the gateway exited during the run:\n{s.procs.tail('gateway')}")
         elif not a.no_access_log:
             s.notes.append(access_log_tally(s.procs.tmp / "gateway.log"))
+    return rows
+
+
+def auth_rows(s: Setup, http_be: int | None, run: RunRow) -> list[Row]:
+    """The JWT rows (gateway/bench/auth.py), through a second gateway started for them."""
+    from gateway.bench import auth
+
+    names = {
+        "off": "HTTP auth on, route off (token sent)",
+        "cached": "HTTP auth on, cached token",
+        "RS256": "HTTP auth on, fresh RS256 token",
+        "ES256": "HTTP auth on, fresh ES256 token",
+    }
+    rows = [Row(n) for n in names.values()]
+    try:
+        files = auth.prepare(s.procs.tmp)
+        gw, ports = start_gateway(
+            s, http_be, None, name="gateway-auth", edit=lambda d: auth.with_auth(d, files)
+        )
+    except Exception as e:
+        for r in rows:
+            r.error = f"auth gateway did not start: {e}"
+        return rows
+    base = f"http://127.0.0.1:{ports['http']}"
+    for row, variant in zip(rows, names, strict=True):
+        url = f"{base}/off/v1/models" if variant == "off" else f"{base}/v1/models"
+        extra = auth.wrk_args(files, "cached" if variant == "off" else variant)
+        run(row, wrk_cmd(s.load_cpus, s.args.connections, url, extra), parse_wrk, gw.pid)
+        if row.error is None and row.requests and row.failed > row.requests // 100:
+            row.error = f"{row.failed} of {row.requests} requests failed (auth refused?)"
+    off, cached = rows[0], rows[1]
+    if off.cpu_us_per_req and cached.cpu_us_per_req:
+        delta = cached.cpu_us_per_req - off.cpu_us_per_req
+        s.notes.append(
+            f"auth: checking a cached token costs {delta:+.1f} µs/req over the same request on a "
+            "route with auth off (budget ≤ 3)"
+        )
     return rows

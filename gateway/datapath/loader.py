@@ -52,7 +52,7 @@ class BuildOptions:
     max_flows: int = 65536
     max_sources: int = 65536
     max_deny: int = 16384
-    h2_max_frames: int = 16
+    h2_max_frames: int = 64
 
     def cflags(self) -> list[str]:
         return [

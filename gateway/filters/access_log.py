@@ -79,6 +79,11 @@ class AccessLogFilter:
             line += ',"cancelled":true'
         if not ctx.verdict.allowed:
             line += f',"rejected":{_str(ctx.verdict.error_type)}'
+        principal = ctx.principal
+        if principal is not None:  # who, never the token (provider names are policy-validated)
+            line += f',"auth":"{principal.provider}"'
+        if ctx.detail:  # e.g. the auth reason class: "auth expired (corp)"
+            line += f',"detail":{_str(ctx.detail)}'
         for h, key in self._headers:
             value = info.headers.get(h)
             if value is not None:

@@ -3,8 +3,10 @@
 Phases, in order (every hook is optional; the chain is split per phase when it is built, so a
 hook a filter leaves out costs nothing per request):
 
-- `on_request(ctx) -> Status` (plain, or a coroutine when it must await): headers, peer, path
-  are known. STOP means `ctx.verdict` is set and the request is answered now.
+- `on_request(ctx) -> Status` (plain, or a coroutine when it must await; a plain hook may also
+  return an awaitable when, this once, it must wait, e.g. for a key fetch: the chain then awaits
+  it and the rest of the phase): headers, peer, path are known. STOP means `ctx.verdict` is set
+  and the request is answered now.
 - `on_body(ctx, body) -> Status`: the request body (`gateway.core.body.RequestBody`): model,
   max_tokens, stream, prompt size, for JSON bodies up to the policy's cap; sizes only otherwise.
   A filter may rewrite a parsed body (`body.set`). Runs for HTTP requests only, after every
@@ -124,7 +126,9 @@ class RequestContext:
     first_byte_at: float | None = None  # monotonic time the first response byte went out
     ran: int = 0  # filters whose on_request ran (on_response unwinds those)
     attempts: int = 0  # upstream tries (retries included)
-    # Headers/metadata filters add to the upstream request (lower-case names).
+    # Headers/metadata filters add to the upstream request (lower-case names). The client's own
+    # headers of these names are never forwarded; a value of "" sends none at all (how auth
+    # removes a client-supplied copy of a claim header when the claim is absent).
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # Headers filters add to the client response (HTTP) / trailing metadata (gRPC).
     response_headers: list[tuple[str, str]] = field(default_factory=list)

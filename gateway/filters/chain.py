@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from gateway.core.body import RequestBody
@@ -45,20 +45,35 @@ class Chain:
         self.has_events = bool(self._event)
 
     async def on_request(self, ctx: RequestContext) -> Status:
-        n = len(self.filters)
-        for i, fn, co in self._req:
+        r = self.run_request(ctx)
+        return r if r.__class__ is Status else await r  # type: ignore[misc]
+
+    def run_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
+        """The request phase without an await as long as every hook answers plainly: a hook may
+        return a Status, or an awaitable (a coroutine hook, or a plain one that must wait this
+        time, e.g. for a key fetch); from the first awaitable on, the rest runs in a coroutine
+        that the caller awaits."""
+        req = self._req
+        for pos, (i, fn, _) in enumerate(req):
             ctx.ran = i + 1
-            status = (await fn(ctx)) if co else fn(ctx)
-            if status is Status.STOP:
+            r = fn(ctx)
+            if r is Status.CONTINUE:
+                continue
+            if r is Status.STOP:
                 return Status.STOP
-        ctx.ran = n
+            return self._resume(ctx, r, pos + 1)
+        ctx.ran = len(self.filters)
         return Status.CONTINUE
 
-    def on_request_plain(self, ctx: RequestContext) -> Status:
-        """`on_request` without an await, for a chain whose request hooks are all plain."""
-        for i, fn, _ in self._req:
+    async def _resume(self, ctx: RequestContext, pending: Awaitable[Status], pos: int) -> Status:
+        if await pending is Status.STOP:
+            return Status.STOP
+        for i, fn, _ in self._req[pos:]:
             ctx.ran = i + 1
-            if fn(ctx) is Status.STOP:
+            r = fn(ctx)
+            if r.__class__ is not Status:
+                r = await r
+            if r is Status.STOP:
                 return Status.STOP
         ctx.ran = len(self.filters)
         return Status.CONTINUE

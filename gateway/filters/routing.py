@@ -269,7 +269,8 @@ class RouteFilter:
         pool.start()
 
     def on_request(self, ctx: RequestContext) -> Status:
-        route = self._policy.match(ctx.info)
+        # An earlier filter (auth) may have matched already: the same policy, the same answer.
+        route = ctx.route or self._policy.match(ctx.info)
         if route is None:
             return ctx.stop(NO_ROUTE)
         ctx.route = route

@@ -115,7 +115,9 @@ class HttpForward:
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
         chain = snap.chain
-        status = chain.on_request_plain(ctx) if chain.sync_request else await chain.on_request(ctx)
+        status = chain.run_request(ctx)
+        if status.__class__ is not Status:
+            status = await status  # type: ignore[misc]
         if status is Status.STOP:
             return ctx.verdict
         if ctx.route is None or ctx.endpoint is None:
@@ -340,7 +342,9 @@ class HttpForward:
         body = error_body(error_type or "error", message)
         lines = response_lines(ctx, retry_after, extra)
         ctx.bytes_out = len(body)
-        await ex.respond(status, lines, body, False, close or self.gateway.draining)
+        if close or self.gateway.draining:
+            ex.close_after = True
+        await ex.respond(status, lines, body, False)
 
 
 def _is_json(ctx: RequestContext) -> bool:

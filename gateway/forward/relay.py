@@ -91,14 +91,10 @@ async def relay(
             ctx.first_byte_at = time.monotonic()
             ctx.bytes_out = len(chunk) if bodied else 0
             # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
-            await ex.respond(
-                status,
-                head.lines,
-                chunk if bodied else b"",
-                head.date,
-                fw.gateway.draining,
-                None if bodied else head.length,
-            )
+            if fw.gateway.draining:
+                ex.close_after = True
+            length = None if bodied else head.length
+            await ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
             return
         length = head.length
         ex.sse = bodied and length is None and head.content_type.startswith(_SSE)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gateway.core.balancer import SmoothWeightedRoundRobin
 from gateway.core.request import Protocol, RequestInfo
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
@@ -52,6 +53,8 @@ class CompiledRoute:
     retries: Retries | None = None
     sticky: Sticky | None = None
     try_timeouts: Timeouts | None = None  # `timeouts` with connect and first byte capped per try
+    static_weights: tuple[float, ...] = ()  # each static endpoint's share of the route
+    _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
 
     def matches(self, info: RequestInfo) -> bool:
         if self.protocol is not None and info.protocol is not self.protocol:
@@ -65,6 +68,15 @@ class CompiledRoute:
             if got is None or (value is not None and got != value):
                 return False
         return True
+
+    def pick(self) -> Endpoint | None:
+        """A static endpoint by weight, without any live state: for tools and tests. Requests
+        are routed by `gateway.filters.routing` over the members' live state."""
+        rr = self._rr
+        if rr is None:
+            rr = self._rr = SmoothWeightedRoundRobin(self.static_weights)
+        i = rr.pick()
+        return None if i is None else self.endpoints[i]
 
     def upstream_path(self, path: str) -> str:
         if self.strip_prefix and path.startswith(self.strip_prefix):
@@ -101,6 +113,11 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         for name, _ in targets
         for e in backends[name].endpoints
     ]
+    shares = [
+        w * e.weight / (sum(x.weight for x in backends[name].endpoints) or 1)
+        for name, w in targets
+        for e in backends[name].endpoints
+    ]
     protocols = {backends[name].protocol for name, _ in targets}
     timeouts = r.timeouts or p.timeouts
     try_timeouts = None
@@ -127,6 +144,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         retries=r.retries,
         sticky=r.sticky,
         try_timeouts=try_timeouts,
+        static_weights=tuple(shares),
     )
 
 

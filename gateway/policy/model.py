@@ -12,6 +12,7 @@ after-validator too (raising the first problem), unless the validation context h
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -25,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.policy.auth import Auth, RouteAuthSetting, auth_reference_errors
+
 Loc = tuple[str | int, ...]
 
 HostPort = Annotated[
@@ -34,6 +37,16 @@ HostPort = Annotated[
         description="host:port; IPv6 in brackets",
     ),
 ]
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` or a loopback address (IPv6 with or without brackets)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class _Model(BaseModel):
@@ -90,6 +103,12 @@ class Limits(_Model):
         "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
     )
     grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
+    grpc_max_upstream_metadata_bytes: PositiveInt = Field(
+        default=1 << 20,
+        description="gRPC metadata bytes a backend may send (a long status message arrives "
+        "whole, then its details are cut to 4096 characters and the rest of the metadata to "
+        "grpc_max_metadata_bytes for the client)",
+    )
     grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(
         default=60.0, description="pings closer than this without data count as strikes (GOAWAY)"
     )
@@ -283,13 +302,13 @@ class Backend(_Model):
         min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
     )
     protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
+    discovery: Discovery | None = Field(
+        default=None, description="members added from a registry (Redis heartbeats)"
+    )  # before `endpoints`: its validator looks at it
     endpoints: list[Endpoint] = Field(
         default_factory=list,
         max_length=4096,
         description="static members (need no Redis); at least one, or `discovery`",
-    )
-    discovery: Discovery | None = Field(
-        default=None, description="members added from a registry (Redis heartbeats)"
     )
     health: HealthCheck | None = Field(default=None, description="active health checks (off)")
     breaker: CircuitBreaker | None = Field(
@@ -314,6 +333,13 @@ class Backend(_Model):
         True,
         description="ask the gRPC backend's server reflection which methods are unary at load",
     )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _some_members(cls, v: list[Endpoint], info: ValidationInfo) -> list[Endpoint]:
+        if not v and info.data.get("discovery") is None:
+            raise ValueError("needs at least one endpoint or `discovery`")
+        return v
 
 
 class HeaderMatch(_Model):
@@ -413,6 +439,11 @@ class Route(_Model):
     sticky: Sticky | None = Field(
         default=None, description="header-hash stickiness instead of least-loaded choice"
     )
+    auth: RouteAuthSetting | None = Field(
+        default=None,
+        description="required | optional | off, or {required, claims, providers}; "
+        "null = `auth.default`",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> Route:
@@ -437,9 +468,21 @@ class MockBackend(_Model):
     )
     http: HostPort | None = Field(default="127.0.0.1:18000", description="its HTTP listener")
     grpc: HostPort | None = Field(default="127.0.0.1:18001", description="its gRPC listener")
+    admin: HostPort | None = Field(
+        default="127.0.0.1:18002",
+        description="its admin API (/admin/knobs, /admin/stats, /admin/reset), on a listener of "
+        "its own, loopback only: never route to it (null = off)",
+    )
     ttft_ms: float = Field(default=50.0, ge=0, description="time to first token")
     token_delay_ms: float = Field(default=10.0, ge=0, description="delay between streamed tokens")
     completion_tokens: int = Field(default=16, ge=1, le=100000, description="tokens per completion")
+
+    @field_validator("admin")
+    @classmethod
+    def _admin_on_loopback(cls, v: str | None) -> str | None:
+        if v is not None and not is_loopback(v.rpartition(":")[0]):
+            raise ValueError("the simulated backend's admin API listens on loopback only")
+        return v
 
 
 class DatapathBudget(_Model):
@@ -489,6 +532,23 @@ class Datapath(_Model):
     )
     rapid_reset_min_headers: PositiveInt = Field(
         default=100, description="HEADERS needed in the window before a flow can be judged"
+    )
+    max_header_block_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1 << 30,
+        description="bytes of one HTTP/2 header block (HEADERS + CONTINUATION) before the flow "
+        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes; 0 = off",
+    )
+    ping_flood_max: int = Field(
+        default=1000,
+        ge=0,
+        le=1 << 30,
+        description="PING frames a flow may send per ping_flood_window_s before it is dropped "
+        "(PING flood); 0 = off",
+    )
+    ping_flood_window_s: PositiveFloat = Field(
+        default=10.0, description="window over which PING frames are counted per flow"
     )
     class_priority: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: {"critical": 6, "high": 4, "normal": 0, "low": 1},
@@ -585,8 +645,83 @@ class Tracing(_Model):
     )
 
 
-FilterName = Literal["request_id", "trace", "access_log", "route"]
-DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "trace", "access_log", "route")
+FilterName = Literal["request_id", "trace", "access_log", "auth", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "trace", "access_log", "auth", "route")
+
+
+class Guard(_Model):
+    """The change guard: a reload that would break most recent traffic is held, not applied."""
+
+    enabled: bool = Field(
+        default=True,
+        description="compare each new policy with the recent traffic before it goes live",
+    )
+    max_affected_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="hold a change that would refuse at least this share of the recent requests "
+        "(no route, no usable endpoint, a body limit or timeout they exceed)",
+        examples=[0.5, 0.2],
+    )
+    min_requests: PositiveInt = Field(
+        default=20,
+        description="below this many requests in the window (~5 min) the guard has nothing to "
+        "judge and lets the change through",
+    )
+
+
+RolloutStage = Literal["shadow"] | Annotated[float, Field(gt=0, le=100)]
+
+
+def _default_stages() -> list[RolloutStage]:
+    return ["shadow", 5.0, 25.0, 100.0]
+
+
+class Rollout(_Model):
+    """Staged rollout of this policy when it replaces a running one (not at boot)."""
+
+    stages: list[RolloutStage] = Field(
+        default_factory=_default_stages,
+        min_length=1,
+        max_length=16,
+        description="`shadow` (decisions computed and counted, no effect) then growing "
+        "percentages of requests (by a hash of the request id) served by the new policy",
+        examples=[["shadow", 5, 25, 100], [10, 100]],
+    )
+    hold_s: PositiveFloat = Field(
+        default=60.0, description="how long each stage lasts before the next one"
+    )
+    min_requests: PositiveInt = Field(
+        default=50,
+        description="requests the new share must serve in a stage before it is judged; a stage "
+        "never advances on less (promote it by hand)",
+    )
+    max_error_rate_increase: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="roll back when the new share's error rate (5xx, no route, gRPC UNAVAILABLE "
+        "...) exceeds the old share's by more than this (absolute, 0.02 = 2 points)",
+    )
+    max_p95_ratio: float = Field(
+        default=1.5, ge=1, description="roll back when new p95 > old p95 × this + p95_slack_s"
+    )
+    p95_slack_s: float = Field(
+        default=0.05, ge=0, description="absolute slack added to the p95 allowance"
+    )
+
+    @field_validator("stages")
+    @classmethod
+    def _stage_order(cls, v: list[str | float]) -> list[str | float]:
+        if "shadow" in v[1:]:
+            raise ValueError("`shadow` can only be the first stage")
+        pct = [float(s) for s in v if s != "shadow"]
+        if not pct or pct[-1] != 100:
+            raise ValueError("the last stage must be 100")
+        if any(b <= a for a, b in zip(pct, pct[1:], strict=False)):
+            raise ValueError("percentages must grow from stage to stage")
+        return v
 
 
 class Policy(_Model):
@@ -604,6 +739,32 @@ class Policy(_Model):
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
     tracing: Tracing = Field(default_factory=Tracing, description="OpenTelemetry tail sampling")
+    guard: Guard = Field(default_factory=Guard, description="change guard of reloads")
+    rollout: Rollout | None = Field(
+        default=None,
+        description="roll this policy out in stages when it replaces a running one "
+        "(null = all at once)",
+    )
+    force: bool = Field(
+        default=False,
+        description="apply this policy even if the change guard would hold it (for automation; "
+        "remove it again, or every later reload of the file skips the guard too)",
+    )
+    checksum: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="sha256 of the file without this line (`sluice policy checksum FILE "
+        "--write`); a file that does not match is refused, so a half-written file never loads",
+        examples=["sha256:" + "0" * 64],
+    )
+    end_marker: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a line the file must end with (put this field at the top): a file cut "
+        "short while being written lacks it and is refused",
+        examples=["# end of policy"],
+    )
+    auth: Auth | None = Field(default=None, description="JWT authentication (null = off)")
 
     @field_validator("filters")
     @classmethod
@@ -680,6 +841,16 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
         errors += _route_errors(i, r)
+    errors += auth_reference_errors(p)
+    hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
+    if hb and hb < 2 * cap:  # HPACK output stays below the metadata size it encodes
+        errors.append(
+            (
+                ("datapath", "max_header_block_bytes"),
+                f"{hb} would drop clients whose metadata fits limits.grpc_max_metadata_bytes "
+                f"({cap}): use at least {2 * cap}, or 0 to turn the check off",
+            )
+        )
     if p.tracing.enabled and "trace" not in p.filters:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     return errors
@@ -687,8 +858,6 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
 
 def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:
     errors: list[tuple[Loc, str]] = []
-    if not b.endpoints and b.discovery is None:
-        errors.append((("backends", j, "endpoints"), "needs at least one endpoint or `discovery`"))
     seen: set[str] = set()
     for k, e in enumerate(b.endpoints):
         if e.address in seen:

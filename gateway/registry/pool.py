@@ -20,6 +20,10 @@ What a reload does (`apply`, when the new policy goes live):
   finish; their results are discarded);
 - a route's canary guard is kept while the route's canary section and split weights stay the
   same, and re-armed (weight back) when either changes; its retry budget counters are kept.
+
+During a staged policy rollout both policies share this state, configured by the candidate's
+sections while it serves (it is activated last); a rollback or abort activates the stable
+policy's chain again, which puts its sections (and members) back.
 """
 
 from __future__ import annotations

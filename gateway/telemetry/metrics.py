@@ -131,6 +131,15 @@ def record_request(ctx: RequestContext) -> None:
         REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()
 
 
+GRPC_ENDED_BEFORE_HANDLER = Counter(
+    "sluice_grpc_calls_ended_before_handler_total",
+    "gRPC calls grpc ended before Sluice's handler ran (so in no other request metric and not "
+    "in the access log): reason cancelled (by the client) or no_request (no request message).",
+    ["reason"],
+    registry=REGISTRY,
+)
+
+
 # --- datapath (eBPF TC classifier; written by gateway/datapath/sync.py) ---------------------
 DATAPATH_UP = Gauge(
     "sluice_datapath_up",
@@ -140,7 +149,9 @@ DATAPATH_UP = Gauge(
 DATAPATH_EVENTS = Counter(
     "sluice_datapath_events_total",
     "Kernel classifier counters (packets, bytes, syn_drop, stream_drop, deny_drop, "
-    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, ...).",
+    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, header_block_flows, "
+    "ping_flood_flows, flood_drop, h2_ooo_drop, ...) and blocked_flows_closed (server sockets "
+    "of blocked flows aborted by the gateway).",
     ["event"],
     registry=REGISTRY,
 )
@@ -234,6 +245,79 @@ def _record_llm(
     if usage is not None:
         TOKENS.labels(route, backend, "input").inc(usage.prompt_tokens)
         TOKENS.labels(route, backend, "output").inc(usage.completion_tokens)
+
+
+# --- policy safety: change guard and staged rollouts (gateway/policy/holder.py, rollout.py) ---
+POLICY_HELD = Gauge(
+    "sluice_policy_held",
+    "1 while the latest policy change is held by the change guard (not applied).",
+    registry=REGISTRY,
+)
+POLICY_GUARD_SHARE = Gauge(
+    "sluice_policy_guard_affected_share",
+    "Share of recent traffic the last policy change checked by the guard would refuse.",
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_STAGE = Gauge(
+    "sluice_policy_rollout_percent",
+    "Percentage of requests served by the policy being rolled out (0 in shadow, -1 = none).",
+    registry=REGISTRY,
+)
+POLICY_ROLLOUTS = Counter(
+    "sluice_policy_rollouts_total",
+    "Staged policy rollouts by how they ended (completed, rolled_back, aborted).",
+    ["result"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_REQUESTS = Counter(
+    "sluice_policy_rollout_requests_total",
+    "Requests served during staged rollouts, by side (old, new policy).",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_ERROR_RATE = Gauge(
+    "sluice_policy_rollout_error_rate",
+    "Error rate of each side in the current rollout stage.",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_P95 = Gauge(
+    "sluice_policy_rollout_p95_seconds",
+    "p95 request duration of each side in the current rollout stage.",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_STAGE.set(-1)
+# --- auth (JWT; written by gateway/filters/auth.py and gateway/auth/jwks.py) ----------------
+AUTH_RESULTS = Counter(
+    "sluice_auth_total",
+    "Authentication results by provider ('none' when no provider matched) and result: ok, "
+    "cached (a verified-token cache hit) or the reason class of a refusal (missing, malformed, "
+    "expired, bad_signature, unknown_kid, audience, claims, ...).",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+JWKS_FETCHES = Counter(
+    "sluice_jwks_fetches_total",
+    "JWKS fetches by provider and result: ok, unchanged, or the failure (timeout, http_error, "
+    "invalid, too_large, unreachable); a failure keeps the last good key set.",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+JWKS_KEYS = Gauge(
+    "sluice_jwks_keys",
+    "Keys in the provider's key set now in force (0: none loaded, or dropped after max_stale).",
+    ["provider"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
+JWKS_LAST_SUCCESS = Gauge(
+    "sluice_jwks_last_success_timestamp_seconds",
+    "Unix time of the provider's last good JWKS fetch (age = time() - this).",
+    ["provider"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
 
 
 # --- backends (breakers, outliers, health, registry, retries, canary) -----------------------

@@ -39,13 +39,13 @@ def main() -> int:
     ap.add_argument("--loads", type=int, default=5)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-status-"))
-    h, g = free_port(), free_port()
-    mock = Proc(["mock-backend", "--http", f"127.0.0.1:{h}", "--grpc", f"127.0.0.1:{g}"],
-                tmp / "backend.log")  # fmt: skip
+    h, g, a = free_port(), free_port(), free_port()
+    mock = Proc(["mock-backend", "--http", f"127.0.0.1:{h}", "--grpc", f"127.0.0.1:{g}",
+                 "--admin", f"127.0.0.1:{a}"], tmp / "backend.log")  # fmt: skip
     try:
         wait_for_port(h)
         wait_for_port(g)
-        gw = start_gateway(Backend(mock, h, g), tmp)
+        gw = start_gateway(Backend(mock, h, g, a), tmp)
         try:
             url = f"{gw.admin}/admin/state"
             with urllib.request.urlopen(url, timeout=5) as r:

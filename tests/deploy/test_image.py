@@ -40,6 +40,7 @@ mock_backend:
   enabled: true
   http: 127.0.0.1:{mock_http}
   grpc: 127.0.0.1:{mock_grpc}
+  admin: 127.0.0.1:{mock_admin}
   token_delay_ms: 50
   completion_tokens: 30
 backends:
@@ -90,7 +91,7 @@ def image() -> str:
 
 @pytest.fixture
 def container(image: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, int]]]:
-    keys = ("http", "grpc", "admin", "mock_http", "mock_grpc")
+    keys = ("http", "grpc", "admin", "mock_http", "mock_grpc", "mock_admin")
     ports = {k: free_port() for k in keys}
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY.format(**ports))

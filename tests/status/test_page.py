@@ -74,6 +74,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         for name in ("a", "b"):
             h, g = free_port(), free_port()
             args = ["mock-backend", "--http", f"127.0.0.1:{h}", "--grpc", f"127.0.0.1:{g}"]
+            args.append("--no-admin")  # two of them: the default admin port would be taken
             backends.append((Proc(args, tmp / f"backend-{name}.log"), h, g))
         ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
         (_, a_http, a_grpc), (_, b_http, b_grpc) = backends

@@ -1,9 +1,10 @@
 """Feature sections reach /admin/state and the page without page changes.
 
 A real in-process server (its own simulated backend, free ports); the feature owners here
-return the shapes documented in `gateway.status` (limits, backends health, rollout), standing in
-for the features built beside this one. The page must render them: colour from the `colour`
-fields, tables from lists of dicts, worst first, units on the numbers.
+return the shapes documented in `gateway.status` (limits, backends health), standing in for
+the features built beside this one; the rollout section is the real one, of a staged rollout.
+The page must render them: colour from the `colour` fields, tables from lists of dicts, worst
+first, units on the numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.policy.model import Rollout as RolloutSpec
 from gateway.server import Server
 from gateway.status.state import merge
 from tests.status.browser import ARGS, CHROMIUM
@@ -91,11 +93,6 @@ def break_member(srv: Server, address: str) -> None:
     st.invalidate()
 
 
-class Rollout:
-    def state(self) -> dict[str, Any]:
-        return {"colour": "yellow", "stage": "canary 10 %", "candidate": "abc123"}
-
-
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, int, str]]:
     ports = {"http": free_port(), "admin": free_port(), "mock": free_port(), "spare": free_port()}
@@ -106,7 +103,11 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, int, str]]:
     spare = f"127.0.0.1:{ports['spare']}"
     srv.gateway.services.get("limits", Limits)
     break_member(srv, spare)
-    srv.gateway.services.get("rollout", Rollout)
+    # The real rollout section: a staged rollout held at its first stage.
+    policy.write_text(
+        POLICY.format(**ports).replace("version: 1", "version: 1\nguard: {min_requests: 7}")
+    )
+    srv.gateway.holder.reload(rollout=RolloutSpec(stages=[10, 100], hold_s=3600))
     srv.gateway.services.get("ratelimit", RateLimit)
     try:
         yield srv, ports["admin"], spare
@@ -147,7 +148,8 @@ async def test_feature_sections_in_state_and_page(
     assert backend["colour"] == "yellow"  # one of two members down
     assert doc["colour"] == "red"
     assert doc["reasons"][0] == "limits: red"
-    assert "rollout: yellow" in doc["reasons"] and "ratelimit: yellow" in doc["reasons"]
+    assert "ratelimit: yellow" in doc["reasons"]
+    assert doc["rollout"]["stage"] == "10%" and doc["rollout"]["colour"] == "green"
     assert doc["backends"]["routes"] == {"all": {"weights": {"sim-http": 1.0}}}
 
     try:
@@ -162,7 +164,7 @@ async def test_feature_sections_in_state_and_page(
             page = await browser.new_page(viewport={"width": 1200, "height": 1000})
             await page.goto(f"http://127.0.0.1:{admin}/status")
             await page.wait_for_selector("#banner[data-colour=red]", timeout=15_000)
-            assert "rollout: canary 10 %" in await page.inner_text("#summary")
+            assert "rollout: 10%" in await page.inner_text("#summary")
             limits = page.locator("#s-limits")
             assert (await limits.locator("h2 .badge").inner_text()).lower() == "red"
             first = await limits.locator("table:has-text('per-ip') tbody tr").nth(0).inner_text()

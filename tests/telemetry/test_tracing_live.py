@@ -128,7 +128,8 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """The simulated inference backend (SSE streams with usage)."""
     port = free_port()
     log = tmp_path_factory.mktemp("sim") / "sim.log"
-    args = ["mock-backend", "--http", f"127.0.0.1:{port}", "--no-grpc", "--ttft-ms", "30"]
+    args = ["mock-backend", "--http", f"127.0.0.1:{port}", "--no-grpc", "--no-admin"]
+    args += ["--ttft-ms", "30"]
     proc = Proc([*args, "--token-delay-ms", "5"], log)
     try:
         wait_for_port(port)
