@@ -316,7 +316,9 @@ async def _unary_call(
         ctx.try_first_byte(now)
         initial = await call.initial_metadata()
         if initial:
-            await context.send_initial_metadata(tuple(initial))
+            await context.send_initial_metadata(
+                bounded_metadata(tuple(initial), ctx.policy.policy.limits.grpc_max_metadata_bytes)
+            )
         if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
             return None
         ctx.grpc_status = GRPC_OK
@@ -372,7 +374,11 @@ async def _stream_call(
             ctx.first_byte_at = now = time.monotonic()
             ctx.try_first_byte(now)
             if initial:
-                await context.send_initial_metadata(tuple(initial))
+                await context.send_initial_metadata(
+                    bounded_metadata(
+                        tuple(initial), ctx.policy.policy.limits.grpc_max_metadata_bytes
+                    )
+                )
             # Backpressure: the next upstream message is read only once the previous one was
             # accepted downstream (the upstream channel's window is fixed, see channels.py).
             # A client that reads nothing for idle_s: the upstream call is cancelled at once

@@ -843,7 +843,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         errors += _route_errors(i, r)
     errors += auth_reference_errors(p)
     hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
-    if hb and hb < 2 * cap:  # HPACK output stays below the metadata size it encodes
+    if p.datapath.enabled and hb and hb < 2 * cap:  # HPACK output stays below the metadata size
         errors.append(
             (
                 ("datapath", "max_header_block_bytes"),

@@ -117,8 +117,8 @@ def test_good_file_loads(tmp_path: Path) -> None:
             id="python-tag",
         ),
         pytest.param(
-            "datapath:\n  max_header_block_bytes: 20000\n",
-            "2:27: datapath.max_header_block_bytes: 20000 would drop clients whose metadata "
+            "datapath:\n  enabled: true\n  max_header_block_bytes: 20000\n",
+            "3:27: datapath.max_header_block_bytes: 20000 would drop clients whose metadata "
             "fits limits.grpc_max_metadata_bytes (16384): use at least 32768",
             id="header-block-below-metadata-cap",
         ),
