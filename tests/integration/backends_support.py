@@ -23,10 +23,12 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 @dataclass
 class Sim:
-    """One simulated backend process (HTTP only unless asked)."""
+    """One simulated backend process (HTTP only unless asked); its admin API (knobs, stats) on
+    a loopback listener of its own."""
 
     proc: Proc
     port: int
+    admin_port: int
     grpc_port: int | None = None
 
     @property
@@ -34,16 +36,16 @@ class Sim:
         return f"127.0.0.1:{self.port}"
 
     def knobs(self, **changes: Any) -> Any:
-        return http_json(f"http://{self.address}/admin/knobs", "POST", changes)
+        return http_json(f"http://127.0.0.1:{self.admin_port}/admin/knobs", "POST", changes)
 
     def stats(self) -> Any:
-        return http_json(f"http://{self.address}/admin/stats")
+        return http_json(f"http://127.0.0.1:{self.admin_port}/admin/stats")
 
     def served(self) -> int:
         return int(sum(self.stats()["requests"].values()))
 
     def reset(self) -> None:
-        http_json(f"http://{self.address}/admin/reset", "POST", {})
+        http_json(f"http://127.0.0.1:{self.admin_port}/admin/reset", "POST", {})
 
     def kill(self) -> None:
         self.proc.popen.send_signal(signal.SIGKILL)
@@ -59,11 +61,11 @@ def start_sims(tmp: Path, n: int, *args: str, grpc: bool = False) -> list[Sim]:
     another process between `free_port` and its bind) is started again on another."""
 
     def launch(i: int) -> Sim:
-        port = free_port()
+        port, admin = free_port(), free_port()
         gport = free_port() if grpc else None
-        cmd = ["mock-backend", "--http", f"127.0.0.1:{port}"]
+        cmd = ["mock-backend", "--http", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}"]
         cmd += ["--grpc", f"127.0.0.1:{gport}"] if grpc else ["--no-grpc"]
-        return Sim(Proc([*cmd, *args], tmp / f"sim{i}-{port}.log"), port, gport)
+        return Sim(Proc([*cmd, *args], tmp / f"sim{i}-{port}.log"), port, admin, gport)
 
     sims = [launch(i) for i in range(n)]
     for i, s in enumerate(sims):
@@ -81,7 +83,7 @@ def start_sims(tmp: Path, n: int, *args: str, grpc: bool = False) -> list[Sim]:
 
 def _wait_listening(s: Sim, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    ports = [p for p in (s.port, s.grpc_port) if p]
+    ports = [p for p in (s.port, s.admin_port, s.grpc_port) if p]
     while time.monotonic() < deadline:
         if s.proc.popen.poll() is not None:
             raise RuntimeError("exited")
