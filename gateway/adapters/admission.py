@@ -1,5 +1,6 @@
-"""What both HTTP ingress engines check before forwarding, in one order: header bounds (431),
-path safety (400), the filter chain (its verdict), a route (404), the body bound (413)."""
+"""What both HTTP ingress engines check before forwarding, in one order: Expect (417), header
+bounds (431), path safety (400), the filter chain (its verdict), a route (404), the body bound
+(413)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Refusal:
     retry_after: float | None = None
 
 
+EXPECTATION_FAILED = Refusal(417, "expectation_failed", "only 100-continue is supported")
 HEADERS_TOO_LARGE = Refusal(431, "headers_too_large", "request header fields too large")
 BAD_PATH = Refusal(400, "bad_path", "path not allowed")
 NO_ROUTE = Refusal(404, "no_route", "no route matches")
@@ -32,6 +34,10 @@ async def admit(
 ) -> Refusal | None:
     """None: forward to `ctx.endpoint`. A refusal before the chain leaves `on_response` unrun."""
     limits = active.policy.policy.limits
+    expect = ctx.info.headers.get("expect")
+    if expect is not None and expect.lower() != "100-continue":
+        ctx.ran = 0  # RFC 9110 §10.1.1: an expectation we cannot meet
+        return EXPECTATION_FAILED
     if header_bytes > limits.max_header_bytes or header_count > limits.max_header_count:
         ctx.ran = 0  # no filter saw this request: none gets on_response
         return HEADERS_TOO_LARGE

@@ -72,9 +72,10 @@ class Req:
 
 
 def simple_response(
-    status: int, kind: str, text: str, extra: bytes = b"", close: bool = True
+    status: int, kind: str, text: str, extra: bytes = b"", close: bool = True, head: bool = False
 ) -> bytes:
-    """A complete JSON error response (the shape of `headers.error_body`)."""
+    """A complete JSON error response (the shape of `headers.error_body`); `head`: the answer to
+    a HEAD request, Content-Length of the body without the body (RFC 9110 §9.3.2)."""
     body = error_body(kind, text)
     return (
         b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
@@ -86,5 +87,5 @@ def simple_response(
         extra,
         date_value(),
         b"connection: close\r\n" if close else b"",
-        body,
+        b"" if head else body,
     )

@@ -309,14 +309,15 @@ class H1Proxy:
             extra += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
         close = (
             self.gateway.draining
-            or status in (413, 431)  # the rest of the request is not worth reading
+            or status in (413, 417, 431)  # the rest of the request is not worth reading
             or not req.keep_alive
             or not req.body_done
             or conn.stopping
         )
         if not close and req.http10:
             extra += b"connection: keep-alive\r\n"
-        data = simple_response(status, error_type or "error", message, extra, close)
+        head = req.method == "HEAD"
+        data = simple_response(status, error_type or "error", message, extra, close, head)
         req.close = close
         req.responded = True
         ctx.bytes_out = len(data) - data.index(b"\r\n\r\n") - 4

@@ -262,7 +262,9 @@ class HttpProxy:
             resp.headers["Retry-After"] = retry_after_value(retry_after)
         if ctx.request_id:
             resp.headers["X-Request-Id"] = ctx.request_id
-        if self.gateway.draining or status in (413, 431):
-            resp.force_close()  # 413/431: the rest of the request is not worth reading
+        if self.gateway.draining or status in (413, 417, 431) or not request.content.is_eof():
+            # 413/417/431: the rest of the request is not worth reading; a body still arriving
+            # is not waited for either (as on the native engine)
+            resp.force_close()
         ctx.bytes_out = len(body)
         return resp
