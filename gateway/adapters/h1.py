@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.adapters.h1_messages import Req, simple_response
+from gateway.adapters.h1_messages import SINGLETONS, Req, absolute, simple_response
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -68,34 +68,6 @@ class _Refused(Exception):
     def __init__(self, status: int, kind: str, text: str) -> None:
         super().__init__(text)
         self.status, self.kind, self.text = status, kind, text
-
-
-# Header names that may appear once (the set aiohttp's parser enforces): a second one is a 400.
-SINGLETONS = frozenset(
-    {
-        b"content-length",
-        b"content-location",
-        b"content-range",
-        b"content-type",
-        b"etag",
-        b"host",
-        b"max-forwards",
-        b"server",
-        b"transfer-encoding",
-        b"user-agent",
-    }
-)
-
-
-def absolute(target: bytes) -> bool:
-    """An absolute-form target with a non-empty authority (RFC 9112 §3.2.2, RFC 9110 §4.2)."""
-    scheme, colon, rest = target.partition(b":")
-    return (
-        bool(colon)
-        and scheme.isalpha()
-        and rest[:2] == b"//"
-        and rest[2:3] not in (b"", b"/", b"?", b"#")
-    )
 
 
 _TOO_LARGE = (431, "headers_too_large", "request header fields too large")

@@ -1,5 +1,5 @@
-"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), the cached Date value
-and complete JSON error responses."""
+"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), the cached Date value,
+complete JSON error responses, and the header and target rules its parser applies."""
 
 from __future__ import annotations
 
@@ -23,6 +23,34 @@ def date_value() -> bytes:
     value = _date[1]
     assert isinstance(value, bytes)
     return value
+
+
+# Header names that may appear once (the set aiohttp's parser enforces): a second one is a 400.
+SINGLETONS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
+
+
+def absolute(target: bytes) -> bool:
+    """An absolute-form target with a non-empty authority (RFC 9112 §3.2.2, RFC 9110 §4.2)."""
+    scheme, colon, rest = target.partition(b":")
+    return (
+        bool(colon)
+        and scheme.isalpha()
+        and rest[:2] == b"//"
+        and rest[2:3] not in (b"", b"/", b"?", b"#")
+    )
 
 
 class Req:
