@@ -57,13 +57,18 @@ Forwarded = tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...], bytes]
 class _Recorder(asyncio.Protocol):
     """One upstream connection: parses requests (httptools), records them, answers 200 "ok"."""
 
-    def __init__(self, seen: list[Forwarded]) -> None:
+    def __init__(self, seen: list[Forwarded], open_: set[asyncio.Transport]) -> None:
         self.seen = seen
+        self.open = open_  # closed at teardown (Server.close leaves accepted connections)
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.open.add(self.transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.open.discard(self.transport)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -255,7 +260,12 @@ async def engines(tmp_path: Path) -> AsyncIterator[list[Engine]]:
     async with contextlib.AsyncExitStack() as stack:
         for name in ("aiohttp", "native"):
             seen: list[Forwarded] = []
-            server = await loop.create_server(lambda s=seen: _Recorder(s), "127.0.0.1", 0)
+            conns: set[asyncio.Transport] = set()
+            server = await loop.create_server(
+                lambda s=seen, c=conns: _Recorder(s, c), "127.0.0.1", 0
+            )
+            stack.push_async_callback(asyncio.sleep, 0.01)  # connection_lost of those closed
+            stack.callback(lambda c=conns: [t.close() for t in list(c)])
             stack.push_async_callback(server.wait_closed)
             stack.callback(server.close)
             port = server.sockets[0].getsockname()[1]
