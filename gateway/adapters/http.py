@@ -1,4 +1,10 @@
-"""HTTP/1.1 ingress: aiohttp's low-level `web.Server` in front of the filter chain and the pool.
+"""HTTP/1.1 ingress: aiohttp's low-level `web.Server` in front of the filter chain and the pool
+(`listeners.http.engine: aiohttp`; `start_http` also starts the default, native, engine).
+
+Known aiohttp parser limits the native engine does not share (`tests/adapters/test_differential`):
+a malformed request, or data after `Connection: close` or after a non-websocket upgrade, loses
+the requests read together with it; a connection closed with input unread is reset (no lingering
+close); the last trailer of a chunked body is added to the next request's headers.
 
 Per request: RequestInfo → chain → (verdict answer | stream to the endpoint through
 `gateway.http_pool` and stream the answer back). The adapter translates and does nothing else:
@@ -194,11 +200,11 @@ async def start_http(
 ) -> HttpListener | NativeListener:
     """Bind the HTTP ingress. Parser limits and keep-alive come from the policy at start.
 
-    `engine` overrides the policy's `listeners.http.engine` ("aiohttp" or "native", the
-    `gateway.adapters.h1_server` server: same interface and behaviour, cheaper, experimental)."""
+    `engine` overrides the policy's `listeners.http.engine` ("native", the default: the
+    `gateway.adapters.h1_server` server, or "aiohttp": same interface and behaviour, dearer)."""
     policy = gateway.active.policy.policy
     if engine is None:
-        engine = policy.listeners.http.engine if policy.listeners.http else "aiohttp"
+        engine = policy.listeners.http.engine if policy.listeners.http else "native"
     if engine == "native":
         from gateway.adapters.h1_server import start_native
 
