@@ -1,7 +1,8 @@
 """`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
 
     python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
-                            [--engine aiohttp|native]
+                            [--engine both|native|aiohttp] [--filters a,b,c]
+                            [--policy-extra FILE]
     python -m tests.bench.run [same options]
 
 Rows, each after a 2 s warm-up run of the same command:
@@ -10,7 +11,11 @@ Rows, each after a 2 s warm-up run of the same command:
   `sluice mock-backend` instead, said in the output).
 - HTTP nginx proxy: wrk → nginx `proxy_pass` with a keep-alive upstream → the same backend: the
   reference proxy (DESIGN.md, "The hot path": ~16 µs/req).
-- HTTP Sluice: wrk → `sluice serve` with a policy written here → the same backend.
+- HTTP floor: wrk → `gateway.bench.floor`, a bare asyncio.Protocol + httptools proxy on uvloop
+  (no policy, no logging) → the same backend: the least a Python proxy costs here.
+- HTTP Sluice (native), HTTP Sluice (aiohttp): wrk → `sluice serve` with a policy written here
+  (`--filters` sets its chain, `--policy-extra` adds sections) → the same backend, one row per
+  engine.
 - gRPC backend direct: h2load (gRPC-framed unary `Infer`) → `sluice mock-backend`.
 - gRPC Sluice: h2load → `sluice serve` → the same mock backend.
 
@@ -56,9 +61,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        choices=("aiohttp", "native"),
-        default="aiohttp",
-        help="Sluice's HTTP ingress engine (listeners.http.engine)",
+        choices=("both", "native", "aiohttp"),
+        default="both",
+        help="Sluice's HTTP ingress engine (listeners.http.engine); both: one row each",
+    )
+    parser.add_argument(
+        "--filters",
+        metavar="A,B,C",
+        help="the filter chain to measure (policy `filters:`, e.g. request_id,route); "
+        "default: the policy's default chain",
+    )
+    parser.add_argument(
+        "--policy-extra",
+        metavar="FILE",
+        help="YAML merged over the bench policy (the sections --filters need, e.g. auth:)",
     )
     parser.add_argument(
         "--wait-idle",

@@ -15,7 +15,10 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gateway.bench.loads import (
     INFER,
@@ -117,13 +120,25 @@ def mock_stats(http_port: int) -> BackendStats:
     return read
 
 
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`: mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def policy_doc(
     ports: dict[str, int],
     http_backend: int | None,
     grpc_backend: int | None,
     access_log: bool,
-    engine: str = "aiohttp",
+    engine: str = "native",
+    filters: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The bench policy; `filters` sets the chain, `extra` (`--policy-extra`) is merged over it
+    (the sections a filter needs, e.g. `auth:`), so a new filter needs no change here."""
     backends: list[dict[str, Any]] = []
     routes: list[dict[str, Any]] = []
     listeners: dict[str, Any] = {"http": None, "grpc": None}
@@ -155,7 +170,7 @@ def policy_doc(
                 "backend": "bench-http",
             }
         )
-    doc = {
+    doc: dict[str, Any] = {
         "version": 1,
         "listeners": listeners,
         "backends": backends,
@@ -163,6 +178,10 @@ def policy_doc(
         "access_log": {"enabled": access_log},
         "mock_backend": {"enabled": False},
     }
+    if filters is not None:
+        doc["filters"] = filters
+    if extra:
+        doc = merge(doc, extra)
     from gateway.policy.model import Policy
 
     Policy.model_validate(doc)  # fail here, with the reason, rather than in the child
@@ -187,19 +206,37 @@ def start_mock(s: Setup) -> tuple[int, int]:
 
 
 def start_gateway(
-    s: Setup, http_backend: int | None, grpc_backend: int | None
+    s: Setup, http_backend: int | None, grpc_backend: int | None, engine: str
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
+    a = s.args
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
-    doc = policy_doc(ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine)
-    path = s.procs.tmp / "bench-policy.yaml"
+    filters = [f for f in a.filters.split(",") if f] if a.filters else None
+    extra = yaml.safe_load(Path(a.policy_extra).read_text()) if a.policy_extra else None
+    doc = policy_doc(ports, http_backend, grpc_backend, not a.no_access_log, engine, filters, extra)
+    name = f"gateway-{engine}"
+    path = s.procs.tmp / f"{name}-policy.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
-    p = s.procs.start("gateway", pinned(s.gw_cpus, cmd))
+    p = s.procs.start(name, pinned(s.gw_cpus, cmd))
     try:
-        wait_until("gateway", lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])
+        wait_until(name, lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])
     except Exception as e:
-        raise RuntimeError(f"{e}\n{s.procs.tail('gateway')}") from e
+        raise RuntimeError(f"{e}\n{s.procs.tail(name)}") from e
     return p, ports
+
+
+def start_floor(s: Setup, http_backend: int) -> tuple[subprocess.Popen[bytes], int]:
+    """The bare Protocol + httptools proxy (`gateway.bench.floor`), pinned like the proxies."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.bench.floor", "--listen", f"127.0.0.1:{port}"]
+    cmd += ["--upstream", f"127.0.0.1:{http_backend}"]
+    p = s.procs.start("floor", pinned(s.gw_cpus, cmd))
+    url = f"http://127.0.0.1:{port}/v1/models"
+    try:
+        wait_until("floor proxy", lambda: models_ok(url), [p])
+    except Exception as e:
+        raise RuntimeError(f"{e}\n{s.procs.tail('floor')}") from e
+    return p, port
 
 
 def run_all(s: Setup) -> list[Row]:
@@ -222,13 +259,26 @@ def run_all(s: Setup) -> list[Row]:
             http_be = mock_http
             s.notes.append("nginx not found: HTTP backend is `sluice mock-backend`, no nginx row")
 
-    gw: subprocess.Popen[bytes] | None = None
-    gw_ports: dict[str, int] = {}
-    gw_error: str | None = None
-    try:
-        gw, gw_ports = start_gateway(s, http_be if do_http else None, mock_grpc)
-    except Exception as e:
-        gw_error = f"gateway did not start: {e}"
+    engines = ["native", "aiohttp"] if a.engine == "both" else [a.engine]
+    gws: dict[str, tuple[subprocess.Popen[bytes], dict[str, int]]] = {}
+    gw_errors: dict[str, str] = {}
+    for i, engine in enumerate(engines):  # gRPC is measured through the first one only
+        if i > 0 and not do_http:
+            break
+        try:
+            gws[engine] = start_gateway(
+                s, http_be if do_http else None, mock_grpc if i == 0 else None, engine
+            )
+        except Exception as e:
+            gw_errors[engine] = f"gateway did not start: {e}"
+    floor: tuple[subprocess.Popen[bytes], int] | None = None
+    floor_error = ""
+    if do_http:
+        assert http_be is not None
+        try:
+            floor = start_floor(s, http_be)
+        except Exception as e:
+            floor_error = f"floor proxy did not start: {e}"
 
     cores = cpu_list(s.gw_cpus)
     stats = mock_stats(mock_http) if mock_http is not None else None
@@ -246,17 +296,29 @@ def run_all(s: Setup) -> list[Row]:
         if proxy is not None:
             url = f"http://127.0.0.1:{proxy[1]}/v1/models"
             rows.append(run(Row("HTTP nginx proxy"), s.wrk(url), parse_wrk, proxy[0].pid))
-        row = Row(f"HTTP Sluice ({a.engine})")
-        if gw is None:
-            row.error = gw_error
+        row = Row("HTTP floor (Protocol + httptools)")
+        if floor is None:
+            row.error = floor_error
         else:
-            url = f"http://127.0.0.1:{gw_ports['http']}/v1/models"
-            if not models_ok(url):
-                status, body = http_get(url)
-                row.error = f"probe GET {url} → {status} {body[:200]!r}"
-            else:
-                run(row, s.wrk(url), parse_wrk, gw.pid)
+            url = f"http://127.0.0.1:{floor[1]}/v1/models"
+            run(row, s.wrk(url), parse_wrk, floor[0].pid)
         rows.append(row)
+        for engine in engines:
+            row = Row(f"HTTP Sluice ({engine})")
+            if engine not in gws:
+                row.error = gw_errors[engine]
+            else:
+                p, ports = gws[engine]
+                url = f"http://127.0.0.1:{ports['http']}/v1/models"
+                if not models_ok(url):
+                    status, body = http_get(url)
+                    row.error = f"probe GET {url} → {status} {body[:200]!r}"
+                else:
+                    run(row, s.wrk(url), parse_wrk, p.pid)
+            rows.append(row)
+    gw = gws.get(engines[0], (None, {}))[0]
+    gw_ports = gws.get(engines[0], (None, {}))[1]
+    gw_error = gw_errors.get(engines[0])
     if do_grpc:
         assert mock_grpc is not None
         cmd, parse = s.grpc("grpc-direct", mock_grpc)
@@ -273,9 +335,12 @@ def run_all(s: Setup) -> list[Row]:
                 cmd, parse = s.grpc("grpc-sluice", gw_ports["grpc"])
                 run(row, cmd, parse, gw.pid, stats)
         rows.append(row)
-    if gw is not None:
-        if gw.poll() is not None:
-            s.notes.append(f"the gateway exited during the run:\n{s.procs.tail('gateway')}")
+    for engine, (p, _) in gws.items():
+        name = f"gateway-{engine}"
+        if p.poll() is not None:
+            s.notes.append(f"{name} exited during the run:\n{s.procs.tail(name)}")
         elif not a.no_access_log:
-            s.notes.append(access_log_tally(s.procs.tmp / "gateway.log"))
+            s.notes.append(f"{engine}: " + access_log_tally(s.procs.tmp / f"{name}.log"))
+    if a.filters is not None:
+        s.notes.append(f"filters: {a.filters or '(none)'}")
     return rows
