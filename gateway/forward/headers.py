@@ -150,8 +150,12 @@ def client_head(
         lines = [line for ln, line in zip(names, lines, strict=True) if ln not in conn_listed]
     block = b"".join(lines)
     # Only what is passed on is checked: a control byte, or a CR/LF inside a value.
-    n = len(lines)
-    if _BAD_LINE.search(block) is not None or block.count(b"\n") != n or block.count(b"\r") != n:
+    count = len(lines)
+    if (
+        _BAD_LINE.search(block) is not None
+        or block.count(b"\n") != count
+        or block.count(b"\r") != count
+    ):
         raise BadUpstreamHead("invalid byte in an upstream header value")
     if ctx.request_id and not has_rid:
         block += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
