@@ -89,7 +89,7 @@ class Gateway:
         live = self._live
         if live and live[-1] is not snap and any(s is snap for s in live):
             # Back to a chain that was live before (a rollout rolled back or aborted): owners
-            # configured at activation (backends, JWKS sources, tracing) followed the
+            # configured at activation (JWKS sources, tracing, the backends in use) followed the
             # candidate's sections while it served; they take this chain's again.
             snap.chain.activate()
             self._live = [*(s for s in live if s is not snap), snap]

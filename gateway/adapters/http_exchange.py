@@ -157,8 +157,8 @@ class AiohttpExchange:
             resp.content_length = length
         elif status >= 200 and status != 204:
             resp.content_length = len(body)
-        if self.close_after:
-            resp.force_close()
+        if self.close_after or not self.request.content.is_eof():
+            resp.force_close()  # an answer before the whole body arrived: not waited for
         self.head_sent = True
         await resp.prepare(self.request)
         await resp.write_eof(body)

@@ -85,13 +85,21 @@ class SmoothWeightedRoundRobin:
         return best
 
 
+class Load(Protocol):
+    """A member's live figures, shared by every policy that names it."""
+
+    in_flight: int
+    load: float  # heartbeat load 0-100 (0 for static members)
+
+
 class Candidate(Protocol):
     """What the balancer reads of a member at pick time."""
 
     weight: float
-    in_flight: int
-    load: float  # heartbeat load 0-100 (0 for static members)
     hash_key: int  # stable 64-bit identity for rendezvous hashing
+
+    @property
+    def core(self) -> Load: ...
 
 
 M = TypeVar("M", bound=Candidate)
@@ -249,8 +257,9 @@ def pick(plan: Plan[M], random: Random) -> M | None:
             j += 1
     a = ms[i]
     b = ms[j]
-    sa = (a.in_flight + a.load * LOAD_GAIN) / a.weight
-    sb = (b.in_flight + b.load * LOAD_GAIN) / b.weight
+    ca, cb = a.core, b.core
+    sa = (ca.in_flight + ca.load * LOAD_GAIN) / a.weight
+    sb = (cb.in_flight + cb.load * LOAD_GAIN) / b.weight
     return a if sa <= sb else b
 
 
@@ -272,8 +281,9 @@ def pick_excluding(plan: Plan[M], random: Random, exclude: Collection[M]) -> M |
         if j >= i:
             j += 1
         a, b = rest[i], rest[j]
-        sa = (a.in_flight + a.load * LOAD_GAIN) / a.weight
-        sb = (b.in_flight + b.load * LOAD_GAIN) / b.weight
+        ca, cb = a.core, b.core
+        sa = (ca.in_flight + ca.load * LOAD_GAIN) / a.weight
+        sb = (cb.in_flight + cb.load * LOAD_GAIN) / b.weight
         return a if sa <= sb else b
     return None
 

@@ -17,18 +17,19 @@ to the canary even while it is guarded (an explicit opt-in, e.g. a tester); `0`,
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gateway.core.balancer import SmoothWeightedRoundRobin, hash_key, split_sticky
+from gateway.core.canary import CanaryGuard
 from gateway.core.outcome import Outcome
-from gateway.core.retry import RetryParams, retriable
+from gateway.core.retry import RetryBudget, RetryParams, retriable
 from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
 from gateway.filters.base import RequestContext, Status
 from gateway.registry.member import Attempt, Member, Result
-from gateway.registry.pool import BackendPool, BackendState, RouteState
+from gateway.registry.pool import BackendPool
+from gateway.registry.view import BackendView
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -46,20 +47,22 @@ class RoutePicker:
     """One route's split and choice, built per policy over the pool's long-lived state."""
 
     __slots__ = (
-        "route", "groups", "weights", "swrr", "canary", "rs", "override", "sticky", "retry",
-        "clock",
+        "route", "groups", "weights", "swrr", "canary", "guard", "budget", "override", "sticky",
+        "retry", "clock",
     )  # fmt: skip
 
-    def __init__(self, route: CompiledRoute, pool: BackendPool) -> None:
+    def __init__(self, route: CompiledRoute, policy: CompiledPolicy, pool: BackendPool) -> None:
         self.route = route
-        self.groups: tuple[BackendState, ...] = tuple(pool.backend(n) for n, _ in route.targets)
+        self.groups: tuple[BackendView, ...] = tuple(
+            pool.view(policy.backends[n]) for n, _ in route.targets
+        )
         self.weights = tuple(float(w) for _, w in route.targets)
         self.swrr = SmoothWeightedRoundRobin(self.weights)
-        self.rs: RouteState = pool.route(route.name)
         self.clock = pool.clock
         c = route.canary
         names = [n for n, _ in route.targets]
         self.canary = names.index(c.backend) if c is not None else -1
+        self.guard: CanaryGuard | None = pool.guard(route.name, c, route.targets)
         self.override = c.override_header.lower() if c and c.override_header else None
         self.sticky = route.sticky.header.lower() if route.sticky is not None else None
         r = route.retries
@@ -75,22 +78,16 @@ class RoutePicker:
                 on_unavailable="unavailable" in r.retry_on,
             )
         )
-
-    def activate(self) -> None:
-        route = self.route
-        self.rs.picker = self
-        self.rs.configure(route.canary, route.targets)
-        if self.retry is not None:
-            self.rs.budget_for(self.retry.budget_ratio, self.retry.min_retries)
-        else:
-            self.rs.budget = None
+        self.budget: RetryBudget | None = (
+            pool.budget(route.name, r.budget_ratio, r.min_retries) if r is not None else None
+        )
 
     # --- choice --------------------------------------------------------------------------------
     def _split(self, headers: Mapping[str, str], key: int | None, now: float) -> list[float]:
         weights = list(self.weights)
         c = self.canary
         if c >= 0:
-            guard = self.rs.guard
+            guard = self.guard
             if guard is not None and guard.tripped:
                 weights[c] = 0.0
             if self.override is not None:
@@ -139,17 +136,16 @@ class RoutePicker:
         if got is None:
             return None
         a = self._attempt(ctx, got[0], got[1], now, g)
-        if self.retry is not None:
-            budget = self.rs.budget
-            if budget is not None:
-                budget.active += 1
+        budget = self.budget
+        if budget is not None:
+            budget.active += 1
         return a
 
     def _attempt(self, ctx: RequestContext, m: Member, ticket: int, now: float, g: int) -> Attempt:
-        m.in_flight += 1
+        m.core.in_flight += 1
         a = Attempt(self, m, ticket, now, g)
-        if ticket & _PROBE_MASK:
-            m.probes[ticket] = a
+        if ticket & _PROBE_MASK and m.box is not None:
+            m.box.probes[ticket] = a
             a.ctx = ctx
         return a
 
@@ -162,7 +158,7 @@ class RoutePicker:
             return None
         now = self.clock.now()
         self.close(a, ctx, now)
-        budget = self.rs.budget
+        budget = self.budget
         name = self.route.name
         if budget is None or not budget.try_acquire():
             metrics.RETRIES.labels(name, "budget_exhausted").inc()
@@ -210,10 +206,10 @@ class RoutePicker:
         res, ttfb = st.report(a, now, ctx.outcome, ctx.http_status, ctx.grpc_status,
                               ctx.first_byte_at)  # fmt: skip
         if a.retry:
-            budget = self.rs.budget
+            budget = self.budget
             if budget is not None:
                 budget.release()
-        guard = self.rs.guard
+        guard = self.guard
         tripped = (
             guard is not None
             and res is not Result.IGNORED
@@ -230,10 +226,18 @@ class RoutePicker:
     def finish(self, ctx: RequestContext, a: Attempt) -> None:
         if not a.done:
             self.close(a, ctx, self.clock.now())
-        if self.retry is not None:
-            budget = self.rs.budget
-            if budget is not None and budget.active > 0:
-                budget.active -= 1
+        budget = self.budget
+        if budget is not None and budget.active > 0:
+            budget.active -= 1
+
+    def state(self, now: float) -> dict[str, object]:
+        out: dict[str, object] = {"weights": self.effective_weights(now)}
+        if self.guard is not None:
+            backend = self.groups[self.canary].name
+            out["canary"] = {"backend": backend, **self.guard.snapshot(now)}
+        if self.budget is not None:
+            out["retry_budget"] = self.budget.snapshot()
+        return out
 
 
 class RouteFilter:
@@ -241,36 +245,23 @@ class RouteFilter:
 
     def __init__(self, policy: CompiledPolicy, pool: BackendPool | None = None) -> None:
         self._policy = policy
-        if pool is None:  # a filter of its own (tests, tools): private state
+        private = pool is None
+        if pool is None:  # a filter of its own (tests, tools): private state, live at once
             from gateway.services import Services
 
             pool = BackendPool(Services())
-            pool.apply(policy.policy.backends, [r.name for r in policy.routes])
         self._pool = pool
-        for b in policy.policy.backends:
-            st = pool.backend(b.name)
-            if st.cfg is None:  # new: usable at once (a reload that fails leaves it unused)
-                st.configure(b)
-        self._pickers = {r.name: RoutePicker(r, pool) for r in policy.routes}
-        for picker in self._pickers.values():
-            if picker.rs.picker is None:  # new route: usable at once, as above
-                picker.activate()
+        self._pickers = {r.name: RoutePicker(r, policy, pool) for r in policy.routes}
+        self._views = [pool.view(b) for b in policy.policy.backends]
         self._clock = pool.clock
+        if private:
+            self.activate()
 
     def activate(self) -> None:
-        pool = self._pool
-        pool.apply(self._policy.policy.backends, list(self._pickers))
-        for p in self._pickers.values():
-            p.activate()
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop yet: the first request starts the background work
-        pool.start()
+        self._pool.activate(self._views, self._pickers)
 
     def on_request(self, ctx: RequestContext) -> Status:
-        # An earlier filter (auth) may have matched already: the same policy, the same answer.
-        route = ctx.route or self._policy.match(ctx.info)
+        route = self._policy.match(ctx.info)
         if route is None:
             return ctx.stop(NO_ROUTE)
         ctx.route = route

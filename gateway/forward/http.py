@@ -321,7 +321,7 @@ class HttpForward:
     async def _reject(self, ex: Exchange, ctx: RequestContext, v: Verdict) -> None:
         ctx.verdict = v
         ctx.outcome = Outcome.REJECTED
-        close = v.http_status in (408, 413, 431)  # the rest of the request is not worth reading
+        close = v.http_status in (408, 413, 417, 431)  # the rest is not worth reading
         await self._answer(
             ex, ctx, v.http_status, v.error_type, v.reason, v.retry_after, v.headers, close
         )
@@ -341,9 +341,12 @@ class HttpForward:
         ctx.http_status = status
         body = error_body(error_type or "error", message)
         lines = response_lines(ctx, retry_after, extra)
-        ctx.bytes_out = len(body)
         if close or self.gateway.draining:
             ex.close_after = True
+        if ctx.info.method == "HEAD":  # the length of the body, without it (RFC 9110 §9.3.2)
+            await ex.respond(status, lines, b"", False, len(body))
+            return
+        ctx.bytes_out = len(body)
         await ex.respond(status, lines, body, False)
 
 

@@ -25,11 +25,11 @@ class Endpoint:
     port: int
     weight: int
     priority: int = 0
+    address: str = field(init=False, compare=False)  # host:port, IPv6 in brackets (made once)
 
-    @property
-    def address(self) -> str:
+    def __post_init__(self) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        object.__setattr__(self, "address", f"{host}:{self.port}")
 
 
 def split_host_port(address: str) -> tuple[str, int]:

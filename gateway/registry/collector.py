@@ -64,32 +64,32 @@ class BackendsCollector(Collector):
         )  # fmt: skip
         for pool in list(LIVE_POOLS):
             now = pool.clock.now()
-            for name, st in pool.backends.items():
-                plan = st.plan(now)
+            for name, v in pool.latest.items():
+                plan = v.plan(now)
                 taking = {id(m) for lv in plan.levels for m in lv.members}
-                for m in st.members.values():
+                for m in v.members.values():
                     lv = [name, m.address]
                     available.add_metric(lv, 1.0 if id(m) in taking else 0.0)
-                    if m.health is not None:
-                        healthy.add_metric(lv, 1.0 if m.health.healthy else 0.0)
+                    if m.hbox is not None:
+                        healthy.add_metric(lv, 1.0 if m.hbox.state.healthy else 0.0)
                     if m.breaker is not None:
                         breaker.add_metric(lv, _BREAKER[m.breaker.state])
                     if m.outlier is not None:
                         ejected.add_metric(lv, 1.0 if m.outlier.ejected(now) else 0.0)
                     weight.add_metric(lv, m.weight)
-                    load.add_metric(lv, m.load)
-                    inflight.add_metric(lv, float(m.in_flight))
-                panic.add_metric([name], 1.0 if st.panic else 0.0)
-                if st.registry_up is not None:
-                    reg_up.add_metric([name], 1.0 if st.registry_up else 0.0)
-            for rname, rs in pool.routes.items():
-                if rs.picker is not None:
-                    for bname, w in rs.picker.effective_weights(now).items():
-                        route_w.add_metric([rname, bname], w)
-                if rs.guard is not None:
-                    guarded.add_metric([rname, rs.canary_backend], 1.0 if rs.guard.tripped else 0.0)
-                if rs.budget is not None:
-                    b = rs.budget
+                    load.add_metric(lv, m.core.load)
+                    inflight.add_metric(lv, float(m.core.in_flight))
+                panic.add_metric([name], 1.0 if v.panic else 0.0)
+                if v.watcher is not None and v.watcher.up is not None:
+                    reg_up.add_metric([name], 1.0 if v.watcher.up else 0.0)
+            for rname, p in pool.pickers.items():
+                for bname, w in p.effective_weights(now).items():
+                    route_w.add_metric([rname, bname], w)
+                if p.guard is not None:
+                    canary = p.groups[p.canary].name
+                    guarded.add_metric([rname, canary], 1.0 if p.guard.tripped else 0.0)
+                if p.budget is not None:
+                    b = p.budget
                     budget.add_metric([rname, "limit"], float(b.limit()))
                     budget.add_metric([rname, "in_flight"], float(b.retrying))
                     budget.add_metric([rname, "active"], float(b.active))

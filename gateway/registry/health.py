@@ -14,15 +14,18 @@ appearing. Passive health: a failure seen in real traffic (`Member.poke`) runs a
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.registry.member import Member
-    from gateway.registry.pool import BackendState
+    from gateway.registry.member import HealthBox
+    from gateway.registry.pool import BackendPool
     from gateway.services import Services
+
+log = logging.getLogger("sluice.backends")
 
 MAX_STATUS_LINE = 1024
 POKE_MIN_GAP_S = 1.0
@@ -72,38 +75,37 @@ async def check_grpc(channel: Any, service: str, timeout: float) -> tuple[bool, 
     return False, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-async def _loop(state: BackendState, m: Member) -> None:
-    cfg = state.cfg
-    assert cfg is not None and cfg.health is not None
-    hc = cfg.health
-    rng = state.pool.random
+async def _loop(pool: BackendPool, box: HealthBox) -> None:
+    hc = box.check
+    rng = pool.random
     channel: Any = None
-    if cfg.protocol == "grpc":
+    if box.protocol == "grpc":
         import grpc.aio
 
-        channel = grpc.aio.insecure_channel(m.address, options=(("grpc.enable_retries", 0),))
+        address = f"[{box.host}]:{box.port}" if ":" in box.host else f"{box.host}:{box.port}"
+        channel = grpc.aio.insecure_channel(address, options=(("grpc.enable_retries", 0),))
     last = 0.0
+    state = box.state
     try:
         await asyncio.sleep(rng() * min(1.0, hc.interval_s))
         while True:
-            health = m.health
-            if health is None:
-                return
             last = time.monotonic()
             if channel is not None:
                 ok, err = await check_grpc(channel, hc.grpc_service, hc.timeout_s)
             else:
-                ep = m.endpoint
-                ok, err = await check_http(ep.host, ep.port, hc.path, hc.timeout_s)
-            metrics.HEALTH_CHECKS.labels(state.name, "pass" if ok else "fail").inc()
-            if health is m.health and health.observe(ok, err):
-                state.health_changed(m)
-            poke = m.poke
+                ok, err = await check_http(box.host, box.port, hc.path, hc.timeout_s)
+            metrics.HEALTH_CHECKS.labels(box.backend, "pass" if ok else "fail").inc()
+            if state.observe(ok, err):
+                pool.changed()
+                log.warning("health: backend=%s member=%s:%s %s%s", box.backend, box.host,
+                            box.port, "healthy" if state.healthy else "unhealthy",
+                            "" if state.healthy else f" ({state.last_error})")  # fmt: skip
+            poke = box.poke
             if poke is None:
                 return
             poke.clear()
             try:
-                async with asyncio.timeout(health.next_delay(rng())):
+                async with asyncio.timeout(state.next_delay(rng())):
                     await poke.wait()
                 gap = POKE_MIN_GAP_S - (time.monotonic() - last)
                 if gap > 0:
@@ -115,6 +117,6 @@ async def _loop(state: BackendState, m: Member) -> None:
             await channel.close(None)
 
 
-def start_checker(services: Services, state: BackendState, m: Member) -> None:
-    m.poke = asyncio.Event()
-    m.checker = services.spawn(_loop(state, m), f"health:{state.name}:{m.address}")
+def start_checker(services: Services, pool: BackendPool, box: HealthBox) -> None:
+    box.poke = asyncio.Event()
+    box.checker = services.spawn(_loop(pool, box), f"health:{box.backend}:{box.host}:{box.port}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from gateway.policy.model import Registry
-    from gateway.registry.pool import BackendState
+    from gateway.registry.pool import BackendPool
     from gateway.services import Services
 
 log = logging.getLogger("sluice.registry")
@@ -134,13 +135,22 @@ async def read(client: Redis, service: str, max_members: int) -> tuple[int, list
 
 
 class Watcher:
-    """Polls one backend's registry every `poll_s` and hands the members to its state."""
+    """Polls one backend's registry every `poll_s`; `found` (address → sid, load, version) and
+    `fresh_until` (address → monotonic deadline) are what the backend's views read. Shared by
+    every view with the same `discovery.registry` section."""
 
-    def __init__(self, services: Services, state: BackendState, reg: Registry) -> None:
+    def __init__(self, services: Services, pool: BackendPool, backend: str, reg: Registry) -> None:
         self.services = services
-        self.state = state
+        self.pool = pool
+        self.backend = backend
         self.reg = reg
+        self.found: dict[str, Heartbeat] = {}
+        self.fresh_until: dict[str, float] = {}
+        self.up: bool | None = None  # None: not polled yet
+        self.error = ""
+        self.polled_at: float | None = None
         self._seen: dict[str, int] = {}  # sid → last ts read
+        self.task: asyncio.Task[None] | None = None
 
     def _fresh(self, hb: Heartbeat, redis_now_ns: int) -> bool:
         last = self._seen.get(hb.sid)
@@ -154,28 +164,72 @@ class Watcher:
 
         reg = self.reg
         client = redis_client(self.services, reg.redis)
-        now = self.services.clock.now()
         try:
             async with asyncio.timeout(reg.timeout_s):
                 redis_now, beats = await read(client, reg.service, reg.max_members)
         except Exception as e:  # Redis down, timeout, bad reply: keep the last members
-            metrics.REGISTRY_POLLS.labels(self.state.name, "error").inc()
-            self.state.registry_failed(f"{type(e).__name__}: {e}", now)
+            metrics.REGISTRY_POLLS.labels(self.backend, "error").inc()
+            self.failed(f"{type(e).__name__}: {e}", self.services.clock.now())
             return
-        metrics.REGISTRY_POLLS.labels(self.state.name, "ok").inc()
+        metrics.REGISTRY_POLLS.labels(self.backend, "ok").inc()
         if reg.version is not None:
             beats = [b for b in beats if b.ver == reg.version]
-        found = [(b.addr, b.sid, b.load, b.ver, self._fresh(b, redis_now)) for b in beats]
+        self.update(beats, redis_now, self.services.clock.now())
+
+    def update(self, beats: list[Heartbeat], redis_now_ns: int, now: float) -> None:
+        """A successful poll: members not in it leave; a heartbeat that changed (or is young
+        when first seen) keeps its member fresh for `stale_after_s`."""
+        stale_s = self.reg.stale_after_s
+        found = {b.addr: b for b in beats}
+        changed = found.keys() != self.found.keys()
+        for b in beats:
+            was = self.fresh_until.get(b.addr)
+            if self._fresh(b, redis_now_ns) or was == math.inf:
+                # (inf: kept while Redis was down; judged again from now on)
+                self.fresh_until[b.addr] = now + stale_s
+                changed = changed or was is None or was <= now
+            elif was is None:
+                self.fresh_until[b.addr] = now  # known, but its heartbeat is old
+            core = self.pool.core(self.backend, b.addr)
+            core.sid, core.version, core.load = b.sid, b.ver, b.load
+        for addr in [a for a in self.fresh_until if a not in found]:
+            del self.fresh_until[addr]
         live = {b.sid for b in beats}
         for sid in [s for s in self._seen if s not in live]:
             del self._seen[sid]
-        self.state.set_discovered(found, self.services.clock.now())
+        self.found = found
+        if self.up is not True:
+            changed = True
+        self.up, self.error, self.polled_at = True, "", now
+        if changed:
+            self.pool.changed()
+
+    def failed(self, error: str, now: float) -> None:
+        """Redis unreachable: the members live when it went away keep serving (their
+        staleness is not judged while the registry cannot be read)."""
+        if self.up is not False:
+            log.warning("backend %s: registry unreachable, keeping %d members: %s",
+                        self.backend, len(self.found), error)  # fmt: skip
+        self.up, self.error = False, error[:200]
+        for addr, until in self.fresh_until.items():
+            if until > now:
+                self.fresh_until[addr] = math.inf
+        self.pool.changed()
+
+    def state(self) -> dict[str, object]:
+        return {"up": self.up, "error": self.error, "polled_at": self.polled_at,
+                "members": len(self.found)}  # fmt: skip
 
     async def run(self) -> None:
         while True:
             await self.poll_once()
             await asyncio.sleep(self.reg.poll_s)
 
+    def start(self) -> None:
+        if self.task is None or self.task.done():
+            self.task = self.services.spawn(self.run(), f"registry:{self.backend}")
 
-def start_watcher(services: Services, state: BackendState, reg: Registry) -> asyncio.Task[None]:
-    return services.spawn(Watcher(services, state, reg).run(), f"registry:{state.name}")
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None

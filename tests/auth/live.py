@@ -42,6 +42,7 @@ def policy(
     cooldown_s: float = 30,
     timeout_s: float = 2,
     extra_route: str = "",
+    recorder: int | None = None,
 ) -> str:
     routes = [
         ("grpc-gold", "{protocol: grpc, headers: [{name: x-route, value: gold}]}", "sim-grpc",
@@ -68,6 +69,18 @@ def policy(
             f"    backend: sim-http\n    strip_prefix: /{name}\n    auth: {auth}\n"
         )
     text += extra_route
+    rec_backend = ""
+    if recorder is not None:  # a test backend that records header values (the simulated one
+        # keeps names only), behind routes with each auth mode
+        rec_backend = (
+            f"  - name: rec\n    protocol: http\n"
+            f'    endpoints: [{{address: "127.0.0.1:{recorder}"}}]\n'
+        )
+        for name, auth in (("rec-open", "off"), ("rec-optional", "optional"), ("rec", "required")):
+            text += (
+                f"  - name: {name}\n    match: {{protocol: http, path_prefix: /{name}/}}\n"
+                f"    backend: rec\n    strip_prefix: /{name}\n    auth: {auth}\n"
+            )
     text += "  - name: openai\n    match: {protocol: http, path_prefix: /}\n"
     text += "    backend: sim-http\n    auth: required\n"
     return f"""\
@@ -89,7 +102,7 @@ backends:
     protocol: grpc
     endpoints: [{{address: "127.0.0.1:{backend.grpc_port}"}}]
     unary_methods: [/sluice.inference.v1.Inference/Infer]
-auth:
+{rec_backend}auth:
   max_token_bytes: 32768
   providers:
     - name: corp

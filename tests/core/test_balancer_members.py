@@ -32,6 +32,10 @@ class M:
     def __post_init__(self) -> None:
         self.hash_key = hash_key(self.name)
 
+    @property
+    def core(self) -> M:  # the live figures live on the test member itself
+        return self
+
     def __repr__(self) -> str:
         return self.name
 

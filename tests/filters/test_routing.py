@@ -78,15 +78,14 @@ class Rig:
         return ctx
 
     def member(self, address: str, backend: str = "stable") -> Any:
-        return self.pool.backends[backend].members[address]
+        return self.pool.latest[backend].members[address]
 
 
 def test_split_follows_weights_and_in_flight_returns_to_zero() -> None:
     rig = Rig(policy())
     got = Counter(rig.send().endpoint.backend for _ in range(1000))  # type: ignore[union-attr]
     assert got == Counter({"stable": 900, "canary": 100})
-    assert all(m.in_flight == 0 for st in rig.pool.backends.values()
-               for m in st.members.values())  # fmt: skip
+    assert all(c.in_flight == 0 for c in rig.pool.cores.values())
 
 
 def test_failing_member_is_taken_out_then_probed_back() -> None:
@@ -123,7 +122,7 @@ def test_probe_is_judged_by_its_first_byte_while_the_stream_runs() -> None:
     bad = rig.member("10.0.0.1:80")
     bad.breaker.open_until = 0.0
     bad.breaker.state = State.OPEN
-    rig.pool.backends["stable"].invalidate()
+    rig.pool.changed()
     streams = [rig.ctx("/solo") for _ in range(2)]
     for c in streams:
         rig.f.on_request(c)
@@ -135,14 +134,14 @@ def test_probe_is_judged_by_its_first_byte_while_the_stream_runs() -> None:
     for c in streams:  # their ends change nothing more
         c.outcome = Outcome.UPSTREAM_PROTOCOL
         rig.f.on_response(c)
-    assert bad.breaker.state is State.CLOSED and bad.in_flight == 0
+    assert bad.breaker.state is State.CLOSED and bad.core.in_flight == 0
 
 
 def test_hanging_probe_reopens_the_breaker() -> None:
     rig = Rig(policy())
     bad = rig.member("10.0.0.1:80")
     bad.breaker.state, bad.breaker.open_until = State.OPEN, 0.0
-    rig.pool.backends["stable"].invalidate()
+    rig.pool.changed()
     c = rig.ctx("/solo")
     rig.f.on_request(c)
     assert c.endpoint is not None and c.endpoint.address == bad.address
@@ -153,9 +152,9 @@ def test_hanging_probe_reopens_the_breaker() -> None:
 
 def test_all_breakers_open_answers_503() -> None:
     rig = Rig(policy())
-    for m in rig.pool.backends["stable"].members.values():
+    for m in rig.pool.latest["stable"].members.values():
         m.breaker.state, m.breaker.open_until = State.OPEN, rig.clock.t + 10
-    rig.pool.backends["stable"].invalidate()
+    rig.pool.changed()
     ctx = rig.ctx("/solo")
     assert rig.f.on_request(ctx) is Status.STOP
     assert ctx.verdict.http_status == 503 and ctx.verdict.error_type == "no_healthy_upstream"
@@ -169,7 +168,7 @@ def test_priority_failover_to_secondary() -> None:
     for a in ("10.0.0.1:80", "10.0.0.2:80"):
         m = rig.member(a)
         m.breaker.state, m.breaker.open_until = State.OPEN, rig.clock.t + 10
-    rig.pool.backends["stable"].invalidate()
+    rig.pool.changed()
     got = Counter(rig.send("/solo").endpoint.address for _ in range(20))  # type: ignore[union-attr]
     assert got == Counter({"10.0.1.1:80": 20})
 
@@ -184,7 +183,7 @@ def test_retry_goes_to_another_member_and_respects_the_budget() -> None:
     second = pick_retry(ctx)
     assert second is not None and second.address != first.address
     assert ctx.outcome is Outcome.OK  # reset for the next try
-    budget = rig.pool.routes["chat"].budget
+    budget = rig.f._pickers["chat"].budget
     assert budget is not None and budget.retrying == 1
     # a second request's retry finds the budget (1 in flight) used up
     other = rig.ctx()
@@ -197,8 +196,7 @@ def test_retry_goes_to_another_member_and_respects_the_budget() -> None:
     for c in (ctx, other):
         rig.f.on_response(c)
     assert budget.retrying == 0 and budget.active == 0
-    assert all(m.in_flight == 0 for st in rig.pool.backends.values()
-               for m in st.members.values())  # fmt: skip
+    assert all(c.in_flight == 0 for c in rig.pool.cores.values())
 
 
 def test_retries_stop_at_attempts_and_skip_tried_members() -> None:
@@ -228,8 +226,8 @@ def test_canary_guard_sets_canary_weight_to_zero_until_the_policy_changes() -> N
         ctx.first_byte_at = rig.clock.t + 0.01
         rig.clock.t += 0.01
         rig.f.on_response(ctx)
-    rs = rig.pool.routes["chat"]
-    assert rs.guard is not None and rs.guard.tripped
+    guard = rig.f._pickers["chat"].guard
+    assert guard is not None and guard.tripped
     got = Counter(rig.send().endpoint.backend for _ in range(200))  # type: ignore[union-attr]
     assert got == Counter({"stable": 200})
     # the override header still reaches it (an explicit opt-in)
@@ -239,10 +237,10 @@ def test_canary_guard_sets_canary_weight_to_zero_until_the_policy_changes() -> N
     other = policy(canary=doc["routes"][0]["canary"])
     other["routes"][1]["name"] = "solo2"
     rig.load(other)
-    assert rig.pool.routes["chat"].guard is rs.guard and rs.guard.tripped
+    assert rig.f._pickers["chat"].guard is guard and guard.tripped
     doc["routes"][0]["canary"]["max_error_ratio"] = 0.05
     rig.load(doc)
-    assert not rig.pool.routes["chat"].guard.tripped  # type: ignore[union-attr]
+    assert not rig.f._pickers["chat"].guard.tripped  # type: ignore[union-attr]
     got = Counter(rig.send().endpoint.backend for _ in range(100))  # type: ignore[union-attr]
     assert got["canary"] == 10
 
@@ -271,13 +269,15 @@ def test_reload_keeps_member_state_unless_its_section_changed() -> None:
     doc["backends"][0]["endpoints"][1]["weight"] = 5  # another member's weight
     doc["backends"][0]["panic_threshold"] = 0.3
     rig.load(doc)
-    assert rig.member("10.0.0.1:80") is m and m.breaker is breaker and m.breaker.state is State.OPEN
+    m = rig.member("10.0.0.1:80")
+    assert m.breaker is breaker and m.breaker.state is State.OPEN
     assert rig.member("10.0.0.2:80").weight == 5.0
     doc["backends"][0]["endpoints"].pop(1)  # a member leaves
     rig.load(doc)
-    assert "10.0.0.2:80" not in rig.pool.backends["stable"].members
+    assert "10.0.0.2:80" not in rig.pool.latest["stable"].members
     doc["backends"][0]["breaker"] = {**BREAKER, "open_s": 1, "max_open_s": 2}
     rig.load(doc)
+    m = rig.member("10.0.0.1:80")
     assert m.breaker is not breaker and m.breaker.state is State.CLOSED
 
 

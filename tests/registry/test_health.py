@@ -87,9 +87,8 @@ async def test_checker_marks_unhealthy_then_healthy(
     pool = services.get("backends", lambda: BackendPool(services))
     port = backend.http_port if protocol == "http" else backend.grpc_port
     assert port is not None
-    pool.apply([cfg(port, protocol)], [])
-    pool.start()
-    st = pool.backends["b"]
+    st = pool.view(cfg(port, protocol))
+    pool.activate([st], {})
     (m,) = st.members.values()
     await eventually(lambda: m.health is not None and m.health.checks >= 1)
     assert m.health is not None and m.health.healthy
@@ -100,17 +99,15 @@ async def test_checker_marks_unhealthy_then_healthy(
     await backend.update_knobs({"healthy": True})
     await eventually(lambda: m.health is not None and m.health.healthy)
     await services.aclose()
-    assert m.checker is None or m.checker.done()
+    assert m.hbox is not None and (m.hbox.checker is None or m.hbox.checker.done())
 
 
 async def test_passive_health_checks_at_once(backend: MockBackendHandle) -> None:
     services = Services()
     pool = services.get("backends", lambda: BackendPool(services))
     assert backend.http_port is not None
-    pool.apply([cfg(backend.http_port, interval_s=60, failing_interval_s=60, unhealthy_after=1)],
-               [])  # fmt: skip
-    pool.start()
-    st = pool.backends["b"]
+    st = pool.view(cfg(backend.http_port, interval_s=60, failing_interval_s=60, unhealthy_after=1))
+    pool.activate([st], {})
     (m,) = st.members.values()
     await eventually(lambda: m.health is not None and m.health.checks == 1, timeout=3)
     await backend.update_knobs({"healthy": False})
@@ -119,7 +116,7 @@ async def test_passive_health_checks_at_once(backend: MockBackendHandle) -> None
     now = time.monotonic()
     got = st.take(now, None)
     assert got is not None
-    m.in_flight += 1
+    m.core.in_flight += 1
     st.report(Attempt(None, m, got[1], now, 0), now, Outcome.UPSTREAM_CONNECT, 0, None, None)
     await eventually(lambda: m.health is not None and not m.health.healthy, timeout=3)
     await services.aclose()

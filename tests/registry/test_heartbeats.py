@@ -14,7 +14,6 @@ from redis.asyncio import Redis
 from gateway.policy.model import Backend
 from gateway.registry.heartbeats import (
     Heartbeat,
-    Watcher,
     index_key,
     member_key,
     parse,
@@ -22,7 +21,8 @@ from gateway.registry.heartbeats import (
     read,
     withdraw,
 )
-from gateway.registry.pool import BackendPool, BackendState
+from gateway.registry.pool import BackendPool
+from gateway.registry.view import BackendView
 from gateway.services import Services
 from tests.registry.redis_server import RedisServer
 
@@ -85,26 +85,31 @@ def backend(url: str, **registry: Any) -> Backend:
     return Backend.model_validate({"name": "llm", "discovery": {"registry": reg}})
 
 
-def rotation(st: BackendState) -> set[str]:
+def rotation(st: BackendView) -> set[str]:
     plan = st.plan(st.pool.clock.now())
     return {m.address for lv in plan.levels for m in lv.members}
+
+
+def view_of(services: Services, cfg: Backend) -> BackendView:
+    """The backend's view, live (its poller not started: the test polls by hand)."""
+    pool = services.get("backends", lambda: BackendPool(services))
+    st = pool.view(cfg)
+    pool.latest = {cfg.name: st}
+    return st
 
 
 async def test_watcher_follows_members_and_survives_redis_going_down(
     client: Redis, redis_server: RedisServer
 ) -> None:
     services = Services()
-    pool = services.get("backends", lambda: BackendPool(services))
-    cfg = backend(redis_server.url)
-    st = pool.backend("llm")
-    st.configure(cfg)
-    assert cfg.discovery is not None
-    w = Watcher(services, st, cfg.discovery.registry)
+    st = view_of(services, backend(redis_server.url))
+    w = st.watcher
+    assert w is not None
     await publish(client, "svc", beat("a", 9100, 30.0), ttl_s=5)
     await publish(client, "svc", beat("b", 9101), ttl_s=5)
     await w.poll_once()
     assert rotation(st) == {"127.0.0.1:9100", "127.0.0.1:9101"}
-    assert st.members["127.0.0.1:9100"].load == 30.0 and st.registry_up is True
+    assert st.members["127.0.0.1:9100"].core.load == 30.0 and w.up is True
     # only `a` keeps beating: `b` leaves rotation within stale_after_s (its hash still lives)
     t0 = time.monotonic()
     while "127.0.0.1:9101" in rotation(st):
@@ -118,7 +123,7 @@ async def test_watcher_follows_members_and_survives_redis_going_down(
     for _ in range(3):
         await w.poll_once()
         await asyncio.sleep(0.3)
-    assert st.registry_up is False and st.registry_error
+    assert w.up is False and w.error
     assert rotation(st) == {"127.0.0.1:9100"}
     state = st.state(time.monotonic())
     assert state["registry"]["up"] is False  # type: ignore[index]
@@ -132,10 +137,10 @@ async def test_watcher_follows_members_and_survives_redis_going_down(
         await c2.aclose()
     for _ in range(20):
         await w.poll_once()
-        if st.registry_up:
+        if w.up:
             break
         await asyncio.sleep(0.1)
-    assert st.registry_up is True
+    assert w.up is True
     assert rotation(st) == {"127.0.0.1:9100", "127.0.0.1:9102"}
     assert "127.0.0.1:9101" not in st.members  # gone from the registry: gone from the pool
     await services.aclose()
@@ -145,17 +150,15 @@ async def test_version_filter_and_first_sight_of_a_stale_heartbeat(
     client: Redis, redis_server: RedisServer
 ) -> None:
     services = Services()
-    pool = BackendPool(services)
-    cfg = backend(redis_server.url, version="v2")
-    st = pool.backend("llm")
-    st.configure(cfg)
-    assert cfg.discovery is not None
-    w = Watcher(services, st, cfg.discovery.registry)
+    st = view_of(services, backend(redis_server.url, version="v2"))
+    w = st.watcher
+    assert w is not None
     await publish(client, "svc", beat("old", 9200, ver="v1"), ttl_s=5)
     await publish(client, "svc", beat("new", 9201, ver="v2"), ttl_s=5)
     stale = Heartbeat("late", "127.0.0.1:9202", 0, "v2", time.time_ns() - 2_000_000_000)
     await publish(client, "svc", stale, ttl_s=5)
     await w.poll_once()
+    assert rotation(st) == {"127.0.0.1:9201"}  # `late` is known but its heartbeat is old
     assert set(st.members) == {"127.0.0.1:9201", "127.0.0.1:9202"}
     assert rotation(st) == {"127.0.0.1:9201"}  # `late` is known but its heartbeat is old
     await services.aclose()

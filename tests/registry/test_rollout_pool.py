@@ -1,5 +1,5 @@
-"""Backends during a staged policy rollout: the candidate's backends section applies while it
-serves; an abort gives the stable policy its members back, with their state kept."""
+"""Backends during a staged policy rollout: each side is served from its own view (its own
+members) over the same member state; after an abort the stable policy is the latest again."""
 
 from __future__ import annotations
 
@@ -45,14 +45,13 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, Path, dict[str, 
         await srv.drain_and_close()
 
 
-async def test_abort_gives_the_stable_policy_its_members_back(
+async def test_each_side_of_a_rollout_keeps_its_own_members(
     server: tuple[Server, Path, dict[str, int]],
 ) -> None:
     srv, path, ports = server
     x, y = f"127.0.0.1:{ports['x']}", f"127.0.0.1:{ports['y']}"
     pool = srv.gateway.services.peek("backends")
-    st = pool.backends["pool"]
-    bx = st.members[x].breaker
+    bx = pool.latest["pool"].members[x].breaker
     now = pool.clock.now()
     for _ in range(5):
         bx.record(bx.allow(now), now, True, False)
@@ -61,8 +60,13 @@ async def test_abort_gives_the_stable_policy_its_members_back(
     path.write_text(POLICY.format(http=ports["http"], endpoints=f'{{address: "{x}"}}'))
     result = srv.gateway.holder.reload(rollout=RolloutSpec(stages=[10, 100], hold_s=3600))
     assert result.ok and srv.gateway.holder.rollout is not None
-    assert set(st.members) == {x}
+    stable = srv.gateway.holder.active.policy
+    candidate = srv.gateway.holder.rollout.candidate_policy
+    # each side is served from its own view: the stable one still has y
+    assert set(pool.view(stable.backends["pool"]).members) == {x, y}
+    assert set(pool.view(candidate.backends["pool"]).members) == {x}
+    assert pool.view(candidate.backends["pool"]).members[x].breaker is bx  # shared state
     srv.gateway.holder.abort()
     assert srv.gateway.holder.rollout is None
-    assert set(st.members) == {x, y}  # the stable policy's members again
-    assert st.members[x].breaker is bx and bx.state is State.OPEN  # x kept its state
+    assert set(pool.latest["pool"].members) == {x, y}  # the stable policy is the latest again
+    assert pool.latest["pool"].members[x].breaker is bx and bx.state is State.OPEN

@@ -80,17 +80,16 @@ def break_member(srv: Server, address: str) -> None:
     """The real backends owner (gateway.registry.pool): one member's breaker open, ejected as
     an outlier and failing its health checks, as real failures would leave it."""
     pool = srv.gateway.services.peek("backends")
-    st = pool.backends["sim-http"]
-    m = st.members[address]
+    m = pool.latest["sim-http"].members[address]
     now = pool.clock.now()
     for _ in range(5):
         m.breaker.record(m.breaker.allow(now), now, True, False)
     m.outlier.eject(now)
     for _ in range(3):
         m.health.observe(False, "connection refused")
-    m.load = 90.0  # its heartbeat said 90 % (shown as such)
-    m.in_flight = 3  # requests still held by it
-    st.invalidate()
+    m.core.load = 90.0  # its heartbeat said 90 % (shown as such)
+    m.core.in_flight = 3  # requests still held by it
+    pool.changed()
 
 
 @pytest.fixture
