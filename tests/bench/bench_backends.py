@@ -243,7 +243,7 @@ def failover(
     sims = []
     for i, p in enumerate(ports):
         cmd = [PY, "-m", "gateway", "mock-backend", "--http", f"127.0.0.1:{p}", "--no-grpc",
-               "--ttft-ms", str(latency_ms), "--completion-tokens", "1"]  # fmt: skip
+               "--no-admin", "--ttft-ms", str(latency_ms), "--completion-tokens", "1"]  # fmt: skip
         sims.append(procs.start(f"sim{i}-{retries}", pinned("1", cmd)))
     for i, p in enumerate(ports):
         wait_until("sim", lambda p=p: http_ok(f"http://127.0.0.1:{p}/healthz"), [sims[i]])  # type: ignore[misc]
