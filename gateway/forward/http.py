@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import TYPE_CHECKING
 
+from gateway import jsonfast
 from gateway.core import body as bodies
 from gateway.core.outcome import Outcome
 from gateway.core.request import unsafe_path
@@ -55,6 +57,7 @@ UPLOADS_FULL = reject(
     503, GRPC_UNAVAILABLE, "uploads_busy", "too many streamed uploads to this backend", 1.0
 )
 _JSON_TYPES = (b"application/json", b"text/json")
+_LONG_INT = re.compile(rb"\d{19}")  # an integer literal that may not fit 64 bits
 
 
 class HttpForward:
@@ -162,7 +165,7 @@ class HttpForward:
                         return
                     b = ctx.body
                     if b is not None and b.dirty and b.doc is not None:
-                        body = json.dumps(b.doc, separators=(",", ":")).encode()
+                        body = _rewritten(b)
                         ctx.bytes_in = len(body)
                 path = route.upstream_path(info.path)
                 if ex.query:
@@ -216,7 +219,7 @@ class HttpForward:
             rb = bodies.opaque(len(body), body)
             if body and _is_json(ctx):
                 try:
-                    rb = bodies.from_doc(body, json.loads(body))
+                    rb = bodies.from_doc(body, jsonfast.loads(body))
                 except (ValueError, RecursionError):
                     pass  # malformed JSON passes through unchanged
         else:  # streamed (larger than the buffer cap) or absent: sizes only
@@ -290,6 +293,16 @@ class HttpForward:
             return
         ctx.bytes_out = len(body)
         await ex.respond(status, lines, body, False)
+
+
+def _rewritten(b: bodies.RequestBody) -> bytes:
+    """A body a filter rewrote. orjson reads integers beyond 64 bits as floats: a body that has
+    one is rewritten from the standard library's exact reading instead (rare, and slower)."""
+    if _LONG_INT.search(b.raw) is None:
+        return jsonfast.dumps(b.doc)
+    doc = json.loads(b.raw)
+    doc.update(b.changes or {})
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _is_json(ctx: RequestContext) -> bool:

@@ -18,10 +18,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway import jsonfast
 from gateway.core.body import usage_from
 from gateway.core.outcome import Outcome
 from gateway.core.sse import SseParser, error_event
@@ -224,7 +224,7 @@ def _loads(data: bytes) -> Any:
     if not data or data[:1] not in (b"{", b"["):
         return None
     try:
-        return json.loads(data)
+        return jsonfast.loads(data)
     except (ValueError, RecursionError):
         return None
 
