@@ -6,7 +6,8 @@
 - HTTP auth on, fresh RS256 / ES256 token: wrk cycles through `FRESH_TOKENS` distinct tokens
   with `cache_size` smaller than that, so every request verifies a signature.
 
-The row "HTTP Sluice (engine)" of the same run, without an `auth` section, is "auth off". Keys
+The row "HTTP Sluice (engine)" of the same run, without an `auth` section, is "auth off"; the
+auth gateway runs the first `--engine` with the default chain (plus `--policy-extra`). Keys
 and tokens are made here (PyJWT), the JWKS is a file: no network beyond the measured path.
 """
 
@@ -16,7 +17,13 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gateway.bench.loads import parse_wrk, wrk_cmd
+from gateway.bench.report import Row
+
+if TYPE_CHECKING:
+    from gateway.bench.gateways import RunRow, Setup, Variant
 
 FRESH_TOKENS = 2000
 CACHE_SIZE = 500  # < FRESH_TOKENS: cycling through them never hits
@@ -107,3 +114,43 @@ def wrk_args(files: AuthFiles, variant: str) -> list[str]:
     if variant == "cached":
         return ["-H", f"Authorization: Bearer {files.cached_token}"]
     return ["-s", str(files.scripts[variant])]
+
+
+def auth_rows(s: Setup, http_be: int, variant: Variant, run: RunRow) -> list[Row]:
+    """The JWT rows, through a gateway of `variant` with an `auth` section, started for them."""
+    from gateway.bench.gateways import start_gateway
+
+    names = {
+        "off": "HTTP auth on, route off (token sent)",
+        "cached": "HTTP auth on, cached token",
+        "RS256": "HTTP auth on, fresh RS256 token",
+        "ES256": "HTTP auth on, fresh ES256 token",
+    }
+    rows = [Row(f"{n} {variant.label}") for n in names.values()]
+    try:
+        files = prepare(s.procs.tmp)
+        gw, ports = start_gateway(
+            s, http_be, None, variant, "gateway-auth", edit=lambda d: with_auth(d, files)
+        )
+    except Exception as e:
+        for r in rows:
+            r.error = f"auth gateway did not start: {e}"
+        return rows
+    base = f"http://127.0.0.1:{ports['http']}"
+    try:
+        for row, kind in zip(rows, names, strict=True):
+            url = f"{base}/off/v1/models" if kind == "off" else f"{base}/v1/models"
+            extra = wrk_args(files, "cached" if kind == "off" else kind)
+            run(row, wrk_cmd(s.load_cpus, s.args.connections, url, extra), parse_wrk, gw.pid)
+            if row.error is None and row.requests and row.failed > row.requests // 100:
+                row.error = f"{row.failed} of {row.requests} requests failed (auth refused?)"
+    finally:
+        s.procs.stop(gw)
+    off, cached = rows[0], rows[1]
+    if off.cpu_us_per_req and cached.cpu_us_per_req:
+        delta = cached.cpu_us_per_req - off.cpu_us_per_req
+        s.notes.append(
+            f"auth: checking a cached token costs {delta:+.1f} µs/req over the same request on a "
+            "route with auth off (budget ≤ 3)"
+        )
+    return rows
