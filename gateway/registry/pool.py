@@ -218,12 +218,14 @@ class BackendPool:
         _forget(self.budgets, {id(p.budget) for p in self.pickers.values()})
 
     def addresses(self, protocol: str) -> set[str]:
-        """Every member address of the live backends speaking `protocol` (static and found)."""
+        """Member addresses of the live backends speaking `protocol` that a registry found
+        (static members are in the policy; an old policy's view may linger until swept)."""
         return {
             a
             for v in self._alive
             if v.cfg.protocol == protocol
-            for a in v.members
+            for a, m in v.members.items()
+            if m.source == "registry"
         }  # fmt: skip
 
     def readiness(self) -> dict[str, object]:
