@@ -23,6 +23,7 @@ from tests.integration.backends_support import (
     start_sims,
     wait_until,
 )
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +85,37 @@ routes:
         moved = sum(s.served() for s in sims[1:]) - sum(before[1:])
         assert after >= 30 and moved >= after  # its share went to the others
         assert gw.member("pool", sims[0].address)["breaker"]["state"] == "open"
-        assert 'sluice_retries_total{result="attempted",route="chat"}' in gw.metrics()
+    finally:
+        gw.stop()
+
+
+async def test_connect_failures_are_retried_on_another_member(tmp_path: Path, spawn: Spawn) -> None:
+    """One member never listens: every try that picks it fails to connect and is retried on the
+    live one, so the client sees no failure, and the retries are counted."""
+    (live,) = spawn(1, "--ttft-ms", "1", "--completion-tokens", "1")
+    dead = f"127.0.0.1:{free_port()}"
+    gw = start_gateway(tmp_path, f"""timeouts: {{connect_s: 1, first_byte_s: 5}}
+backends:
+  - name: pool
+    endpoints: [{{address: "{live.address}"}}, {{address: "{dead}"}}]
+routes:
+  - name: chat
+    match: {{path_prefix: /v1/}}
+    backend: pool
+    retries: {{attempts: 2, budget_ratio: 1.0}}
+""")  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as c:
+            for _ in range(20):
+                async with c.post(f"{gw.url}/v1/chat/completions", json=CHAT) as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+        text = gw.metrics()
+        line = next(
+            x for x in text.splitlines()
+            if x.startswith('sluice_retries_total{result="attempted",route="chat"}')
+        )  # fmt: skip
+        assert float(line.rsplit(" ", 1)[1]) >= 1
     finally:
         gw.stop()
 
