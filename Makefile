@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 POLICY ?= policies/default.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup system-deps lint typecheck unit bench clean proto
+.PHONY: run test setup system-deps lint typecheck unit bench clean proto image
 
 run: setup
 	$(BIN)/sluice serve --policy $(POLICY)
@@ -41,6 +41,10 @@ system-deps:
 
 bench: setup system-deps
 	$(BIN)/sluice bench
+
+# The container image (podman + runc; makes its own Debian base image when none is present).
+image: system-deps
+	bash deploy/build-image.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache gateway/proto/*_pb2*.py

@@ -13,6 +13,13 @@ command -v nginx >/dev/null || need+=(nginx-light)
 command -v tc >/dev/null || need+=(iproute2)
 [ -e /usr/lib/python3/dist-packages/bcc/__init__.py ] || need+=(python3-bpfcc)
 ls -d /usr/src/linux-headers-*-amd64 >/dev/null 2>&1 || need+=(linux-headers-amd64)
+command -v promtool >/dev/null || need+=(prometheus)  # promtool checks deploy/prometheus rules
+# The status page's browser test (Playwright drives Debian's chromium) and the image build/run
+# test (podman with runc; debootstrap makes the base image when no registry is reachable).
+command -v chromium >/dev/null || need+=(chromium fonts-dejavu-core)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then

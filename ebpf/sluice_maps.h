@@ -23,9 +23,10 @@
 #ifndef MAX_DENY
 #define MAX_DENY 16384
 #endif
-/* HTTP/2 frame headers parsed per skb (a GSO skb on a veth may carry up to 64 KiB). */
+/* HTTP/2 frame headers parsed per skb (a GSO skb on a veth may carry up to 64 KiB). The
+ * verifier walks every iteration: 64 frames verify in ~3 s. */
 #ifndef H2_MAX_FRAMES
-#define H2_MAX_FRAMES 16
+#define H2_MAX_FRAMES 64
 #endif
 #ifndef MAX_PORTS
 #define MAX_PORTS 64
@@ -70,8 +71,19 @@ struct flow_stats {
     __u32 next_seq; /* TCP sequence number the next in-order payload byte carries */
     __u32 skip;     /* bytes of the current frame still to come after next_seq */
     __u32 h2_state;
-    __u32 blocked; /* 1: rapid reset detected, every further packet is dropped */
+    __u32 blocked;  /* BLOCK_*: nonzero = every further packet of the flow is dropped */
+    __u32 hb_bytes; /* bytes of the open header block, frame headers included; 0 = none open */
+    __u32 part_len; /* bytes of a frame header split across segments, carried (0..8) */
+    __u64 part_hdr; /* their first 5 bytes (length, type, flags), big-endian */
+    __u64 ping_win_start_ns; /* PING-flood window */
+    __u32 win_ping;          /* PINGs (not ACKs) received in the window */
+    __u32 pad;
 };
+
+/* flow_stats.blocked: why the flow is dropped */
+#define BLOCK_RAPID_RESET 1  /* RST_STREAM / HEADERS ratio over the window */
+#define BLOCK_HEADER_BLOCK 2 /* one header block (HEADERS + CONTINUATION) over max_header_block */
+#define BLOCK_PING_FLOOD 3   /* more than ping_max PINGs in the ping window */
 
 /* Per-source token buckets. Tokens are kept in milli-tokens so slow rates refill smoothly. */
 struct src_state {
@@ -101,6 +113,9 @@ struct config {
     __u32 rr_ratio_pct;   /* RST_STREAM * 100 >= ratio * HEADERS -> blocked */
     __u32 max_frame;      /* largest plausible frame length when resyncing */
     __u32 pad;
+    __u64 ping_window_ns;   /* PING-flood window */
+    __u32 ping_max;         /* PINGs (not ACKs) per window and flow before it is blocked; 0 = off */
+    __u32 max_header_block; /* bytes of one header block before the flow is blocked; 0 = off */
 };
 
 struct class_prio {
@@ -122,7 +137,40 @@ enum sluice_stat {
     ST_DENY_EXPIRED,
     ST_EGRESS_PACKETS,
     ST_EGRESS_CLASSIFIED,
+    ST_HB_FLOWS,    /* flows blocked for an oversized (or unfollowable) header block */
+    ST_PING_FLOWS,  /* flows blocked for a PING flood */
+    ST_FLOOD_DROP,  /* packets dropped on flows blocked for either */
+    ST_H2_OOO_DROP, /* out-of-order segments dropped inside a header block (kept in sync) */
     ST_MAX,
+};
+
+/* The h2c frame walker's working state for one packet (per-CPU scratch, not shared with the
+ * gateway): its position in the flow, copied from flow_stats and committed only if the packet
+ * is admitted, and what it counted in the packet. */
+struct h2_walk {
+    __u32 next_seq;
+    __u32 skip;
+    __u32 h2_state;
+    __u32 hb_bytes;
+    __u32 part_len;
+    __u32 pad;
+    __u64 part_hdr;
+};
+
+struct h2_counts {
+    __u32 headers;
+    __u32 data;
+    __u32 rst;
+    __u32 settings;
+    __u32 ping;
+    __u32 ping_req; /* PINGs without the ACK flag: the ones the server must answer */
+    __u32 verdict;  /* H2_PASS / H2_DROP / H2_BLOCK */
+    __u32 pad;
+};
+
+struct h2_scratch {
+    struct h2_walk w;
+    struct h2_counts c;
 };
 
 #ifdef SLUICE_PIN_DIR
@@ -142,5 +190,6 @@ SLUICE_MAP("hash", struct src_key, __u32, src_class, MAX_SOURCES); /* peer -> cl
 SLUICE_MAP("array", __u32, struct class_prio, classes, MAX_CLASSES);
 SLUICE_MAP("array", __u32, struct config, config, 1);
 SLUICE_MAP("percpu_array", __u32, __u64, stats, ST_MAX);
+BPF_TABLE("percpu_array", __u32, struct h2_scratch, scratch, 1); /* never pinned: per packet */
 
 #endif /* SLUICE_MAPS_H */

@@ -1,5 +1,6 @@
-/* Sluice TC classifier: per-flow accounting, per-source admission, deny list, rapid-reset
- * detection (ingress) and priority-class marking (egress). Compiled by bcc; maps in
+/* Sluice TC classifier: per-flow accounting, per-source admission, deny list, rapid-reset,
+ * CONTINUATION-flood and PING-flood detection (ingress) and priority-class marking (egress).
+ * Compiled by bcc; maps in
  * sluice_maps.h. Attached with direct-action on clsact ingress (sluice_ingress) and egress
  * (sluice_egress).
  *
@@ -9,12 +10,21 @@
  * HTTP/2 frame tracking across segments (RFC 9113 section 4.1: 9-byte frame header, 24-bit
  * length): per flow we keep the sequence number of the next in-order payload byte (next_seq)
  * and how many bytes of the current frame are still to come (skip). An in-order segment is parsed
- * from `skip` on, following frame lengths for at most H2_MAX_FRAMES headers. The choice is
- * conservative: a retransmission (seq before next_seq) is not parsed again; a gap, a frame header
- * split across two segments, or more frames than H2_MAX_FRAMES in one skb lose sync (H2_LOST),
- * and counting resumes only at a later segment that *starts* with a plausible frame header
- * (known type, length <= max_frame, reserved bit clear, stream id parity right). Frames are
- * therefore never double-counted, and may be under-counted while unsynced (ST_H2_LOST counts it).
+ * from `skip` on, following frame lengths for at most H2_MAX_FRAMES headers; a frame header split
+ * across two segments is carried over (part_len/part_hdr). The choice is conservative: a
+ * retransmission (seq before next_seq) is not parsed again (only a tail beyond next_seq is);
+ * a gap or more frames than H2_MAX_FRAMES in one skb lose sync (H2_LOST), and counting resumes
+ * only at a later segment that *starts* with a plausible frame header (known type, length <=
+ * max_frame, reserved bit clear, stream id parity right). Frames are therefore never
+ * double-counted, and may be under-counted while unsynced (ST_H2_LOST counts it).
+ *
+ * Inside an open header block (HEADERS without END_HEADERS, then CONTINUATION) the walker does
+ * not let go: an out-of-order segment is dropped (TCP resends it in order) and a block that runs
+ * past H2_MAX_FRAMES frames in one skb blocks the flow, so a CONTINUATION flood cannot hide from
+ * the max_header_block bound. A client that desynchronises the walker *before* it opens the block
+ * (reordered segments, or more than H2_MAX_FRAMES frames in one skb whose next segments never
+ * start on a frame boundary) is not seen: the bound is a strong defence against floods, not a
+ * proof against a client that shapes its own TCP segments.
  *
  * Unsupported, passed without parsing: VLAN tags, IPv6 extension headers, IPv4 fragments.
  */
@@ -33,7 +43,10 @@
 #define H2_RST_STREAM 0x3
 #define H2_SETTINGS 0x4
 #define H2_PING 0x6
+#define H2_CONTINUATION 0x9
 #define H2_MAX_TYPE 0x9
+#define H2_FLAG_ACK 0x1         /* SETTINGS, PING */
+#define H2_FLAG_END_HEADERS 0x4 /* HEADERS, CONTINUATION */
 #define H2_PREFACE_LEN 24
 
 struct pkt {
@@ -164,43 +177,119 @@ static __always_inline int plausible(__u32 len, __u8 type, __u32 sid, __u32 max_
     return 1;
 }
 
-struct h2_counts {
-    __u32 headers;
-    __u32 data;
-    __u32 rst;
-    __u32 settings;
-    __u32 ping;
-};
+#define H2_PASS 0       /* admit the packet, commit the walker state */
+#define H2_DROP 1       /* drop this packet only (out of order inside a header block) */
+#define H2_BLOCK 2      /* header block over budget, or one the walker cannot follow: block */
+#define H2_BLOCK_PING 3 /* a packet stuffed with PINGs: block */
 
-/* Parse the frames of one in-order segment into `c`; updates next_seq/skip/h2_state in `st`
- * (the caller commits `st` only if the packet is admitted). */
-static __always_inline void h2_parse(struct __sk_buff *skb, struct pkt *p, struct flow_stats *st,
+/* Account one frame header. A header block is a HEADERS frame and the CONTINUATION frames
+ * after it, up to the one with END_HEADERS; nothing else may come in between on the connection
+ * (RFC 9113 section 6.10), so every byte of it is counted, frame headers included (a flood of
+ * empty CONTINUATION frames costs 9 bytes each). The frame's whole length counts as soon as its
+ * header is seen. */
+static __always_inline void h2_frame(struct h2_walk *w, struct h2_counts *c, __u32 flen,
+                                     __u8 type, __u8 flags, __u32 max_hb)
+{
+    switch (type) {
+    case H2_HEADERS: c->headers++; break;
+    case H2_DATA: c->data++; break;
+    case H2_RST_STREAM: c->rst++; break;
+    case H2_SETTINGS: c->settings++; break;
+    case H2_PING:
+        c->ping++;
+        if (!(flags & H2_FLAG_ACK))
+            c->ping_req++;
+        break;
+    default: break;
+    }
+    if (w->hb_bytes && type != H2_CONTINUATION)
+        w->hb_bytes = 0; /* a protocol error the server closes the connection for */
+    if (type == H2_HEADERS || (type == H2_CONTINUATION && w->hb_bytes)) {
+        w->hb_bytes += 9 + flen;
+        if (max_hb && w->hb_bytes > max_hb)
+            c->verdict = H2_BLOCK;
+        if (flags & H2_FLAG_END_HEADERS)
+            w->hb_bytes = 0;
+    }
+}
+
+static __always_inline void h2_lose(struct h2_walk *w)
+{
+    w->h2_state = H2_LOST;
+    w->part_len = 0;
+    w->part_hdr = 0;
+    w->hb_bytes = 0;
+    stat_add(ST_H2_LOST, 1);
+}
+
+/* Parse the frames of one in-order segment into `c`; updates the walker `w` (the caller commits
+ * it only if the packet is admitted) and sets c->verdict. Inside an open header block the walker
+ * must not lose track (a client could hide a flood behind it): a segment out of order is dropped
+ * (TCP retransmits it in order), a frame header split across segments is carried over, and a
+ * block that goes on past H2_MAX_FRAMES frames in one packet blocks the flow. */
+static __always_inline void h2_parse(struct __sk_buff *skb, struct pkt *p, struct h2_walk *w,
                                      struct h2_counts *c, struct config *cfg)
 {
     __u32 len = p->payload_len;
     __u32 end = p->payload_off + len;
     __u32 off = p->payload_off;
     __u32 max_frame = cfg ? cfg->max_frame : 16777215;
+    __u32 max_hb = cfg ? cfg->max_header_block : 0;
     if (max_frame == 0)
         max_frame = 16777215;
 
-    if (st->h2_state == H2_SYNCED) {
-        __s32 d = (__s32)(p->seq - st->next_seq);
-        if (d < 0) /* retransmission (or overlap): already counted */
-            return;
-        if (d > 0) { /* gap: we cannot know where frames begin */
-            st->h2_state = H2_LOST;
-            stat_add(ST_H2_LOST, 1);
-        } else {
-            if (st->skip >= len) {
-                st->skip -= len;
-                st->next_seq = p->seq + len;
+    if (w->h2_state == H2_SYNCED) {
+        __s32 d = (__s32)(p->seq - w->next_seq);
+        if (d < 0) { /* retransmission: counted already, except a tail that goes further */
+            __u32 old = (__u32)(-d);
+            if (old >= len)
+                return;
+            off += old;
+            len -= old;
+        } else if (d > 0) { /* gap: we cannot know where frames begin */
+            if (w->hb_bytes || w->part_len) {
+                c->verdict = H2_DROP;
                 return;
             }
-            off += st->skip;
+            h2_lose(w);
         }
     }
-    if (st->h2_state != H2_SYNCED) {
+    if (w->h2_state == H2_SYNCED) {
+        if (w->part_len) { /* complete a frame header carried from the previous segment */
+            __u32 have = w->part_len;
+            __u64 acc = w->part_hdr;
+            int j;
+            for (j = 0; j < 8; j++) {
+                if (have >= 9 || off >= end)
+                    break;
+                __u8 b;
+                if (bpf_skb_load_bytes(skb, off, &b, 1) < 0)
+                    return;
+                if (have < 5)
+                    acc = (acc << 8) | b;
+                have++;
+                off++;
+            }
+            if (have < 9) { /* still incomplete: the segment was tiny */
+                w->part_len = have;
+                w->part_hdr = acc;
+                w->next_seq = p->seq + p->payload_len;
+                return;
+            }
+            w->part_len = 0;
+            w->part_hdr = 0;
+            __u32 flen = (__u32)(acc >> 16) & 0xffffff;
+            h2_frame(w, c, flen, (__u8)(acc >> 8), (__u8)acc, max_hb);
+            w->skip = flen;
+        }
+        if (w->skip >= end - off) {
+            w->skip -= end - off;
+            w->next_seq = p->seq + p->payload_len;
+            return;
+        }
+        off += w->skip;
+    }
+    if (w->h2_state != H2_SYNCED) {
         /* Sync point: the client preface, or a segment starting with a plausible header. */
         char pri[4] = {};
         if (bpf_skb_load_bytes(skb, off, pri, 4) < 0)
@@ -216,9 +305,9 @@ static __always_inline void h2_parse(struct __sk_buff *skb, struct pkt *p, struc
             if (!plausible(flen, h[3], sid, max_frame))
                 return;
         }
-        if (st->h2_state == H2_LOST)
+        if (w->h2_state == H2_LOST)
             stat_add(ST_H2_RESYNC, 1);
-        st->h2_state = H2_SYNCED;
+        w->h2_state = H2_SYNCED;
     }
 
     int i;
@@ -226,30 +315,52 @@ static __always_inline void h2_parse(struct __sk_buff *skb, struct pkt *p, struc
         if (off >= end)
             break;
         __u8 h[9];
-        if (off + 9 > end || bpf_skb_load_bytes(skb, off, h, 9) < 0) {
-            /* frame header split across segments: conservative, lose sync */
-            st->h2_state = H2_LOST;
-            stat_add(ST_H2_LOST, 1);
+        if (off + 9 > end) { /* frame header split across segments: carry its first bytes */
+            __u64 acc = 0;
+            __u32 have = 0;
+            int j;
+            for (j = 0; j < 8; j++) {
+                if (off >= end)
+                    break;
+                __u8 b;
+                if (bpf_skb_load_bytes(skb, off, &b, 1) < 0) {
+                    h2_lose(w);
+                    return;
+                }
+                if (have < 5)
+                    acc = (acc << 8) | b;
+                have++;
+                off++;
+            }
+            w->part_len = have;
+            w->part_hdr = acc;
+            break;
+        }
+        if (bpf_skb_load_bytes(skb, off, h, 9) < 0) {
+            h2_lose(w);
             return;
         }
         __u32 flen = ((__u32)h[0] << 16) | ((__u32)h[1] << 8) | h[2];
-        switch (h[3]) {
-        case H2_HEADERS: c->headers++; break;
-        case H2_DATA: c->data++; break;
-        case H2_RST_STREAM: c->rst++; break;
-        case H2_SETTINGS: c->settings++; break;
-        case H2_PING: c->ping++; break;
-        default: break;
-        }
+        h2_frame(w, c, flen, h[3], h[4], max_hb);
         off += 9 + flen;
     }
     if (off < end) { /* more frames than H2_MAX_FRAMES in this skb */
-        st->h2_state = H2_LOST;
-        stat_add(ST_H2_LOST, 1);
+        if (w->hb_bytes) { /* a header block we cannot follow further: no legitimate client
+                            * splits one into that many frames */
+            c->verdict = H2_BLOCK;
+            return;
+        }
+        if (cfg && cfg->ping_max && c->ping_req * 2 > H2_MAX_FRAMES) {
+            /* mostly PINGs, and more to come in this packet than the walker can count: no
+             * legitimate client sends that many at once */
+            c->verdict = H2_BLOCK_PING;
+            return;
+        }
+        h2_lose(w);
         return;
     }
-    st->skip = off - end;
-    st->next_seq = p->seq + len;
+    w->skip = off - end;
+    w->next_seq = p->seq + p->payload_len;
 }
 
 int sluice_ingress(struct __sk_buff *skb)
@@ -304,19 +415,34 @@ int sluice_ingress(struct __sk_buff *skb)
     if (!fs)
         return TC_ACT_OK;
     if (fs->blocked) {
-        stat_add(ST_RR_DROP, 1);
+        stat_add(fs->blocked == BLOCK_RAPID_RESET ? ST_RR_DROP : ST_FLOOD_DROP, 1);
         return TC_ACT_SHOT;
     }
 
     if ((flags & PORT_H2C) && p.payload_len > 0) {
         __u32 k0 = 0;
         struct config *cfg = config.lookup(&k0);
-        struct flow_stats st = {};
-        st.next_seq = fs->next_seq;
-        st.skip = fs->skip;
-        st.h2_state = fs->h2_state;
-        struct h2_counts c = {};
-        h2_parse(skb, &p, &st, &c, cfg);
+        /* The walker works in per-CPU scratch rather than on the stack: the verifier does not
+         * track map memory, so frame counts stay unknown scalars and its states prune (on the
+         * stack, every combination of counts is a state of its own and the program no longer
+         * verifies). */
+        struct h2_scratch *sc = scratch.lookup(&k0);
+        if (!sc)
+            return TC_ACT_OK;
+        __builtin_memset(sc, 0, sizeof(*sc));
+        sc->w.next_seq = fs->next_seq;
+        sc->w.skip = fs->skip;
+        sc->w.h2_state = fs->h2_state;
+        sc->w.hb_bytes = fs->hb_bytes;
+        sc->w.part_len = fs->part_len;
+        sc->w.part_hdr = fs->part_hdr;
+        h2_parse(skb, &p, &sc->w, &sc->c, cfg);
+        struct h2_walk st = sc->w;
+        struct h2_counts c = sc->c;
+        if (c.verdict == H2_DROP) { /* state not committed: the retransmission comes in order */
+            stat_add(ST_H2_OOO_DROP, 1);
+            return TC_ACT_SHOT;
+        }
 
         if (c.headers) {
             struct src_state sz = {};
@@ -340,11 +466,38 @@ int sluice_ingress(struct __sk_buff *skb)
         fs->next_seq = st.next_seq;
         fs->skip = st.skip;
         fs->h2_state = st.h2_state;
+        fs->hb_bytes = st.hb_bytes;
+        fs->part_len = st.part_len;
+        fs->part_hdr = st.part_hdr;
         fs->headers += c.headers;
         fs->data += c.data;
         fs->rst_stream += c.rst;
         fs->settings += c.settings;
         fs->ping += c.ping;
+
+        /* CONTINUATION flood (CVE-2024-27316 family): grpc rejects the stream at its metadata
+         * cap but keeps reading and parsing the header block for as long as it goes on. */
+        if (c.verdict == H2_BLOCK) {
+            fs->blocked = BLOCK_HEADER_BLOCK;
+            stat_add(ST_HB_FLOWS, 1);
+            stat_add(ST_FLOOD_DROP, 1);
+            return TC_ACT_SHOT;
+        }
+        /* PING flood (CVE-2019-9512): every PING costs the server an answer, even after its
+         * GOAWAY, and a client that does not read never lets that GOAWAY through. */
+        if (cfg && cfg->ping_max && c.ping_req) {
+            if (now - fs->ping_win_start_ns > cfg->ping_window_ns) {
+                fs->ping_win_start_ns = now;
+                fs->win_ping = 0;
+            }
+            fs->win_ping += c.ping_req;
+            if (fs->win_ping > cfg->ping_max || c.verdict == H2_BLOCK_PING) {
+                fs->blocked = BLOCK_PING_FLOOD;
+                stat_add(ST_PING_FLOWS, 1);
+                stat_add(ST_FLOOD_DROP, 1);
+                return TC_ACT_SHOT;
+            }
+        }
 
         /* Rapid reset (CVE-2023-44487): many streams opened and cancelled at once. */
         if (cfg && cfg->rr_window_ns && (c.headers || c.rst)) {
@@ -357,7 +510,7 @@ int sluice_ingress(struct __sk_buff *skb)
             fs->win_rst += c.rst;
             if (fs->win_headers >= cfg->rr_min_headers &&
                 (__u64)fs->win_rst * 100 >= (__u64)cfg->rr_ratio_pct * fs->win_headers) {
-                fs->blocked = 1;
+                fs->blocked = BLOCK_RAPID_RESET;
                 stat_add(ST_RR_FLOWS, 1);
             }
         }

@@ -2,28 +2,44 @@
 
 GET  /healthz               200 while the process runs
 GET  /readyz                200 once policy and listeners are up; 503 before and during drain
-GET  /metrics               Prometheus text format (all workers' series under --workers N)
-GET  /status                an HTML page an SRE can read: policy, routes, backends, in flight
-GET  /admin/policy          current policy (JSON), version hash, last reload result
-GET  /admin/state           what the long-lived owners keep (JSON): limits, colours, ...
-POST /admin/policy/reload   reload now; 200 with the new status, 422 if the file was rejected
-                            (loopback peers only, wherever the listener is bound)
+GET  /metrics               Prometheus text format (all workers' series under --workers N);
+                            OpenMetrics, with exemplars, when the scraper's Accept asks for it
+GET  /status                the live status page (static files; see gateway.status)
+GET  /admin/state           the JSON document the page reads (also for scripts)
+GET  /admin/policy          current policy (JSON), version hash, last reload result, the
+                            change guard's last report, a held change, the rollout, events
+POST /admin/policy/reload   reload now; 200 with the new status (applied or unchanged), 202 a
+                            staged rollout started, 409 held by the change guard, 422 the file
+                            was rejected. Query: force=1 (past the guard), rollout=STAGES
+                            (e.g. shadow,5,25,100; `none`: all at once), hold_s=SECONDS
+GET  /admin/backends        backends' members: breaker, health, ejection, weight, load, in
+                            flight, registry; routes' effective weights, canary guard, retry budget
+GET  /admin/policy/traffic  the recent traffic the guard judges on (`sluice policy check
+                            --against` reads it)
+GET  /admin/policy/rollout  the running (or last) staged rollout; 404 if there never was one
+POST /admin/policy/rollout/promote|abort   next stage now / back to the old policy now
+(POST and the traffic are for loopback peers only, wherever the listener is bound)
 """
 
 from __future__ import annotations
 
-import html
 import json
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.status import ASSETS, asset
+from gateway.status.state import StatusBoard
 from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY
 
 if TYPE_CHECKING:
     from gateway.server import Server
+
+
+BOARD = web.AppKey("board", StatusBoard)
 
 
 class AdminListener:
@@ -55,6 +71,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
 def build_admin_app(server: Server) -> web.Application:
     gw = server.gateway
     registry = _registry()
+    from gateway.registry.collector import register
+
+    register(registry)  # backend state gauges, read at scrape time
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -72,8 +91,14 @@ def build_admin_app(server: Server) -> web.Application:
         detail.update(gw.services.readiness())
         return _json(detail, 200 if detail["ready"] else 503)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.Response:
         IN_FLIGHT.set(gw.inflight.count)  # exact for this process; other workers sample it
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            # OpenMetrics carries the exemplars (trace ids of kept traces).
+            from prometheus_client.openmetrics import exposition as om
+
+            body = om.generate_latest(registry)  # type: ignore[no-untyped-call]
+            return web.Response(body=body, headers={"Content-Type": om.CONTENT_TYPE_LATEST})
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -85,66 +110,111 @@ def build_admin_app(server: Server) -> web.Application:
             }
         )
 
-    async def reload(request: web.Request) -> web.Response:
+    def loopback(request: web.Request) -> bool:
         # The admin port may be opened to Prometheus (0.0.0.0 in Kubernetes); changing state
-        # stays a loopback-only right.
+        # (and reading request paths) stays a loopback-only right.
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        if not peer or peer[0] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
-            return _json({"error": {"type": "forbidden", "message": "loopback only"}}, 403)
-        status = server.reload()
-        ok = bool(gw.holder.last_result.ok)
-        return _json(status, 200 if ok else 422)
+        return peer is not None and peer[0] in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
-    async def admin_state(_: web.Request) -> web.Response:
-        return _json(gw.services.state())
+    forbidden = {"error": {"type": "forbidden", "message": "loopback only"}}
 
-    async def status_page(_: web.Request) -> web.Response:
-        return web.Response(text=render_status(server), content_type="text/html")
+    async def reload(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        try:
+            force, fields, now = reload_options(request.query)
+        except ValueError as e:
+            return _json({"error": {"type": "bad_request", "message": str(e)}}, 400)
+        status = server.reload(force=force, rollout_fields=fields, now=now)
+        r = gw.holder.last_result
+        code = 422 if not r.ok else 409 if r.held else 202 if r.rollout else 200
+        return _json(status, code)
+
+    async def traffic(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        return _json(gw.traffic.snapshot().as_json())
+
+    async def rollout_status(_: web.Request) -> web.Response:
+        st = gw.holder.rollout_status()
+        if st is None:
+            return _json({"error": {"type": "not_found", "message": "no rollout"}}, 404)
+        return _json(st)
+
+    async def rollout_action(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        holder = gw.holder
+        action = request.match_info["action"]
+        st = holder.promote() if action == "promote" else holder.abort("aborted by hand")
+        if st is None:
+            return _json({"error": {"type": "not_found", "message": "no rollout running"}}, 404)
+        return _json(st)
+
+    async def backends(_: web.Request) -> web.Response:
+        pool = gw.services.peek("backends")
+        return _json(pool.state() if pool is not None else {"backends": {}, "routes": {}})
+
+    board = StatusBoard(server, registry)
+    pages = {name: asset(name) for name in ASSETS}  # read once: the files ship in the package
+
+    async def status_page(request: web.Request) -> web.Response:
+        name = request.match_info.get("name", "index.html")
+        if name not in pages:
+            raise web.HTTPNotFound()
+        body, content_type = pages[name]
+        return web.Response(
+            body=body, content_type=content_type, headers={"Cache-Control": "no-cache"}
+        )
+
+    async def state(_: web.Request) -> web.Response:
+        return web.Response(
+            text=json.dumps(board.state(), separators=(",", ":"), default=str),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
 
     app = web.Application(client_max_size=64 * 1024)
+    app[BOARD] = board
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/status", status_page)
+    app.router.add_get("/status/{name}", status_page)
+    app.router.add_get("/admin/state", state)
     app.router.add_get("/admin/policy", policy)
-    app.router.add_get("/admin/state", admin_state)
+    app.router.add_get("/admin/backends", backends)
     app.router.add_post("/admin/policy/reload", reload)
+    app.router.add_get("/admin/policy/traffic", traffic)
+    app.router.add_get("/admin/policy/rollout", rollout_status)
+    app.router.add_post(r"/admin/policy/rollout/{action:promote|abort}", rollout_action)
     return app
 
 
-def render_status(server: Server) -> str:
-    gw = server.gateway
-    p = gw.active.policy
-    st = gw.holder.status()
-    last = st["last_reload"]
-    assert isinstance(last, dict)
-    e = html.escape
-    rows_routes = "".join(
-        f"<tr><td>{e(r.name)}</td><td>{e(r.protocol.value if r.protocol else 'any')}</td>"
-        f"<td>{e(r.path_prefix)}</td><td>{e(', '.join(x.address for x in r.endpoints))}</td></tr>"
-        for r in p.routes
-    )
-    rows_backends = "".join(
-        f"<tr><td>{e(b.name)}</td><td>{e(b.protocol)}</td>"
-        f"<td>{e(', '.join(f'{x.address} (w={x.weight})' for x in b.endpoints))}</td></tr>"
-        for b in p.backends.values()
-    )
-    errors = "".join(f"<li><code>{e(x)}</code></li>" for x in last["errors"])
-    state = "draining" if gw.draining else ("ready" if gw.ready else "starting")
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>Sluice status</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{border:1px solid #ccc;padding:4px 8px}}
-table{{border-collapse:collapse}}</style></head><body>
-<h1>Sluice</h1>
-<p>State: <b>{state}</b> · in flight: {gw.inflight.count} · ports: {e(str(server.ports))}</p>
-<p>Policy <code>{e(str(st["version"]))}</code> from <code>{e(str(st["path"]))}</code> ·
-reloads: {st["reloads"]} · last reload: {"ok" if last["ok"] else "<b>rejected</b>"}</p>
-<ul>{errors}</ul>
-<h2>Routes (first match wins)</h2>
-<table><tr><th>route</th><th>protocol</th><th>path prefix</th><th>endpoints</th></tr>
-{rows_routes}</table>
-<h2>Backends</h2>
-<table><tr><th>backend</th><th>protocol</th><th>endpoints</th></tr>{rows_backends}</table>
-</body></html>"""
+def reload_options(query: Mapping[str, str]) -> tuple[bool, dict[str, Any] | None, bool]:
+    """(force, rollout fields, all at once) from the reload endpoint's query; ValueError."""
+    force = query.get("force", "0").lower() in ("1", "true", "yes")
+    fields: dict[str, Any] = {}
+    now = False
+    stages = query.get("rollout")
+    if stages is not None:
+        if stages.lower() in ("none", "0", "off", "false"):
+            now = True
+        else:
+            fields["stages"] = [
+                s if s == "shadow" else float(s) for s in (x.strip() for x in stages.split(","))
+            ]
+    hold = query.get("hold_s")
+    if hold is not None:
+        fields["hold_s"] = float(hold)
+    if fields:
+        from gateway.policy.model import Rollout
+
+        try:
+            Rollout.model_validate(fields)
+        except ValueError as e:
+            raise ValueError(f"rollout: {e}") from None
+    return force, fields or None, now
 
 
 async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool) -> AdminListener:
@@ -152,6 +222,8 @@ async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
+    # The colour history and the "recent" counter window (a task the services cancel at stop).
+    server.gateway.services.spawn(runner.app[BOARD].run(), "status-board")
     sockets = runner.addresses
     bound = int(sockets[0][1]) if sockets else port
     return AdminListener(runner, bound)

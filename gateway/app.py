@@ -10,6 +10,7 @@ limits; the pools never look at the policy themselves.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,12 +18,15 @@ from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder
+from gateway.policy.holder import PolicyHolder, RolloutView
+from gateway.policy.traffic import TrafficBook
 from gateway.services import Services
 from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
+    from gateway.core.request import RequestInfo
+    from gateway.policy.rollout import ShadowHook
     from gateway.upstream.channels import ChannelPool
     from gateway.upstream.pool import UpstreamPool
 
@@ -62,8 +66,15 @@ class Gateway:
     def __init__(self, policy_path: Path, services: Services | None = None) -> None:
         self.services = services if services is not None else Services()
         self.holder: PolicyHolder[Snapshot] = PolicyHolder(policy_path, self._build)
+        self.traffic = self.services.get("traffic", TrafficBook)
+        self.holder.traffic = self.traffic.snapshot
+        self.services.get("rollout", lambda: RolloutView(self.holder))  # /admin/state section
+        self.holder.shadow_hooks = _shadow_hooks
+        self._live: list[Snapshot] = []  # snapshots whose chain was activated (the last few)
         self.holder.on_swap(self._activate)
-        self.holder.active.chain.activate()
+        self.holder.on_candidate(self._activate_once)
+        self._activate_once(self.holder.active)
+        self.traffic.configure(self.holder.compiled)
         self.inflight = InFlight()
         self.ready = False
         self.draining = False
@@ -75,20 +86,45 @@ class Gateway:
 
     def _activate(self) -> None:
         snap = self.holder.active
-        snap.chain.activate()
+        live = self._live
+        if live and live[-1] is not snap and any(s is snap for s in live):
+            # Back to a chain that was live before (a rollout rolled back or aborted): owners
+            # configured at activation (JWKS sources, tracing, the backends in use) followed the
+            # candidate's sections while it served; they take this chain's again.
+            snap.chain.activate()
+            self._live = [*(s for s in live if s is not snap), snap]
+        else:
+            self._activate_once(snap)
+        self.traffic.configure(self.holder.compiled)
         p = snap.policy.policy
         if self._http_pool is not None:
             self._http_pool.configure(p.limits, p.timeouts.upstream_idle_s)
         if self._channels is not None:
             self._channels.configure(p.limits)
 
+    def _activate_once(self, snap: Snapshot) -> None:
+        """`activate()` each chain once, when it first takes requests (a rollout's candidate
+        goes live before it becomes the stable policy)."""
+        if any(s is snap for s in self._live):
+            return
+        snap.chain.activate()
+        self._live = [*self._live[-3:], snap]
+
     @property
     def active(self) -> Snapshot:
+        """The stable snapshot. Per request use `snapshot_for`, which knows about rollouts."""
         return self.holder.active
 
     def snapshot_for(self, info: RequestInfo) -> Snapshot:
-        """The snapshot a new request is served by (the one place the request path asks)."""
-        return self.holder.active
+        """The snapshot a new request is served by, chosen once at arrival (the one place the
+        request path asks): the stable one, or during a staged rollout the side
+        `RolloutController.choose` picks (by a hash of the request's x-request-id; see
+        gateway/policy/rollout.py)."""
+        holder = self.holder
+        ro = holder.rollout
+        if ro is None:
+            return holder.active
+        return ro.choose(info)
 
     @property
     def http_pool(self) -> UpstreamPool:
@@ -112,15 +148,42 @@ class Gateway:
         if self._channels is None:
             return 0
         compiled = self.active.policy
-        wanted = {e.address for r in compiled.routes for e in r.endpoints if e.protocol == "grpc"}
+        live = [compiled]
+        if self.holder.rollout is not None:  # the candidate of a rollout keeps its channels
+            live.append(self.holder.rollout.candidate_policy)
+        wanted = {
+            e.address for c in live for r in c.routes for e in r.endpoints if e.protocol == "grpc"
+        }
+        pool = self.services.peek("backends")
+        if pool is not None:  # members discovered from the registry are in use too
+            wanted |= pool.addresses("grpc")
         if grace is None:
             grace = compiled.policy.timeouts.drain_s
         return await self._channels.prune(wanted, grace)
 
-    async def finish(self, snap: Snapshot, ctx: RequestContext) -> None:
-        """Run on_response (reverse order) and record the request's metrics. Never raises."""
+    def finish(self, snap: Snapshot, ctx: RequestContext) -> Awaitable[None] | None:
+        """Run on_response (reverse order) and record the request's metrics. Never raises.
+        Returns an awaitable only when a filter's on_response is a coroutine (await it)."""
+        chain = snap.chain
+        if chain.sync_response:
+            chain.on_response_plain(ctx)
+            self._record(snap, ctx)
+            return None
+        return self._finish(snap, ctx)
+
+    async def _finish(self, snap: Snapshot, ctx: RequestContext) -> None:
         await snap.chain.on_response(ctx)
+        self._record(snap, ctx)
+
+    def _record(self, snap: Snapshot, ctx: RequestContext) -> None:
+        """Metrics, recent traffic (for the change guard) and the rollout's comparison."""
         metrics.record_request(ctx)
+        self.traffic.record(ctx)
+        ro = self.holder.rollout
+        if ro is not None:
+            ro.record(snap, ctx)
+            if ro.urgent:  # a failure on the new policy: judge it at once
+                self.holder.tick()
 
     async def aclose(self) -> None:
         if self._http_pool is not None:
@@ -128,3 +191,8 @@ class Gateway:
         if self._channels is not None:
             await self._channels.aclose()
         await self.services.aclose()
+
+
+def _shadow_hooks(snap: Snapshot) -> list[ShadowHook]:
+    """The `shadow_request` hooks of a chain's filters (see gateway/policy/rollout.py)."""
+    return [f.shadow_request for f in snap.chain.filters if hasattr(f, "shadow_request")]

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("gateway.bench", "measure Sluice against the backend direct"),
     "ebpf": ("gateway.datapath.commands", "attach, inspect or detach the eBPF TC classifier"),
     "host": ("gateway.hosttune", "plan, apply or roll back host TCP tuning"),
+    "heartbeat": ("gateway.registry.agent", "publish a model server's heartbeat to Redis"),
+    "status": ("gateway.status.terminal", "print a running gateway's state (what /status shows)"),
 }
 
 

@@ -10,6 +10,10 @@ GatewayError
   + StoreUnavailable     Redis down/timeout: each rule says fail_open or fail_closed
   + DatapathError        BPF compile/attach failure: fatal only if the datapath is required
   + HostTuneError        a host setting could not be read, applied or rolled back
+  + AdminError           `sluice policy ... --against/--admin`: the running gateway's admin API
+                         could not be reached or refused the request
+  + JwksError            a JWKS fetch failed: the last good key set stays in force
+      + JwksInvalid          the document is not an acceptable key set (HTML, weak key, ...)
 """
 
 from __future__ import annotations
@@ -61,3 +65,25 @@ class DatapathError(GatewayError):
 
 class HostTuneError(GatewayError):
     """A host network setting could not be read, applied or rolled back."""
+
+
+class AdminError(GatewayError):
+    """A running gateway's admin API could not be reached, or answered with an error."""
+
+
+class JwksError(GatewayError):
+    """A JWKS could not be fetched or read. `kind` is a metric label (timeout, http_error,
+    unreachable, unreadable, too_large, invalid); `reason` adds a short detail, safe to log
+    (never key material)."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        self.kind = kind
+        self.reason = f"{kind}: {detail}" if detail else kind
+        super().__init__(self.reason)
+
+
+class JwksInvalid(JwksError):
+    """A JWKS document was fetched but is not an acceptable key set."""
+
+    def __init__(self, detail: str, kind: str = "invalid") -> None:
+        super().__init__(kind, detail)

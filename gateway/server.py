@@ -89,11 +89,14 @@ class Server:
             from gateway.mockbackend import Knobs, start_mock_backend
 
             self.mock = await start_mock_backend(
-                mock_cfg.http, mock_cfg.grpc, Knobs.from_policy(mock_cfg)
+                mock_cfg.http, mock_cfg.grpc, Knobs.from_policy(mock_cfg), mock_cfg.admin
             )
             self._stack.push_async_callback(self.mock.close)
             log.info(
-                "simulated backend on http:%s grpc:%s", self.mock.http_port, self.mock.grpc_port
+                "simulated backend on http:%s grpc:%s admin:%s",
+                self.mock.http_port,
+                self.mock.grpc_port,
+                self.mock.admin_port,
             )
         self._stack.push_async_callback(self.gateway.aclose)
         from gateway.datapath import Datapath
@@ -141,6 +144,8 @@ class Server:
         metrics.READY.set(1)
         sampler = asyncio.get_running_loop().create_task(self._sample_in_flight())
         self._stack.callback(sampler.cancel)
+        ticker = asyncio.get_running_loop().create_task(self._tick_rollouts())
+        self._stack.callback(ticker.cancel)
         # One line a human (and a test) can wait for.
         log.info(
             "sluice ready: %s (policy %s)",
@@ -148,10 +153,19 @@ class Server:
             self.gateway.holder.version,
         )
 
-    def reload(self) -> dict[str, object]:
-        """SIGHUP and POST /admin/policy/reload come here (the file watcher calls the holder)."""
-        self.gateway.holder.reload()
-        return self.gateway.holder.status()
+    def reload(
+        self, force: bool = False, rollout_fields: dict[str, Any] | None = None, now: bool = False
+    ) -> dict[str, object]:
+        """SIGHUP and POST /admin/policy/reload come here (the file watcher calls the holder).
+        `force`: past the change guard; `rollout_fields`: a staged rollout with these fields;
+        `now`: all at once, whatever the policy's `rollout:` says."""
+        from gateway.policy.holder import FROM_POLICY
+
+        holder = self.gateway.holder
+        holder.reload(
+            force=force, rollout=None if now else FROM_POLICY, rollout_fields=rollout_fields
+        )
+        return holder.status()
 
     def after_swap(self) -> None:
         """Work that follows a successful swap: forget upstreams that left the policy, learn
@@ -175,6 +189,16 @@ class Server:
         while True:
             metrics.IN_FLIGHT.set(self.gateway.inflight.count)
             await asyncio.sleep(1.0)
+
+    async def _tick_rollouts(self) -> None:
+        """Judge a staged rollout's stage every 0.1 s while one runs (every 0.5 s it looks)."""
+        holder = self.gateway.holder
+        while True:
+            try:
+                holder.tick()
+            except Exception:  # a bug in judging must not stop the next tick
+                log.exception("policy rollout tick failed")
+            await asyncio.sleep(0.1 if holder.rollout is not None else 0.5)
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -256,8 +280,9 @@ def _supervise(args: argparse.Namespace) -> int:
     m = policy.mock_backend
     if m.enabled:
         cmd = [sys.executable, "-m", "gateway", "mock-backend"]
-        cmd += ["--http", m.http] if m.http else []
-        cmd += ["--grpc", m.grpc] if m.grpc else []
+        cmd += ["--http", m.http] if m.http else ["--no-http"]
+        cmd += ["--grpc", m.grpc] if m.grpc else ["--no-grpc"]
+        cmd += ["--admin", m.admin] if m.admin else ["--no-admin"]
         mock = subprocess.Popen(cmd, env=os.environ.copy())
     workers = []
     for i in range(args.workers):

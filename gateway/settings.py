@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_POLICY = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
+from gateway.resources import policies_dir
+
+# The checkout's policies/default.yaml, or the copy an installed package carries.
+DEFAULT_POLICY = policies_dir() / "default.yaml"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,21 +17,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
-from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
-from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_OK
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
-from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
-from gateway.forward.failures import grpc_outcome
-from gateway.forward.headers import retry_after_value
-from gateway.telemetry import metrics
+from gateway.adapters.grpc_relay import CALLS, _stream_call, _unary_call
+from gateway.forward.deadlines import Deadlines
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -40,31 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.grpc")
 
-Metadata = Sequence[tuple[str, str | bytes]]
-Context = grpc.aio.ServicerContext[bytes, bytes]
-EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
-CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
-
-# Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
-# (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
-# whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
-DROPPED_METADATA = frozenset(
-    {
-        ":authority", ":path", ":method", ":scheme", "host", "te", "content-type", "user-agent",
-        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-    }
-)  # fmt: skip
 MAX_CACHED_HANDLERS = 4096  # method names come from clients: bound what we remember of them
 DISCOVERY_TIMEOUT_S = 2.0
-MAX_DETAILS = 4096  # characters of an upstream status message passed to the client
-
-# sluice_upstream_errors_total{kind} for upstream call statuses (the failure table's kinds).
-_UPSTREAM_KIND = {
-    grpc.StatusCode.UNAVAILABLE: "unavailable",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
-    grpc.StatusCode.CANCELLED: "cancelled",
-}
 
 
 def server_options(limits: Limits) -> list[tuple[str, Any]]:
@@ -90,58 +60,6 @@ def server_options(limits: Limits) -> list[tuple[str, Any]]:
     ]
 
 
-def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, details: str) -> None:
-    ctx.grpc_status = code.value[0]
-    context.set_code(code)
-    if details:
-        # Details travel in a header: a huge upstream message would make the client's HTTP/2
-        # stack reset the stream, so keep them well under the usual 8 KiB metadata limit.
-        context.set_details(details[:MAX_DETAILS])
-
-
-def _reject(ctx: RequestContext, context: Context) -> None:
-    """Answer the chain's verdict: its code and reason, Retry-After and the verdict's headers
-    as trailing metadata."""
-    verdict = ctx.verdict
-    ctx.outcome = Outcome.REJECTED
-    trailing = list(verdict.headers)
-    if verdict.retry_after is not None:
-        trailing.append(("retry-after", retry_after_value(verdict.retry_after)))
-    trailing.extend(ctx.response_headers)
-    if trailing:
-        context.set_trailing_metadata(tuple(trailing))
-    _status(ctx, context, CODES.get(verdict.grpc_status, grpc.StatusCode.UNKNOWN), verdict.reason)
-
-
-def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
-    """The upstream call ended with a status: passed to the client as the backend sent it
-    (details capped); the outcome comes from the one failure table."""
-    code = e.code()
-    ctx.outcome = grpc_outcome(code.value[0])
-    kind = _UPSTREAM_KIND.get(code)
-    if kind is not None and ctx.endpoint is not None:
-        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
-    trailing = e.trailing_metadata()
-    if trailing:
-        context.set_trailing_metadata(cast(Metadata, tuple(trailing)))
-    _status(ctx, context, code, e.details() or "")
-
-
-def _crashed(ctx: RequestContext, context: Context) -> None:
-    log.exception("gRPC proxy failed on %s", ctx.info.path)
-    ctx.outcome = Outcome.INTERNAL
-    _status(ctx, context, grpc.StatusCode.INTERNAL, "gateway error")
-
-
-def _cancelled(ctx: RequestContext, context: Context) -> None:
-    # The client's own deadline also reaches us as a cancellation: count it as a deadline.
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
-        ctx.grpc_status, ctx.outcome = GRPC_DEADLINE_EXCEEDED, Outcome.DEADLINE
-    else:
-        ctx.grpc_status, ctx.outcome = GRPC_CANCELLED, Outcome.CLIENT_CANCELLED
-
-
 class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     """The generic handler: picks the unary or the stream-stream behaviour per method name."""
 
@@ -157,6 +75,7 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             self._handlers = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        CALLS.looked_up()  # runs in the call's task: a call that ends before _begin is counted
         method: str = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
@@ -171,235 +90,6 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             if len(self._handlers) < MAX_CACHED_HANDLERS:
                 self._handlers[method] = handler
         return handler
-
-
-def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
-    md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
-    headers = {k: v for k, v in md if type(v) is str}
-    info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
-    return RequestContext(info, gw.active.policy), md
-
-
-def _trailers(chain: Any, ctx: RequestContext, context: Context, trailing: Any) -> bool:
-    """The upstream's trailing metadata to the client (plus the filters' response headers);
-    the chain's TRAILERS event first. False: a filter ended the call (its verdict is set)."""
-    md = tuple(trailing or ())
-    if chain.has_events:
-        text = tuple((k, v) for k, v in md if isinstance(v, str))
-        if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
-            _reject(ctx, context)
-            ctx.outcome = Outcome.STREAM_CUT
-            return False
-    if ctx.response_headers:
-        md = md + tuple(ctx.response_headers)
-    if md:
-        context.set_trailing_metadata(md)
-    return True
-
-
-def _upstream(
-    ctx: RequestContext, md: Metadata, context: Context
-) -> tuple[list[tuple[str, str | bytes]], float]:
-    """Upstream metadata and timeout: what survives of the client's metadata plus the filters',
-    and the client's remaining deadline capped by the route's total timeout."""
-    extra = ctx.upstream_headers
-    out: list[tuple[str, str | bytes]] = [
-        (k, v)
-        for k, v in md
-        if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
-    ]
-    out.extend(extra.items())
-    assert ctx.route is not None
-    timeout = ctx.route.timeouts.total_s
-    remaining = context.time_remaining()
-    if remaining is not None and remaining < timeout:
-        timeout = remaining
-    return out, timeout
-
-
-# Module-level functions wrapped in functools.partial (not bound methods): grpc checks each
-# behaviour with inspect.iscoroutinefunction per call, which is cheap only for plain functions.
-async def _unary_call(
-    gw: Gateway, deadlines: Deadlines, method: str, request: bytes, context: Context
-) -> bytes | None:
-    ctx, md = _begin(gw, method, context)
-    active = gw.snapshot_for(ctx.info)
-    ctx.policy = active.policy
-    ctx.bytes_in = len(request)
-    gw.inflight.enter()
-    task = asyncio.current_task()
-    assert task is not None
-    try:
-        if await active.chain.on_request(ctx) is Status.STOP:
-            _reject(ctx, context)
-            return None
-        assert ctx.endpoint is not None and ctx.route is not None
-        metadata, timeout = _upstream(ctx, md, context)
-        ctx.attempts += 1
-        call = gw.channels.unary(ctx.endpoint, method)(request, timeout=timeout, metadata=metadata)
-        deadlines.start(task, timeout)
-        deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
-        try:
-            response: bytes = await call
-        except grpc.aio.AioRpcError as e:
-            _upstream_failed(ctx, context, e)
-            return None
-        except asyncio.CancelledError:
-            call.cancel()
-            if _timed_out(deadlines, task, ctx, context):
-                return None
-            _cancelled(ctx, context)
-            raise
-        finally:
-            deadlines.stop(task)
-        ctx.first_byte_at = time.monotonic()
-        initial = await call.initial_metadata()
-        if initial:
-            await context.send_initial_metadata(tuple(initial))
-        if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
-            return None
-        ctx.grpc_status = GRPC_OK
-        ctx.bytes_out = len(response)
-        return response
-    except asyncio.CancelledError:
-        if ctx.grpc_status is None:
-            _cancelled(ctx, context)
-        raise
-    except Exception:
-        _crashed(ctx, context)
-        return None
-    finally:
-        try:
-            await gw.finish(active, ctx)
-        finally:
-            gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
-
-
-async def _stream_call(
-    gw: Gateway,
-    deadlines: Deadlines,
-    method: str,
-    request_iterator: AsyncIterator[bytes],
-    context: Context,
-) -> None:
-    ctx, md = _begin(gw, method, context)
-    active = gw.snapshot_for(ctx.info)
-    ctx.policy = active.policy
-    gw.inflight.enter()
-    pump: asyncio.Task[None] | None = None
-    call: grpc.aio.StreamStreamCall[bytes, bytes] | None = None
-    task = asyncio.current_task()
-    assert task is not None
-    try:
-        if await active.chain.on_request(ctx) is Status.STOP:
-            _reject(ctx, context)
-            return
-        assert ctx.endpoint is not None and ctx.route is not None
-        metadata, timeout = _upstream(ctx, md, context)
-        t = ctx.route.timeouts
-        ctx.attempts += 1
-        call = gw.channels.stream(ctx.endpoint, method)(None, timeout=timeout, metadata=metadata)
-        # The one extra task of a streaming call: client → upstream, as messages come.
-        pump = asyncio.get_running_loop().create_task(_pump(context, call, ctx))
-        deadlines.start(task, timeout)
-        try:
-            deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
-            initial = await call.initial_metadata()
-            ctx.first_byte_at = time.monotonic()
-            if initial:
-                await context.send_initial_metadata(tuple(initial))
-            # Backpressure: the next upstream message is read only once the previous one was
-            # accepted downstream (the upstream channel's window is fixed, see channels.py).
-            # A client that reads nothing for idle_s: the upstream call is cancelled at once
-            # (the pending write cannot be cancelled without breaking the call in grpc.aio);
-            # the client gets DEADLINE_EXCEEDED after the one message already queued for it.
-            while True:
-                deadlines.tighten(task, t.idle_s, IDLE)
-                msg = await call.read()
-                if msg is EOF:
-                    break
-                assert isinstance(msg, bytes)
-                ctx.bytes_out += len(msg)
-                deadlines.tighten(task, t.idle_s, STALL, call.cancel)
-                await context.write(msg)
-                if deadlines.expired(task) == STALL:
-                    ctx.outcome = Outcome.STALLED
-                    _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, "client stalled")
-                    return
-            deadlines.relax(task)
-            code = await call.code()
-        except grpc.aio.AioRpcError as e:
-            if deadlines.expired(task) == STALL:  # we cancelled it: the client stalled
-                ctx.outcome = Outcome.STALLED
-                _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, "client stalled")
-                return
-            _upstream_failed(ctx, context, e)
-            return
-        except asyncio.CancelledError:
-            if _timed_out(deadlines, task, ctx, context):
-                return
-            raise
-        finally:
-            deadlines.stop(task)
-        if not _trailers(active.chain, ctx, context, await call.trailing_metadata()):
-            return
-        if code is grpc.StatusCode.OK:
-            ctx.grpc_status = GRPC_OK
-        else:
-            ctx.outcome = grpc_outcome(code.value[0])
-            _status(ctx, context, code, await call.details())
-    except asyncio.CancelledError:
-        if ctx.grpc_status is None:
-            _cancelled(ctx, context)
-        raise
-    except Exception:
-        _crashed(ctx, context)
-    finally:
-        if pump is not None and not pump.done():
-            pump.cancel()
-        if call is not None and not call.done():
-            call.cancel()  # client gone or we failed: the upstream must stop at once
-        try:
-            await gw.finish(active, ctx)
-        finally:
-            gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
-
-
-def _timed_out(
-    deadlines: Deadlines, task: asyncio.Task[Any], ctx: RequestContext, context: Context
-) -> bool:
-    """The task was cancelled by one of our deadlines (not the client): answer it. True if so."""
-    kind = deadlines.expired(task)
-    if kind is None or task.uncancel() > 0:
-        return False
-    if kind == STALL:  # the client stopped reading: nothing more will reach it
-        ctx.outcome = Outcome.STALLED
-        _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, "client did not read in time")
-        return True
-    if ctx.endpoint is not None:
-        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, "timeout").inc()
-    ctx.outcome = Outcome.UPSTREAM_TIMEOUT
-    what = {FIRST_BYTE: "first byte", IDLE: "idle"}.get(kind, "total")
-    _status(ctx, context, grpc.StatusCode.DEADLINE_EXCEEDED, f"upstream {what} timeout")
-    return True
-
-
-async def _pump(
-    context: Context, call: grpc.aio.StreamStreamCall[bytes, bytes], ctx: RequestContext
-) -> None:
-    """Forward client messages upstream until the client half-closes or either side ends."""
-    try:
-        while True:
-            msg = await context.read()
-            if msg is EOF:
-                break
-            ctx.bytes_in += len(msg)
-            await call.write(msg)
-        await call.done_writing()
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # the upstream finished or the client went: the handler reports it
-        pass
 
 
 class GrpcListener:

@@ -1,21 +1,26 @@
 """HTTP/1.1 ingress, native engine: an `asyncio.Protocol` with the httptools (llhttp) parser.
 
-Opt-in (`listeners.http.engine: native`); same outward behaviour as the aiohttp engine in
-`gateway.adapters.http`, ~30 µs cheaper per request. This module owns the connections (parsing,
-limits, timers, flow control); the per-request bytes are in `gateway.adapters.h1_exchange`, the
-request logic in `gateway.forward.http`.
+The default engine (`listeners.http.engine: native`); same outward behaviour as the aiohttp
+engine in `gateway.adapters.http` (a differential fuzz test holds them to it), ~30 µs cheaper per
+request. This module owns the connections (parsing, limits, timers, flow control); the
+per-request bytes are in `gateway.adapters.h1_exchange`, the request logic in
+`gateway.forward.http`.
 
 What a connection does and refuses:
 - timers: one lazily moved deadline per connection (no timer per request): `header_read_s` from
   the first byte of a request head (and from accept) to its end (slowloris), `keepalive_s` while
   idle between requests; none while a request is served (the route's `total_s` covers that).
-- refused by the parser, answered with a JSON 400/431 and closed, counted in `REJECTED`, never
-  seen by the chain or `finish`: malformed requests (llhttp strict: CL+TE, duplicate or invalid
-  Content-Length, bare LF, obs-fold, CR/NUL in values, bad chunks), a Transfer-Encoding other
-  than exactly `chunked`, a duplicate Host, CONNECT; a request line or one header line over
-  `max_line_bytes`, more than `max_header_count` headers, or an incomplete head past
-  `max_header_bytes + max_line_bytes` (431). Upgrade requests are served as plain requests (the
-  Upgrade header is hop-by-hop) and the connection is closed after them.
+- refused by the parser, answered with a JSON 400/431 and closed (lingering), counted in
+  `REJECTED`, never seen by the chain or `finish`: malformed requests (llhttp strict: CL+TE,
+  duplicate or invalid Content-Length, bare LF, obs-fold, CR/NUL in values, bad chunks), a
+  Transfer-Encoding other than exactly one `chunked`, or any in HTTP/1.0, HTTP/1.1 without Host,
+  a repeated singleton header (`SINGLETONS`), a target that is not origin-form, `*` for OPTIONS
+  or absolute-form, CONNECT, an upgrade request with a body; a request line or one header line
+  over `max_line_bytes`, more than `max_header_count` headers (or trailers), or an incomplete
+  head past `max_header_bytes + max_line_bytes` (431). The same set as the aiohttp engine
+  (`tests/adapters/test_differential.py` checks it). Upgrade requests are served as plain
+  requests (the Upgrade header is hop-by-hop) and the connection stays HTTP/1.1. Header values
+  lose their trailing whitespace; trailers of a chunked body are dropped.
 - pipelining: requests are served strictly in order, one at a time; heads that arrive early
   wait in a queue (their bodies buffered). Reading goes on while a request is served, so a
   client disconnect is seen at once and cancels the request task, but stops (pause_reading)
@@ -40,7 +45,14 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.adapters.h1_messages import HIGH_WATER, LOW_WATER, Req, simple_response
+from gateway.adapters.h1_messages import (
+    HIGH_WATER,
+    LOW_WATER,
+    SINGLETONS,
+    Req,
+    absolute,
+    simple_response,
+)
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -100,6 +112,9 @@ class H1Conn(asyncio.Protocol):
         self.header_size = 0
         self.host_seen = False
         self.te_seen = False
+        self.seen: set[bytes] = set()  # singleton header names seen in this head
+        self.body_declared = False  # a non-zero Content-Length or chunked
+        self.trailers = 0  # trailer fields of the chunked body being read (dropped)
         # One lazily moved deadline.
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -145,16 +160,17 @@ class H1Conn(asyncio.Protocol):
                     self.transport.close()
             return
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.ignore = True  # served as a plain request; nothing after it is parsed
-            if self.cur is not None:
-                self.cur.keep_alive = False
-            elif self.queue:
-                self.queue[-1].keep_alive = False
-            elif self.active is not None:
-                self.active.keep_alive = False
-            return
+            while True:
+                try:
+                    self.parser.feed_data(data)
+                    break
+                except httptools.HttpParserUpgrade as e:
+                    # Served as a plain request (Upgrade is hop-by-hop and ignored, RFC 9110
+                    # §7.8); llhttp stops at the end of its head, so a fresh parser reads on.
+                    data = data[int(e.args[0]) :]
+                    self.parser = httptools.HttpRequestParser(self)
+                    if self.ignore or not data:
+                        return
         except httptools.HttpParserError as e:
             ref = e.__context__ if isinstance(e.__context__, _Refused) else None
             self.refuse(*((ref.status, ref.kind, ref.text) if ref else _BAD))
@@ -177,7 +193,9 @@ class H1Conn(asyncio.Protocol):
         self.url = b""
         self.headers = []
         self.header_size = 0
-        self.host_seen = self.te_seen = False
+        self.host_seen = self.te_seen = self.body_declared = False
+        self.trailers = 0
+        self.seen.clear()
         if self.active is None:
             self.arm(self.server.header_read_s)
 
@@ -188,19 +206,31 @@ class H1Conn(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         limits = self.server.limits
+        if not self.in_head:  # a trailer of a chunked body: dropped, never a request header
+            self.trailers += 1
+            if self.trailers > limits.max_header_count:
+                raise _Refused(*_TOO_LARGE)
+            return
         if len(name) + len(value) + 2 > limits.max_line_bytes:
             raise _Refused(*_TOO_LARGE)
         if len(self.headers) >= limits.max_header_count:
             raise _Refused(*_TOO_LARGE)
+        # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
+        # of the value).
+        value = value.rstrip(b" \t")
         ln = name.lower()
-        if ln == b"host":
-            if self.host_seen:
+        if ln in SINGLETONS:
+            if ln in self.seen:
                 raise _Refused(*_BAD)
-            self.host_seen = True
-        elif ln == b"transfer-encoding":
-            if self.te_seen or value.strip().lower() != b"chunked":
-                raise _Refused(*_BAD)
-            self.te_seen = True
+            self.seen.add(ln)
+            if ln == b"host":
+                self.host_seen = True
+            elif ln == b"transfer-encoding":
+                if value.lower() != b"chunked":
+                    raise _Refused(*_BAD)
+                self.te_seen = self.body_declared = True
+            elif ln == b"content-length" and value.lstrip(b"0"):
+                self.body_declared = True
         self.header_size += len(name) + len(value) + 4
         self.headers.append((name, value))
 
@@ -209,10 +239,19 @@ class H1Conn(asyncio.Protocol):
         self.deadline = None
         parser = self.parser
         method = parser.get_method().decode("ascii")
-        if method == "CONNECT":
+        http10 = parser.get_http_version() == "1.0"
+        url = self.url
+        if (
+            method == "CONNECT"
+            or (not self.host_seen and not http10)  # RFC 9112 §3.2: 400 without Host
+            or (self.te_seen and http10)  # RFC 9112 §6.1: faulty framing
+            or (url[:1] != b"/" and not (url == b"*" and method == "OPTIONS") and not absolute(url))
+            # llhttp would take its body for the upgraded protocol; nothing is upgraded here
+            or (self.body_declared and parser.should_upgrade())
+        ):
             raise _Refused(*_BAD)
-        req = Req(method, self.url, self.headers, self.header_size, parser.should_keep_alive())
-        req.http10 = parser.get_http_version() == "1.0"
+        req = Req(method, url, self.headers, self.header_size, parser.should_keep_alive())
+        req.http10 = http10
         req.chunked = self.te_seen
         self.cur = req
         if self.active is None and not self.queue:
@@ -286,8 +325,12 @@ class H1Conn(asyncio.Protocol):
         assert self.transport is not None
         self.ignore = True
         self.lingering = 0
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
+        try:
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+        except OSError:  # the client is gone already (ENOTCONN): nothing to linger for
+            self.transport.abort()
+            return
         self.transport.resume_reading()
         self.arm(LINGER_S)
 
@@ -303,6 +346,9 @@ class H1Conn(asyncio.Protocol):
             cur.body_error = True  # the request task answers 400 (incomplete body), as aiohttp
             self.wake()
             return
+        elif cur is not None and self.queue and self.queue[-1] is cur:
+            self.queue.pop()  # its body is malformed: it is answered by the refusal instead
+            self.queued_bytes -= cur.buffered
         if self.pending is None:
             metrics.REJECTED.labels(kind, "http").inc()
         if self.active is not None or self.queue:
@@ -311,7 +357,7 @@ class H1Conn(asyncio.Protocol):
             return
         if self.transport is not None and not self.closed:
             self.transport.write(simple_response(status, kind, text))
-            self.transport.close()
+            self.linger_close()  # what follows the bad request must not reset the answer away
 
     # --- flow control and waiting ---
 

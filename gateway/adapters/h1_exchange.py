@@ -28,7 +28,7 @@ _LAST_CHUNK = b"0\r\n\r\n"
 class H1Exchange:
     __slots__ = (
         "conn", "req", "info", "raw_headers", "header_bytes", "query", "has_body", "head_sent",
-        "sse", "framed", "draining",
+        "sse", "framed", "draining", "close_after",
     )  # fmt: skip
 
     def __init__(self, conn: H1Conn, req: Req, draining: bool) -> None:
@@ -51,6 +51,7 @@ class H1Exchange:
         self.has_body = req.chunked or bool(cl)
         self.head_sent = False
         self.sse = False
+        self.close_after = draining
         self.framed = False
         self.draining = draining
 
@@ -154,20 +155,14 @@ class H1Exchange:
             conn.transport.write(_LAST_CHUNK)
 
     async def respond(
-        self,
-        status: int,
-        lines: bytes,
-        body: bytes,
-        date: bool,
-        close: bool = False,
-        length: int | None = None,
+        self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
     ) -> None:
         head = _head(status, lines, date)
         if length is not None:
             head += b"content-length: %d\r\n" % length
         elif status >= 200 and status != 204:
             head += b"content-length: %d\r\n" % len(body)
-        self._finish_head(head, close)
+        self._finish_head(head, self.close_after)
         conn = self.conn
         if conn.transport is not None and not conn.closed:
             conn.transport.write(bytes(head) + body if body else bytes(head))

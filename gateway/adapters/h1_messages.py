@@ -1,5 +1,5 @@
-"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), the cached Date value
-and complete JSON error responses."""
+"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), the cached Date value,
+complete JSON error responses, and the header and target rules its parser applies."""
 
 from __future__ import annotations
 
@@ -25,6 +25,34 @@ def date_value() -> bytes:
     value = _date[1]
     assert isinstance(value, bytes)
     return value
+
+
+# Header names that may appear once (the set aiohttp's parser enforces): a second one is a 400.
+SINGLETONS = frozenset(
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"transfer-encoding",
+        b"user-agent",
+    }
+)
+
+
+def absolute(target: bytes) -> bool:
+    """An absolute-form target with a non-empty authority (RFC 9112 §3.2.2, RFC 9110 §4.2)."""
+    scheme, colon, rest = target.partition(b":")
+    return (
+        bool(colon)
+        and scheme.isalpha()
+        and rest[:2] == b"//"
+        and rest[2:3] not in (b"", b"/", b"?", b"#")
+    )
 
 
 class Req:
@@ -76,9 +104,10 @@ class Req:
 
 
 def simple_response(
-    status: int, kind: str, text: str, extra: bytes = b"", close: bool = True
+    status: int, kind: str, text: str, extra: bytes = b"", close: bool = True, head: bool = False
 ) -> bytes:
-    """A complete JSON error response (the shape of `headers.error_body`)."""
+    """A complete JSON error response (the shape of `headers.error_body`); `head`: the answer to
+    a HEAD request, Content-Length of the body without the body (RFC 9110 §9.3.2)."""
     body = error_body(kind, text)
     return (
         b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
@@ -90,5 +119,5 @@ def simple_response(
         extra,
         date_value(),
         b"connection: close\r\n" if close else b"",
-        body,
+        b"" if head else body,
     )

@@ -1,4 +1,10 @@
-"""HTTP/1.1 ingress: aiohttp's low-level `web.Server` in front of the filter chain and the pool.
+"""HTTP/1.1 ingress: aiohttp's low-level `web.Server` in front of the filter chain and the pool
+(`listeners.http.engine: aiohttp`; `start_http` also starts the default, native, engine).
+
+Known aiohttp parser limits the native engine does not share (`tests/adapters/test_differential`):
+a malformed request, or data after `Connection: close` or after a non-websocket upgrade, loses
+the requests read together with it; a connection closed with input unread is reset (no lingering
+close); the last trailer of a chunked body is added to the next request's headers.
 
 Per request: RequestInfo → chain → (verdict answer | stream to the endpoint through
 `gateway.http_pool` and stream the answer back). The adapter translates and does nothing else:
@@ -14,10 +20,10 @@ Limits and what the client sees:
   the chain is skipped, `finish` still runs.
 - body: Content-Length over `max_body_bytes` → 413 before any backend is contacted; a chunked body
   that grows past it aborts the upstream request → 413 (or a cut if the answer had begun).
-- header-read deadline: aiohttp 3.14 has none for the first request of a connection, so the
-  handler class closes a connection that has not completed a request head within
-  `header_read_s`; between requests aiohttp's `keepalive_timeout` (`keepalive_s`) closes idle and
-  half-sent keep-alive connections.
+- header-read deadline: aiohttp 3.14 has none, so the handler class closes a connection that has
+  not completed a request head within `header_read_s`, from accept and, on a keep-alive
+  connection, from the first byte of each next head; aiohttp's `keepalive_timeout`
+  (`keepalive_s`) closes connections idle between requests.
 - client disconnect: `handler_cancellation=True` makes aiohttp cancel the handler task; the pool
   then aborts the upstream connection and the request is recorded with `ctx.cancelled = True`.
 - total deadline (`route.timeouts.total_s`): 504 before the response head, a cut after it;
@@ -32,8 +38,10 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http import HttpVersion10
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from gateway.adapters.http_exchange import AiohttpExchange
 from gateway.forward.headers import JSON, error_body
@@ -64,22 +72,86 @@ class _Handle:
         return ex.resp
 
 
-class _Handler(RequestHandler):
-    """aiohttp's per-connection protocol, plus a header deadline, a cached peer and 431s."""
+def _refusal(msg: Any, max_line: int) -> BadHttpMessage | None:
+    """What the native engine's parser refuses in a message aiohttp's parser accepted:
+    - CONNECT (nothing is tunnelled);
+    - a Transfer-Encoding other than one `chunked` in HTTP/1.1 (RFC 9112 §6.1: a transfer
+      coding we do not apply would reach the upstream undone; HTTP/1.0 has none);
+    - an upgrade request with a body (nothing is upgraded: the request is served as a plain one,
+      and the native engine's llhttp would not read its body);
+    - a header line (name, ": ", value) over `max_line_bytes` (aiohttp checks the value alone
+      for every header but the first; its own limit is set above ours)."""
+    headers = msg.headers
+    if msg.method == "CONNECT":
+        return BadHttpMessage("CONNECT is not supported")
+    if "Transfer-Encoding" in headers:
+        te = headers.getall("Transfer-Encoding")
+        if len(te) != 1 or te[0].lower() != "chunked" or msg.version == HttpVersion10:
+            return BadHttpMessage("unsupported Transfer-Encoding")
+    if msg.upgrade and (msg.chunked or headers.get("Content-Length", "0").lstrip("0")):
+        return BadHttpMessage("upgrade request with a body")
+    for n, v in msg.raw_headers:
+        if len(n) + len(v) + 2 > max_line:
+            return LineTooLong(n[:100], max_line)
+    return None
 
-    __slots__ = ("sluice_peer", "_header_deadline", "_header_timer")
+
+class _Handler(RequestHandler):
+    """aiohttp's per-connection protocol, plus a header deadline, a cached peer and 431s.
+
+    Header deadline: from accept, and on a keep-alive connection from the first byte of each
+    next request, a complete request head must arrive within `header_read_s`, or the connection
+    is closed (slowloris). aiohttp itself only bounds the time between requests, by
+    `keepalive_timeout`, which a client that sends a byte now and then never reaches."""
+
+    __slots__ = ("sluice_peer", "_header_deadline", "_header_timer", "_heads_before", "_max_line")
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.sluice_peer = ""
         self._header_deadline = manager.header_read_s
+        self._max_line = manager.max_line_bytes
         self._header_timer: asyncio.TimerHandle | None = None
+        self._heads_before = 0  # heads parsed when the running deadline was armed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.sluice_peer = str(peer[0]) if peer else ""
-        self._header_timer = self._loop.call_later(self._header_deadline, self._header_expired)
+        self._arm_header_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        # Idle between requests (aiohttp's loop waits for the next message): these bytes begin
+        # the next request head, which gets header_read_s, like the first one.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            timer = self._header_timer
+            if timer is None or self._heads_before != self._request_count:
+                if timer is not None:  # the deadline of a head that already arrived
+                    timer.cancel()
+                self._arm_header_deadline()
+        super().data_received(data)
+        msgs = self._messages
+        if not msgs:
+            return
+        for i, (msg, _) in enumerate(msgs):
+            if not isinstance(msg, _ErrInfo):
+                # What the native engine's parser refuses and aiohttp's accepts: 400/431, closed.
+                err = _refusal(msg, self._max_line)
+                if err is not None:
+                    msgs[i] = (_ErrInfo(status=400, exc=err, message=str(err)), EMPTY_PAYLOAD)
+            elif i == 0 and self._current_request is not None:
+                # The body being read turned out malformed: aiohttp drops its payload without an
+                # error (the handler would wait for it until a timeout). Fail the read instead:
+                # the handler answers 400 `incomplete body` and the connection closes after it,
+                # as on the native engine.
+                payload = self._current_request.content
+                if not payload.is_eof():
+                    payload.set_exception(msg.exc)
+                    payload.feed_eof()  # nothing more comes: aiohttp's lingering read is skipped
+                    msgs.popleft()
+                    self.close()
+                    return
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._header_timer is not None:
@@ -87,9 +159,13 @@ class _Handler(RequestHandler):
             self._header_timer = None
         super().connection_lost(exc)
 
+    def _arm_header_deadline(self) -> None:
+        self._heads_before = self._request_count
+        self._header_timer = self._loop.call_later(self._header_deadline, self._header_expired)
+
     def _header_expired(self) -> None:
         self._header_timer = None
-        if getattr(self, "_request_count", 1) == 0 and self.transport is not None:
+        if self._request_count == self._heads_before and self.transport is not None:
             self.transport.close()  # no complete request head in time (slowloris)
 
     def handle_error(
@@ -121,6 +197,7 @@ class _Server(web.Server):
     def __init__(self, *args: Any, header_read_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.header_read_s = header_read_s
+        self.max_line_bytes: int = kwargs["max_field_size"]
 
     def __call__(self) -> RequestHandler:
         return _Handler(self, loop=self._loop, **self._kwargs)
@@ -160,11 +237,11 @@ async def start_http(
 ) -> HttpListener | NativeListener:
     """Bind the HTTP ingress. Parser limits and keep-alive come from the policy at start.
 
-    `engine` overrides the policy's `listeners.http.engine` ("aiohttp" or "native", the
-    `gateway.adapters.h1_server` server: same interface and behaviour, cheaper, experimental)."""
+    `engine` overrides the policy's `listeners.http.engine` ("native", the default: the
+    `gateway.adapters.h1_server` server, or "aiohttp": same interface and behaviour, dearer)."""
     policy = gateway.active.policy.policy
     if engine is None:
-        engine = policy.listeners.http.engine if policy.listeners.http else "aiohttp"
+        engine = policy.listeners.http.engine if policy.listeners.http else "native"
     if engine == "native":
         from gateway.adapters.h1_server import start_native
 
@@ -176,7 +253,7 @@ async def start_http(
         header_read_s=timeouts.header_read_s,
         keepalive_timeout=timeouts.keepalive_s,
         max_line_size=limits.max_line_bytes,
-        max_field_size=limits.max_line_bytes,
+        max_field_size=limits.max_line_bytes,  # exact per-line bound: `_refusal`
         max_headers=limits.max_header_count,
         access_log=None,
         auto_decompress=False,

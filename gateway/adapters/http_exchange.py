@@ -59,7 +59,7 @@ class SluiceResponse(web.StreamResponse):
 class AiohttpExchange:
     __slots__ = (
         "request", "info", "raw_headers", "header_bytes", "query", "has_body", "head_sent",
-        "sse", "resp", "draining", "_prefix",
+        "sse", "resp", "draining", "_prefix", "close_after",
     )  # fmt: skip
 
     def __init__(self, request: web.BaseRequest, peer: str, draining: bool) -> None:
@@ -86,6 +86,7 @@ class AiohttpExchange:
         self.has_body = request.body_exists
         self.head_sent = False
         self.sse = False
+        self.close_after = draining
         self.resp: web.StreamResponse | None = None
         self.draining = draining
         self._prefix = b""
@@ -149,21 +150,15 @@ class AiohttpExchange:
         await self.resp.write_eof()
 
     async def respond(
-        self,
-        status: int,
-        lines: bytes,
-        body: bytes,
-        date: bool,
-        close: bool = False,
-        length: int | None = None,
+        self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
     ) -> None:
         resp = self.resp = SluiceResponse(status, lines, date)
         if length is not None:
             resp.content_length = length
         elif status >= 200 and status != 204:
             resp.content_length = len(body)
-        if close or self.draining:
-            resp.force_close()
+        if self.close_after or not self.request.content.is_eof():
+            resp.force_close()  # an answer before the whole body arrived: not waited for
         self.head_sent = True
         await resp.prepare(self.request)
         await resp.write_eof(body)

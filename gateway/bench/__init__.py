@@ -1,7 +1,8 @@
 """`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
 
     python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
-                            [--engine aiohttp|native]
+                            [--engine both|native|aiohttp] [--filters a,b,c ...]
+                            [--policy-extra FILE] [--tracing] [--auth]
     python -m tests.bench.run [same options]
 
 Rows, each after a 2 s warm-up run of the same command:
@@ -10,19 +11,31 @@ Rows, each after a 2 s warm-up run of the same command:
   `sluice mock-backend` instead, said in the output).
 - HTTP nginx proxy: wrk → nginx `proxy_pass` with a keep-alive upstream → the same backend: the
   reference proxy (DESIGN.md, "The hot path": ~16 µs/req).
-- HTTP Sluice: wrk → `sluice serve` with a policy written here → the same backend.
+- HTTP floor: wrk → `gateway.bench.floor`, a bare asyncio.Protocol + httptools proxy on uvloop
+  (no policy, no logging) → the same backend: the least a Python proxy costs here.
+- HTTP Sluice (engine[, chain][, + tail sampling]): wrk → `sluice serve` with a policy written
+  here → the same backend. One row per engine (`--engine both`: native and aiohttp) × filter
+  chain (`--filters`, repeatable; `default` = the policy's default chain) × tracing (`--tracing`
+  adds a row with tail sampling at 1e-5: the OK requests measured are decided and dropped).
+  `--policy-extra` is YAML merged over every bench policy (the sections a chain needs).
+- With `--auth`, HTTP auth rows (`gateway/bench/auth.py`): the same backend through a Sluice
+  with an `auth` section: a route with auth off, a cached token, a fresh token per request
+  (RS256, ES256). The "HTTP Sluice" row of the same engine, without `auth`, is the baseline.
 - gRPC backend direct: h2load (gRPC-framed unary `Infer`) → `sluice mock-backend`.
-- gRPC Sluice: h2load → `sluice serve` → the same mock backend.
+- gRPC Sluice [(chain, + tail sampling)]: h2load → `sluice serve` → the same mock backend, one
+  row per chain × tracing (the HTTP engine plays no part).
 
+Each Sluice variant runs in its own gateway, started before its row and stopped after it.
 Proxy CPU µs/req is utime+stime of the proxy process (and its children) from /proc/PID/stat,
 read before and after the measured run, divided by the completed requests. The proxies run on
 `--gateway-cpus` (default core 0), load generators and backends on `--load-cpus` (core 1).
 Every process started here is stopped (terminate, then kill) and the temp dir removed, whatever
 happens; every wait has a deadline.
 """
-
 # Modules: procs (processes, pinning, /proc CPU, readiness, nginx config), loads (wrk, h2load,
-# grpc.aio load and their parsers), runner (the rows of one run), report (Row, ratios, table).
+# grpc.aio load and their parsers), gateways (mock backend, floor, Sluice and its bench policy),
+# runner (the rows of one run), auth (the --auth rows), floor (the floor proxy), report (Row,
+# ratios, table).
 # This module is the CLI edge: `configure(parser)` and `run(args)`, as gateway/cli.py expects.
 
 from __future__ import annotations
@@ -56,9 +69,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--engine",
-        choices=("aiohttp", "native"),
-        default="aiohttp",
-        help="Sluice's HTTP ingress engine (listeners.http.engine)",
+        choices=("both", "native", "aiohttp"),
+        default="both",
+        help="Sluice's HTTP ingress engine (listeners.http.engine); both: one row each",
+    )
+    parser.add_argument(
+        "--filters",
+        metavar="A,B,C",
+        action="append",
+        help="a filter chain to measure (policy `filters:`, e.g. request_id,route; `default`: "
+        "the default chain); repeat for one row per chain",
+    )
+    parser.add_argument(
+        "--policy-extra",
+        metavar="FILE",
+        help="YAML merged over the bench policy (the sections --filters need, e.g. auth:)",
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also measure a gateway with tail-sampled tracing on (rows '+ tail sampling')",
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="add the JWT rows (a second Sluice with an auth section: route off, cached token, "
+        "fresh RS256 / ES256 token per request)",
     )
     parser.add_argument(
         "--wait-idle",

@@ -45,13 +45,13 @@ def percentile_ms(durations_us: list[int], pct: float) -> float | None:
 # ---------------------------------------------------------------------------- wrk (HTTP)
 
 
-def wrk_cmd(load_cpus: str, connections: int, url: str) -> MakeCmd:
-    """A function: duration → the wrk command line, pinned to the load cores."""
+def wrk_cmd(load_cpus: str, connections: int, url: str, extra: Sequence[str] = ()) -> MakeCmd:
+    """A function: duration → the wrk command line, pinned to the load cores (`extra`: more
+    wrk arguments, e.g. `-H` or `-s script.lua`)."""
 
     def make(duration: int) -> list[str]:
-        return pinned(
-            load_cpus, ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", url]
-        )
+        cmd = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", *extra, url]
+        return pinned(load_cpus, cmd)
 
     return make
 

@@ -69,21 +69,26 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def summary(rows: list[Row]) -> dict[str, Any]:
-    """Ratios and verdicts from the rows that have figures."""
+    """Ratios and verdicts from the rows that have figures (HTTP: per engine row)."""
     out: dict[str, Any] = {}
-    direct, nginx, sluice = (
+    direct, nginx, floor = (
         _by_name(rows, "HTTP backend direct"),
         _by_name(rows, "HTTP nginx proxy"),
-        _by_name(rows, "HTTP Sluice"),
+        _by_name(rows, "HTTP floor"),
     )
-    if sluice:
-        out["http_rps_vs_direct"] = _ratio(sluice.rps, direct.rps if direct else None)
-        out["http_cpu_vs_nginx"] = _ratio(
-            sluice.cpu_us_per_req, nginx.cpu_us_per_req if nginx else None
-        )
-        out["http_cpu_us"] = sluice.cpu_us_per_req
-        if sluice.cpu_us_per_req is not None:
-            out["http_pass"] = sluice.cpu_us_per_req <= HTTP_TARGET_US
+    for r in rows:
+        if not r.name.startswith("HTTP Sluice") or r.error is not None:
+            continue
+        engine = r.name.partition("(")[2].rstrip(")") or "sluice"
+        out[f"http_{engine}"] = {
+            "cpu_us": r.cpu_us_per_req,
+            "rps_vs_direct": _ratio(r.rps, direct.rps if direct else None),
+            "cpu_vs_nginx": _ratio(r.cpu_us_per_req, nginx.cpu_us_per_req if nginx else None),
+            "cpu_vs_floor": _ratio(r.cpu_us_per_req, floor.cpu_us_per_req if floor else None),
+            "pass": None if r.cpu_us_per_req is None else r.cpu_us_per_req <= HTTP_TARGET_US,
+        }
+    if floor and nginx:
+        out["http_floor_vs_nginx"] = _ratio(floor.cpu_us_per_req, nginx.cpu_us_per_req)
     gdirect, gsluice = _by_name(rows, "gRPC backend direct"), _by_name(rows, "gRPC Sluice")
     if gsluice:
         out["grpc_rps_vs_direct"] = _ratio(gsluice.rps, gdirect.rps if gdirect else None)
@@ -130,14 +135,22 @@ def render(rows: list[Row], summ: dict[str, Any], notes: list[str], duration: in
                 f"{r.backend_failed} failed (load generator: {r.requests})"
             )
     yield ""
-    if "http_cpu_us" in summ:
-        yield f"HTTP  Sluice req/s ÷ direct req/s:   {_f(summ['http_rps_vs_direct'], '.2f')}"
-        yield f"HTTP  Sluice µs/req ÷ nginx µs/req:  {_f(summ['http_cpu_vs_nginx'], '.2f')}"
-        if "http_pass" in summ:
-            verdict = "PASS" if summ["http_pass"] else "FAIL"
+    if "http_floor_vs_nginx" in summ:
+        yield f"HTTP  floor µs/req ÷ nginx µs/req:   {_f(summ['http_floor_vs_nginx'], '.2f')}"
+    for key, v in summ.items():
+        if not key.startswith("http_") or not isinstance(v, dict):
+            continue
+        name = key[5:]
+        yield (
+            f"HTTP  Sluice ({name}): req/s ÷ direct {_f(v['rps_vs_direct'], '.2f')}, "
+            f"µs/req ÷ nginx {_f(v['cpu_vs_nginx'], '.2f')}, "
+            f"÷ floor {_f(v['cpu_vs_floor'], '.2f')}"
+        )
+        if v["pass"] is not None:
+            verdict = "PASS" if v["pass"] else "FAIL"
             yield (
-                f"HTTP  verdict: {summ['http_cpu_us']:.1f} µs/req vs target ≤ {HTTP_TARGET_US:.0f}"
-                f" → {verdict}"
+                f"HTTP  verdict ({name}): {v['cpu_us']:.1f} µs/req vs target ≤ "
+                f"{HTTP_TARGET_US:.0f} → {verdict}"
             )
     if "grpc_cpu_us" in summ:
         yield f"gRPC  Sluice req/s ÷ direct req/s:   {_f(summ['grpc_rps_vs_direct'], '.2f')}"

@@ -1,72 +1,40 @@
-"""One `sluice bench` run: start the backends, nginx and the gateway, then measure every row.
+"""One `sluice bench` run: start the backends and the proxies, then measure every row in order.
 
 `measure` brackets a load run with the CPU readings; `run_all` decides which rows exist and owns
-their order. Starting and stopping processes is `procs.py`'s job, the load commands `loads.py`'s.
+their order. Each Sluice variant (engine × `--filters` chain × `--tracing`) gets its own gateway,
+started just before its row and stopped right after, so no idle gateway shares the proxy core.
+The processes and the bench policy are `gateways.py`'s job, the load commands `loads.py`'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import subprocess
-import sys
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from gateway.bench.loads import (
-    INFER,
-    MakeCmd,
-    Parse,
-    grpc_load,
-    grpc_ok,
-    parse_wrk,
-    run_load,
-    wrk_cmd,
+from gateway.bench.gateways import (
+    BackendStats,
+    Setup,
+    Variant,
+    mock_stats,
+    parse_chains,
+    start_floor,
+    start_gateway,
+    start_mock,
 )
+from gateway.bench.loads import MakeCmd, Parse, grpc_ok, parse_wrk, run_load
 from gateway.bench.procs import (
-    Procs,
     core_ticks,
     cpu_list,
     cpu_seconds,
-    free_port,
     http_get,
-    http_ok,
     models_ok,
-    pinned,
     start_nginx,
-    wait_until,
 )
 from gateway.bench.report import WARMUP_S, Row, access_log_tally
 
-BackendStats = Callable[[], tuple[int, int]]  # the mock backend's (completed, failed) so far
-
-
-@dataclass
-class Setup:
-    args: argparse.Namespace
-    procs: Procs
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def gw_cpus(self) -> str:
-        return str(self.args.gateway_cpus)
-
-    @property
-    def load_cpus(self) -> str:
-        return str(self.args.load_cpus)
-
-    def wrk(self, url: str) -> MakeCmd:
-        return wrk_cmd(self.load_cpus, self.args.connections, url)
-
-    def grpc(self, name: str, port: int) -> tuple[MakeCmd, Parse]:
-        a = self.args
-        return grpc_load(
-            self.procs.tmp, self.load_cpus, a.grpc_connections, a.grpc_streams, name, port
-        )
+__all__ = ["Setup", "measure", "run_all"]
 
 
 def measure(
@@ -106,132 +74,49 @@ def measure(
     return row
 
 
-def mock_stats(http_port: int) -> BackendStats:
-    """A function returning (completed, failed) from the mock backend's /admin/stats."""
-
-    def read() -> tuple[int, int]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/admin/stats", timeout=2) as r:
-            d = json.loads(r.read())
-        return int(d["completed"]), int(d["failed"])
-
-    return read
+# Measures a started gateway: (its process, its ports) → the row filled in (or its error set).
+Probe = Callable[[subprocess.Popen[bytes], dict[str, int]], None]
 
 
-def policy_doc(
-    ports: dict[str, int],
-    http_backend: int | None,
-    grpc_backend: int | None,
-    access_log: bool,
-    engine: str = "aiohttp",
-) -> dict[str, Any]:
-    backends: list[dict[str, Any]] = []
-    routes: list[dict[str, Any]] = []
-    listeners: dict[str, Any] = {"http": None, "grpc": None}
-    listeners["admin"] = {"host": "127.0.0.1", "port": ports["admin"]}
-    if grpc_backend is not None:
-        listeners["grpc"] = {"host": "127.0.0.1", "port": ports["grpc"]}
-        backends.append(
-            {
-                "name": "bench-grpc",
-                "protocol": "grpc",
-                "endpoints": [{"address": f"127.0.0.1:{grpc_backend}"}],
-                "unary_methods": [INFER],
-            }
-        )
-        routes.append({"name": "grpc", "match": {"protocol": "grpc"}, "backend": "bench-grpc"})
-    if http_backend is not None:
-        listeners["http"] = {"host": "127.0.0.1", "port": ports["http"], "engine": engine}
-        backends.append(
-            {
-                "name": "bench-http",
-                "protocol": "http",
-                "endpoints": [{"address": f"127.0.0.1:{http_backend}"}],
-            }
-        )
-        routes.append(
-            {
-                "name": "http",
-                "match": {"protocol": "http", "path_prefix": "/"},
-                "backend": "bench-http",
-            }
-        )
-    doc = {
-        "version": 1,
-        "listeners": listeners,
-        "backends": backends,
-        "routes": routes,
-        "access_log": {"enabled": access_log},
-        "mock_backend": {"enabled": False},
-    }
-    from gateway.policy.model import Policy
-
-    Policy.model_validate(doc)  # fail here, with the reason, rather than in the child
-    return doc
-
-
-def start_mock(s: Setup) -> tuple[int, int]:
-    """`sluice mock-backend` with no delays; ready once a unary Infer returns grpc-status OK."""
-    http, grpc_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "gateway", "mock-backend"]
-    cmd += ["--http", f"127.0.0.1:{http}", "--grpc", f"127.0.0.1:{grpc_port}"]
-    cmd += ["--ttft-ms", "0", "--token-delay-ms", "0", "--log-level", "WARNING"]
-    p = s.procs.start("mock-backend", pinned(s.load_cpus, cmd))
+def gateway_row(
+    s: Setup,
+    row: Row,
+    variant: Variant,
+    backends: tuple[int | None, int | None],
+    probe: Probe,
+) -> Row:
+    """Start the gateway of `variant`, measure `row` through it, note its access log, stop it."""
+    name = f"gateway-{len(s.procs.children)}"
     try:
-        wait_until("mock backend gRPC", lambda: grpc_ok(f"127.0.0.1:{grpc_port}"), [p])
-        wait_until(
-            "mock backend HTTP", lambda: models_ok(f"http://127.0.0.1:{http}/v1/models"), [p]
-        )
+        p, ports = start_gateway(s, backends[0], backends[1], variant, name)
     except Exception as e:
-        raise RuntimeError(f"{e}\n{s.procs.tail('mock-backend')}") from e
-    return http, grpc_port
-
-
-def start_gateway(
-    s: Setup, http_backend: int | None, grpc_backend: int | None
-) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
-    ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
-    doc = policy_doc(ports, http_backend, grpc_backend, not s.args.no_access_log, s.args.engine)
-    path = s.procs.tmp / "bench-policy.yaml"
-    path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
-    p = s.procs.start("gateway", pinned(s.gw_cpus, cmd))
+        row.error = f"gateway did not start: {e}"
+        return row
     try:
-        wait_until("gateway", lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])
-    except Exception as e:
-        raise RuntimeError(f"{e}\n{s.procs.tail('gateway')}") from e
-    return p, ports
+        probe(p, ports)
+        if p.poll() is not None:
+            s.notes.append(f"{row.name}: the gateway exited during the run:\n{s.procs.tail(name)}")
+        elif not s.args.no_access_log and (variant.chain is None or "access_log" in variant.chain):
+            s.notes.append(f"{row.name}: " + access_log_tally(s.procs.tmp / f"{name}.log"))
+    finally:
+        s.procs.stop(p)
+    return row
 
 
 def run_all(s: Setup) -> list[Row]:
-    """Start the backends, the proxies and the gateway, then measure every row in order."""
+    """Start the backends and the proxies, then measure every row in order."""
     a = s.args
     do_http, do_grpc = a.only in (None, "http"), a.only in (None, "grpc")
     have_nginx = shutil.which("nginx") is not None
-    http_be = mock_grpc = None
-    mock_http: int | None = None
-    if do_grpc or (do_http and not have_nginx):
-        mock_http, mock_grpc = start_mock(s)
     if do_http and not shutil.which("wrk"):
         raise RuntimeError("wrk not found (Debian package wrk)")
-    proxy: tuple[subprocess.Popen[bytes], int] | None = None
-    if do_http:
-        if have_nginx:
-            http_be = start_nginx(s.procs, "nginx-backend", s.load_cpus, None)[1]
-            proxy = start_nginx(s.procs, "nginx-proxy", s.gw_cpus, http_be)
-        else:
-            http_be = mock_http
-            s.notes.append("nginx not found: HTTP backend is `sluice mock-backend`, no nginx row")
-
-    gw: subprocess.Popen[bytes] | None = None
-    gw_ports: dict[str, int] = {}
-    gw_error: str | None = None
-    try:
-        gw, gw_ports = start_gateway(s, http_be if do_http else None, mock_grpc)
-    except Exception as e:
-        gw_error = f"gateway did not start: {e}"
-
+    mock_http = mock_grpc = mock_admin = None
+    if do_grpc or (do_http and not have_nginx):
+        mock_http, mock_grpc, mock_admin = start_mock(s)
+    engines = ["native", "aiohttp"] if a.engine == "both" else [a.engine]
+    chains = parse_chains(a.filters)
+    tracings = [False, True] if a.tracing else [False]
     cores = cpu_list(s.gw_cpus)
-    stats = mock_stats(mock_http) if mock_http is not None else None
 
     def run(
         row: Row, cmd: MakeCmd, parse: Parse, pid: int | None, backend: BackendStats | None = None
@@ -240,42 +125,86 @@ def run_all(s: Setup) -> list[Row]:
 
     rows: list[Row] = []
     if do_http:
-        kind = "nginx" if have_nginx else "mock-backend"
-        url = f"http://127.0.0.1:{http_be}/v1/models"
-        rows.append(run(Row(f"HTTP backend direct ({kind})"), s.wrk(url), parse_wrk, None))
-        if proxy is not None:
-            url = f"http://127.0.0.1:{proxy[1]}/v1/models"
-            rows.append(run(Row("HTTP nginx proxy"), s.wrk(url), parse_wrk, proxy[0].pid))
-        row = Row(f"HTTP Sluice ({a.engine})")
-        if gw is None:
-            row.error = gw_error
-        else:
-            url = f"http://127.0.0.1:{gw_ports['http']}/v1/models"
+        rows += http_rows(s, run, engines, chains, tracings, have_nginx, mock_http)
+    if do_grpc:
+        assert mock_grpc is not None and mock_admin is not None
+        stats = mock_stats(mock_admin)
+        cmd, parse = s.grpc("grpc-direct", mock_grpc)
+        rows.append(run(Row("gRPC backend direct (mock)"), cmd, parse, None, stats))
+        for chain in chains:
+            for tracing in tracings:
+                v = Variant(None, chain, tracing)
+                row = Row(f"gRPC Sluice {v.label}".rstrip())
+
+                def probe(
+                    p: subprocess.Popen[bytes], ports: dict[str, int], row: Row = row
+                ) -> None:
+                    try:
+                        grpc_ok(f"127.0.0.1:{ports['grpc']}")
+                    except Exception as e:
+                        row.error = f"probe Infer through Sluice: {e}"
+                        return
+                    cmd, parse = s.grpc(f"grpc-sluice-{len(rows)}", ports["grpc"])
+                    run(row, cmd, parse, p.pid, stats)
+
+                rows.append(gateway_row(s, row, v, (None, mock_grpc), probe))
+    return rows
+
+
+def http_rows(
+    s: Setup,
+    run: Callable[[Row, MakeCmd, Parse, int | None], Row],
+    engines: list[str],
+    chains: list[tuple[str, ...] | None],
+    tracings: list[bool],
+    have_nginx: bool,
+    mock_http: int | None,
+) -> list[Row]:
+    """Backend direct, nginx proxy, floor, one Sluice row per variant, then `--auth`'s rows."""
+    if have_nginx:
+        http_be = start_nginx(s.procs, "nginx-backend", s.load_cpus, None)[1]
+        proxy = start_nginx(s.procs, "nginx-proxy", s.gw_cpus, http_be)
+    else:
+        assert mock_http is not None
+        http_be, proxy = mock_http, None
+        s.notes.append("nginx not found: HTTP backend is `sluice mock-backend`, no nginx row")
+    kind = "nginx" if have_nginx else "mock-backend"
+    rows = [run(Row(f"HTTP backend direct ({kind})"), s.wrk(_models(http_be)), parse_wrk, None)]
+    if proxy is not None:
+        rows.append(run(Row("HTTP nginx proxy"), s.wrk(_models(proxy[1])), parse_wrk, proxy[0].pid))
+    row = Row("HTTP floor (Protocol + httptools)")
+    try:
+        floor, port = start_floor(s, http_be)
+    except Exception as e:
+        row.error = f"floor proxy did not start: {e}"
+    else:
+        run(row, s.wrk(_models(port)), parse_wrk, floor.pid)
+        s.procs.stop(floor)
+    rows.append(row)
+
+    def probe(row: Row) -> Probe:
+        def go(p: subprocess.Popen[bytes], ports: dict[str, int]) -> None:
+            url = _models(ports["http"])
             if not models_ok(url):
                 status, body = http_get(url)
                 row.error = f"probe GET {url} → {status} {body[:200]!r}"
             else:
-                run(row, s.wrk(url), parse_wrk, gw.pid)
-        rows.append(row)
-    if do_grpc:
-        assert mock_grpc is not None
-        cmd, parse = s.grpc("grpc-direct", mock_grpc)
-        rows.append(run(Row("gRPC backend direct (mock)"), cmd, parse, None, stats))
-        row = Row("gRPC Sluice")
-        if gw is None:
-            row.error = gw_error
-        else:
-            try:
-                grpc_ok(f"127.0.0.1:{gw_ports['grpc']}")
-            except Exception as e:
-                row.error = f"probe Infer through Sluice: {e}"
-            else:
-                cmd, parse = s.grpc("grpc-sluice", gw_ports["grpc"])
-                run(row, cmd, parse, gw.pid, stats)
-        rows.append(row)
-    if gw is not None:
-        if gw.poll() is not None:
-            s.notes.append(f"the gateway exited during the run:\n{s.procs.tail('gateway')}")
-        elif not a.no_access_log:
-            s.notes.append(access_log_tally(s.procs.tmp / "gateway.log"))
+                run(row, s.wrk(url), parse_wrk, p.pid)
+
+        return go
+
+    for engine in engines:
+        for chain in chains:
+            for tracing in tracings:
+                v = Variant(engine, chain, tracing)
+                row = Row(f"HTTP Sluice {v.label}")
+                rows.append(gateway_row(s, row, v, (http_be, None), probe(row)))
+    if s.args.auth:
+        from gateway.bench.auth import auth_rows
+
+        rows += auth_rows(s, http_be, Variant(engines[0]), run)
     return rows
+
+
+def _models(port: int) -> str:
+    return f"http://127.0.0.1:{port}/v1/models"

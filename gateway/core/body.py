@@ -27,6 +27,7 @@ class RequestBody:
     prompt_chars: int = 0  # characters of prompt text; the body size when unknown
     dirty: bool = False  # a filter changed `doc`: serialise it again before forwarding
     usage_added: bool = False  # Sluice asked the backend for usage the client did not ask for
+    changes: dict[str, Any] | None = None  # the top-level fields `set` rewrote
 
     @property
     def parsed(self) -> bool:
@@ -42,6 +43,9 @@ class RequestBody:
             return
         self.doc[key] = value
         self.dirty = True
+        if self.changes is None:
+            self.changes = {}
+        self.changes[key] = value
         if key == "stream_options":
             self.stream_options = value if isinstance(value, dict) else None
 

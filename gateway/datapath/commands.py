@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  maps: {st['maps']}")
                 for f in st.get("flows", []):
                     print("  flow {src}:{sport} -> {dst}:{dport} pkts={packets} bytes={bytes} "
-                          "HEADERS={headers} DATA={data} RST={rst_stream} "
-                          "blocked={blocked}".format(**f))  # fmt: skip
+                          "HEADERS={headers} DATA={data} RST={rst_stream} PING={ping} "
+                          "blocked={blocked} ({reason})".format(**f))  # fmt: skip
     except DatapathError as exc:
         print(f"sluice ebpf {args.action}: {exc}", file=sys.stderr)
         return 1

@@ -28,8 +28,9 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from gateway.errors import DatapathError
+from gateway.resources import ebpf_dir
 
-EBPF_DIR = Path(__file__).resolve().parent.parent.parent / "ebpf"
+EBPF_DIR = ebpf_dir()  # the checkout's ebpf/, or the copy an installed package carries
 SOURCE = EBPF_DIR / "tc_classifier.bpf.c"
 HEADER = EBPF_DIR / "sluice_maps.h"
 BPFFS = Path("/sys/fs/bpf")
@@ -51,7 +52,7 @@ class BuildOptions:
     max_flows: int = 65536
     max_sources: int = 65536
     max_deny: int = 16384
-    h2_max_frames: int = 16
+    h2_max_frames: int = 64
 
     def cflags(self) -> list[str]:
         return [

@@ -29,7 +29,13 @@ STAT_NAMES = (
     "deny_expired",
     "egress_packets",
     "egress_classified",
+    "header_block_flows",
+    "ping_flood_flows",
+    "flood_drop",
+    "h2_ooo_drop",
 )
+# flow_stats.blocked (BLOCK_* in sluice_maps.h) -> reason
+BLOCK_REASONS = {1: "rapid_reset", 2: "header_block", 3: "ping_flood"}
 PORT_H2C = 1
 PORT_ADMIT = 2
 MAX_CLASSES = 8
@@ -67,6 +73,7 @@ class Flow:
     settings: int
     ping: int
     blocked: bool
+    reason: str | None = None  # why it is blocked: rapid_reset, header_block, ping_flood
 
 
 @dataclass(frozen=True)
@@ -118,14 +125,26 @@ class Maps:
         t[key] = leaf
 
     def set_config(
-        self, rr_window_s: float, rr_ratio: float, rr_min_headers: int, max_frame: int = 1 << 24
+        self,
+        rr_window_s: float,
+        rr_ratio: float,
+        rr_min_headers: int,
+        max_frame: int = 1 << 24,
+        *,
+        max_header_block: int = 0,
+        ping_max: int = 0,
+        ping_window_s: float = 1.0,
     ) -> None:
+        """Run-time thresholds; max_header_block / ping_max 0 = that check is off."""
         t = self._t("config")
         leaf = t.Leaf()
         leaf.rr_window_ns = int(rr_window_s * 1e9)
         leaf.rr_min_headers = rr_min_headers
         leaf.rr_ratio_pct = int(round(rr_ratio * 100))
         leaf.max_frame = max_frame - 1
+        leaf.max_header_block = max_header_block
+        leaf.ping_max = ping_max
+        leaf.ping_window_ns = int(ping_window_s * 1e9)
         t[t.Key(0)] = leaf
 
     def set_classes(self, class_priority: Mapping[str, int], port_class: Mapping[int, str]) -> None:
@@ -204,6 +223,7 @@ class Maps:
                     int(v.settings),
                     int(v.ping),
                     bool(v.blocked),
+                    BLOCK_REASONS.get(int(v.blocked)),
                 )
             )
         return out
@@ -228,7 +248,14 @@ class Maps:
             (dp.syn_budget.rate, dp.syn_budget.burst),
             (dp.stream_budget.rate, dp.stream_budget.burst),
         )
-        self.set_config(dp.rapid_reset_window_s, dp.rapid_reset_ratio, dp.rapid_reset_min_headers)
+        self.set_config(
+            dp.rapid_reset_window_s,
+            dp.rapid_reset_ratio,
+            dp.rapid_reset_min_headers,
+            max_header_block=dp.max_header_block_bytes,
+            ping_max=dp.ping_flood_max,
+            ping_window_s=dp.ping_flood_window_s,
+        )
         self.set_classes(dp.class_priority, dp.port_class)
 
 

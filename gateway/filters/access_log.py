@@ -71,12 +71,19 @@ class AccessLogFilter:
             f'"duration_ms":{ctx.elapsed * 1000:.3f},'
             f'"bytes_in":{ctx.bytes_in},"bytes_out":{ctx.bytes_out}'
         )
+        if ctx.trace_id:  # tracing on: the id the backend saw too (traceparent)
+            line += f',"trace_id":"{ctx.trace_id:032x}"'
         if ctx.error:
             line += f',"error":{_str(ctx.error)}'
         if ctx.cancelled:
             line += ',"cancelled":true'
         if not ctx.verdict.allowed:
             line += f',"rejected":{_str(ctx.verdict.error_type)}'
+        principal = ctx.principal
+        if principal is not None:  # who, never the token (provider names are policy-validated)
+            line += f',"auth":"{principal.provider}"'
+        if ctx.detail:  # e.g. the auth reason class: "auth expired (corp)"
+            line += f',"detail":{_str(ctx.detail)}'
         for h, key in self._headers:
             value = info.headers.get(h)
             if value is not None:

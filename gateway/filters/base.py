@@ -3,9 +3,10 @@
 Phases, in order (every hook is optional; the chain is split per phase when it is built, so a
 hook a filter leaves out costs nothing per request):
 
-- `on_request(ctx) -> Status` (plain, or a coroutine when it must await; a plain one may
-  also return an awaitable for the rare request that must wait): headers, peer, path
-  are known. STOP means `ctx.verdict` is set and the request is answered now.
+- `on_request(ctx) -> Status` (plain, or a coroutine when it must await; a plain hook may also
+  return an awaitable when, this once, it must wait, e.g. for a key fetch: the chain then awaits
+  it and the rest of the phase): headers, peer, path are known. STOP means `ctx.verdict` is set
+  and the request is answered now.
 - `on_body(ctx, body) -> Status`: the request body (`gateway.core.body.RequestBody`): model,
   max_tokens, stream, prompt size, for JSON bodies up to the policy's cap; sizes only otherwise.
   A filter may rewrite a parsed body (`body.set`). Runs for HTTP requests only, after every
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gateway.core.body import RequestBody, Usage
 from gateway.core.outcome import Outcome
 from gateway.core.request import RequestInfo
+from gateway.core.traceparent import client_span_id
 from gateway.core.verdict import ALLOW, Verdict
 
 if TYPE_CHECKING:
@@ -81,6 +83,24 @@ class Decision:
 
 
 MAX_DECISIONS = 32
+MAX_TRIES = 8  # upstream tries remembered per request for the trace (retries beyond: counted)
+
+
+@dataclass(slots=True)
+class UpstreamTry:
+    """One upstream try of a request (a retry is another), for its trace's client span.
+
+    Recorded only while tracing is on (`ctx.trace_id` set): the forwarding path calls
+    `ctx.begin_try` when it starts sending to an endpoint and `ctx.end_try` when that try is
+    over (answered, failed, or abandoned)."""
+
+    backend: str
+    address: str
+    started: float  # time.monotonic()
+    ended: float = 0.0  # 0 until end_try
+    first_byte_at: float | None = None  # response head received (ctx.try_first_byte)
+    status: int = 0  # HTTP status / gRPC code the backend answered (0: none)
+    error: str = ""  # why the try failed, an Outcome value ("" = it answered)
 
 
 @dataclass(slots=True)
@@ -106,7 +126,9 @@ class RequestContext:
     first_byte_at: float | None = None  # monotonic time the first response byte went out
     ran: int = 0  # filters whose on_request ran (on_response unwinds those)
     attempts: int = 0  # upstream tries (retries included)
-    # Headers/metadata filters add to the upstream request (lower-case names).
+    # Headers/metadata filters add to the upstream request (lower-case names). The client's own
+    # headers of these names are never forwarded; a value of "" sends none at all (how auth
+    # removes a client-supplied copy of a claim header when the claim is absent).
     upstream_headers: dict[str, str] = field(default_factory=dict)
     # Headers filters add to the client response (HTTP) / trailing metadata (gRPC).
     response_headers: list[tuple[str, str]] = field(default_factory=list)
@@ -120,6 +142,16 @@ class RequestContext:
     parent_span_id: int = 0  # the client's span, from an incoming traceparent
     trace_flags: int = 0
     decisions: list[Decision] | None = None  # filled only when something is recorded
+    upstream_attempt: Any = None  # routing: the member of this try (gateway.registry.member)
+    # Tracing (filled while the trace filter runs; all cheap scalars until a trace is kept).
+    span_id: int = 0  # the gateway's server span for this request
+    tries: list[UpstreamTry] | None = None  # upstream tries (begin_try / end_try)
+    trace_kept: bool = False  # the tail sampler kept this request's trace (exemplars)
+    # Streams: the forwarding path calls `stream_event(now)` for each SSE event (or gRPC
+    # response message) that carries output, for time to first token and inter-token latency.
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    stream_events: int = 0
 
     def stop(self, verdict: Verdict) -> Status:
         self.verdict = verdict
@@ -132,6 +164,51 @@ class RequestContext:
             d = self.decisions = []
         if len(d) < MAX_DECISIONS:
             d.append(Decision(time.monotonic(), filter_name, name, detail))
+
+    def begin_try(self, backend: str, address: str, now: float) -> None:
+        """An upstream try starts (call it before each try, retries too). Counts `attempts`;
+        while tracing is on, remembers the try and points the `traceparent` sent upstream at
+        this try's client span."""
+        n = self.attempts
+        self.attempts = n + 1
+        if not self.trace_id:
+            return
+        tries = self.tries
+        if tries is None:
+            tries = self.tries = []
+        if len(tries) < MAX_TRIES:
+            tries.append(UpstreamTry(backend, address, now))
+        if n:  # the first try's traceparent was set by the trace filter
+            tp = self.upstream_headers.get("traceparent")
+            if tp is not None:
+                span = client_span_id(self.span_id, n)
+                self.upstream_headers["traceparent"] = f"{tp[:36]}{span:016x}{tp[52:]}"
+
+    def try_first_byte(self, now: float, status: int = 0) -> None:
+        """The current try's response head (HTTP status) / initial metadata (gRPC) arrived."""
+        if self.tries and self.attempts <= MAX_TRIES:
+            t = self.tries[-1]
+            t.first_byte_at = now
+            if status:
+                t.status = status
+
+    def end_try(self, now: float, status: int = 0, error: str = "") -> None:
+        """The current try is over (first call wins): `status` the backend's HTTP status /
+        gRPC code if not given before, `error` an `Outcome` value when the try failed."""
+        if self.tries and self.attempts <= MAX_TRIES:
+            t = self.tries[-1]
+            if not t.ended:
+                t.ended, t.error = now, error
+                if status:
+                    t.status = status
+
+    def stream_event(self, now: float) -> None:
+        """An output event of a streaming response went to the client (SSE event with data,
+        gRPC response message)."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.stream_events += 1
 
     @property
     def error(self) -> str:

@@ -1,16 +1,14 @@
 """The chain runs filters in policy order; `on_response` runs in reverse for those that ran.
 
 It is split per phase at build time: a filter without a hook is not called in that phase, and
-plain (non-coroutine) hooks are called without an await. A plain `on_request` may return an
-awaitable instead of a Status when, for this one request, it must wait (the rate limiter's
-yellow queue, a `strict` Redis decision): the chain awaits it; the common path stays plain.
+plain (non-coroutine) hooks are called without an await.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from gateway.core.body import RequestBody
@@ -28,7 +26,8 @@ def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
 
 class Chain:
     __slots__ = (
-        "filters", "_req", "_body", "_event", "_resp", "_async_req", "has_body", "has_events",
+        "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "sync_request",
+        "sync_response",
     )  # fmt: skip
 
     def __init__(self, filters: Sequence[Filter]) -> None:
@@ -36,24 +35,47 @@ class Chain:
         # (position, hook, is_coroutine) per phase; position = index in `filters`.
         req = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_request"))]
         self._req = tuple((i, fn, co) for i, (fn, co) in req)
-        self._async_req = any(co for _, _, co in self._req)
+        self.sync_request = not any(co for _, _, co in self._req)
         self._body = tuple(f.on_body for f in self.filters if hasattr(f, "on_body"))
         self._event = tuple(f.on_event for f in self.filters if hasattr(f, "on_event"))
         resp = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_response"))]
         self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in reversed(resp))
+        self.sync_response = not any(co for _, _, co, _ in self._resp)
         self.has_body = bool(self._body)
         self.has_events = bool(self._event)
 
     async def on_request(self, ctx: RequestContext) -> Status:
-        n = len(self.filters)
-        for i, fn, co in self._req:
+        r = self.run_request(ctx)
+        return r if r.__class__ is Status else await r  # type: ignore[misc]
+
+    def run_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
+        """The request phase without an await as long as every hook answers plainly: a hook may
+        return a Status, or an awaitable (a coroutine hook, or a plain one that must wait this
+        time, e.g. for a key fetch); from the first awaitable on, the rest runs in a coroutine
+        that the caller awaits."""
+        req = self._req
+        for pos, (i, fn, _) in enumerate(req):
             ctx.ran = i + 1
-            status = (await fn(ctx)) if co else fn(ctx)
-            if status is Status.STOP:
+            r = fn(ctx)
+            if r is Status.CONTINUE:
+                continue
+            if r is Status.STOP:
                 return Status.STOP
-            if status is not Status.CONTINUE and await status is Status.STOP:
-                return Status.STOP  # a plain hook that must wait this time returned an awaitable
-        ctx.ran = n
+            return self._resume(ctx, r, pos + 1)
+        ctx.ran = len(self.filters)
+        return Status.CONTINUE
+
+    async def _resume(self, ctx: RequestContext, pending: Awaitable[Status], pos: int) -> Status:
+        if await pending is Status.STOP:
+            return Status.STOP
+        for i, fn, _ in self._req[pos:]:
+            ctx.ran = i + 1
+            r = fn(ctx)
+            if r.__class__ is not Status:
+                r = await r
+            if r is Status.STOP:
+                return Status.STOP
+        ctx.ran = len(self.filters)
         return Status.CONTINUE
 
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
@@ -79,6 +101,17 @@ class Chain:
                 else:
                     fn(ctx)
             except Exception:  # one filter's bug must not hide the others' bookkeeping
+                log.exception("filter %s on_response failed", name)
+
+    def on_response_plain(self, ctx: RequestContext) -> None:
+        """`on_response` without an await, for a chain whose response hooks are all plain."""
+        ran = ctx.ran
+        for i, fn, _, name in self._resp:
+            if i >= ran:
+                continue
+            try:
+                fn(ctx)
+            except Exception:
                 log.exception("filter %s on_response failed", name)
 
     def activate(self) -> None:

@@ -27,6 +27,7 @@ class Exchange(Protocol):
     has_body: bool  # Content-Length > 0 or chunked
     head_sent: bool  # a response head went out: only `write`/`end`/`abort` may follow
     sse: bool  # the response is an SSE stream of unknown length (it can end with an event)
+    close_after: bool  # set by the forwarding path: close the connection after this answer
 
     async def read_body(self, limit: int) -> bytes | None:
         """The whole body if it is at most `limit` bytes; None if it is larger (what was read
@@ -53,17 +54,11 @@ class Exchange(Protocol):
         ...
 
     async def respond(
-        self,
-        status: int,
-        lines: bytes,
-        body: bytes,
-        date: bool,
-        close: bool = False,
-        length: int | None = None,
+        self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
     ) -> None:
-        """A whole response (head and body) at once; `close`: close the connection after it.
-        Content-Length is `len(body)`, or `length` when given (a bodiless answer to HEAD or a
-        304 announces the upstream's); none for 1xx/204."""
+        """A whole response (head and body) at once. Content-Length is `len(body)`, or `length`
+        when given (a bodiless answer to HEAD or a 304 announces the upstream's); none for
+        1xx/204. The connection closes afterwards when `close_after` is set."""
         ...
 
     def abort(self) -> None:

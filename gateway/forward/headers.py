@@ -42,8 +42,9 @@ RESPONSE_DROP = HOP_BY_HOP | {b"content-length"}
 
 JSON = "application/json"  # content type of `error_body`
 
-# RFC 9110 §5.5: a field value is VCHAR / obs-text / SP / HTAB; anything else is refused.
-_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# RFC 9110 §5.5: a field value is VCHAR / obs-text / SP / HTAB; anything else is refused. Run
+# over whole header lines, so CR and LF are allowed here and counted separately.
+_BAD_LINE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def connection_listed(value: bytes) -> set[bytes]:
@@ -121,7 +122,8 @@ def client_head(
     head = ClientHead()
     conn_listed: set[bytes] | None = None
     has_rid = False
-    kept: list[bytes] = []
+    names: list[bytes] = []
+    lines: list[bytes] = []
     for n, v in headers:
         ln = n.lower()
         if ln in RESPONSE_DROP:
@@ -136,26 +138,30 @@ def client_head(
             continue
         if ln == b"date":
             head.date = True
-        elif ln == b"x-request-id":
-            has_rid = True
         elif ln == b"content-type":
             head.content_type = v.lower()
-        kept.append(ln)
-        kept.append(n + b": " + v + b"\r\n")
-    values = b"\t".join(v for _, v in headers)
-    if _BAD_VALUE.search(values):
-        raise BadUpstreamHead("invalid byte in an upstream header value")
+        elif ln == b"x-request-id":
+            has_rid = True
+        names.append(ln)
+        lines.append(n + b": " + v + b"\r\n")
     if head.chunked:
         head.length = None
     if conn_listed:
-        lines = [kept[i + 1] for i in range(0, len(kept), 2) if kept[i] not in conn_listed]
-    else:
-        lines = kept[1::2]
+        lines = [line for ln, line in zip(names, lines, strict=True) if ln not in conn_listed]
+    block = b"".join(lines)
+    # Only what is passed on is checked: a control byte, or a CR/LF inside a value.
+    count = len(lines)
+    if (
+        _BAD_LINE.search(block) is not None
+        or block.count(b"\n") != count
+        or block.count(b"\r") != count
+    ):
+        raise BadUpstreamHead("invalid byte in an upstream header value")
     if ctx.request_id and not has_rid:
-        lines.append(b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1"))
+        block += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
     for name, value in ctx.response_headers:
-        lines.append(_line(name, value))
-    head.lines = b"".join(lines)
+        block += _line(name, value)
+    head.lines = block
     return head
 
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import time
 from typing import TYPE_CHECKING
 
+from gateway import jsonfast
 from gateway.core import body as bodies
 from gateway.core.outcome import Outcome
 from gateway.core.request import unsafe_path
@@ -33,8 +36,9 @@ from gateway.core.verdict import (
     Verdict,
     reject,
 )
-from gateway.errors import UpstreamError
+from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.filters.base import RequestContext, Status
+from gateway.filters.routing import pick_retry
 from gateway.forward import relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
@@ -46,7 +50,9 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from gateway.app import Gateway
+    from gateway.policy.model import Timeouts
     from gateway.snapshot import Snapshot
+    from gateway.upstream.response import UpstreamResponse
 
 log = logging.getLogger("sluice.forward")
 
@@ -54,6 +60,7 @@ UPLOADS_FULL = reject(
     503, GRPC_UNAVAILABLE, "uploads_busy", "too many streamed uploads to this backend", 1.0
 )
 _JSON_TYPES = (b"application/json", b"text/json")
+_LONG_INT = re.compile(rb"\d{19}")  # an integer literal that may not fit 64 bits
 
 
 class HttpForward:
@@ -91,7 +98,9 @@ class HttpForward:
                 ex.abort()
         finally:
             try:
-                await gw.finish(snap, ctx)
+                pending = gw.finish(snap, ctx)
+                if pending is not None:
+                    await pending
             finally:
                 gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
@@ -109,7 +118,10 @@ class HttpForward:
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
         chain = snap.chain
-        if await chain.on_request(ctx) is Status.STOP:
+        status = chain.run_request(ctx)
+        if status.__class__ is not Status:
+            status = await status  # type: ignore[misc]
+        if status is Status.STOP:
             return ctx.verdict
         if ctx.route is None or ctx.endpoint is None:
             return NO_ROUTE
@@ -156,28 +168,32 @@ class HttpForward:
                         return
                     b = ctx.body
                     if b is not None and b.dirty and b.doc is not None:
-                        body = json.dumps(b.doc, separators=(",", ":")).encode()
+                        body = _rewritten(b)
                         ctx.bytes_in = len(body)
                 path = route.upstream_path(info.path)
                 if ex.query:
                     path += "?" + ex.query
+                # begin_try counts the attempt and, when tracing, aims traceparent at this try.
+                ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
                 headers = request_headers(ex.raw_headers, ctx, endpoint)
-                ctx.attempts += 1
-                if streamed:
+                if streamed:  # a streamed body cannot be sent twice: one try
                     pool.upload_started(endpoint)
-                try:
-                    up = await pool.request(
-                        endpoint,
-                        info.method,
-                        path,
-                        headers,
-                        body,
-                        timeouts,
-                        content_length=info.content_length if streamed else None,
-                    )
-                finally:
-                    if streamed:
+                    try:
+                        up = await pool.request(
+                            endpoint,
+                            info.method,
+                            path,
+                            headers,
+                            body,
+                            timeouts,
+                            content_length=info.content_length,
+                        )
+                    finally:
                         pool.upload_done(endpoint)
+                else:
+                    assert body is None or isinstance(body, bytes)
+                    up = await self._tries(ctx, ex, info.method, path, headers, body, timeouts)
+                ctx.try_first_byte(time.monotonic(), up.status)
             except BodyTooLarge:
                 await self._reject(ex, ctx, BODY_TOO_LARGE)
                 return
@@ -199,6 +215,60 @@ class HttpForward:
             await self._expired(ex, ctx, kind)
         finally:
             deadlines.stop(task)
+            ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
+
+    async def _tries(
+        self,
+        ctx: RequestContext,
+        ex: Exchange,
+        method: str,
+        path: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Timeouts,
+    ) -> UpstreamResponse:
+        """The upstream call, tried again where the route allows and it is safe
+        (`gateway.filters.routing.pick_retry`: a connection that could not be had, or a 503
+        before any byte reached the client; within the attempts and the route's retry budget,
+        on another member). Each try's connect and first-byte timeouts are capped by the
+        route's `retries.per_try_timeout_s`. The first try was begun by the caller."""
+        pool = self.gateway.http_pool
+        route = ctx.route
+        assert route is not None and ctx.endpoint is not None
+        if route.retries is None:
+            return await pool.request(ctx.endpoint, method, path, headers, body, timeouts)
+        per_try = route.try_timeouts or timeouts
+        while True:
+            endpoint = ctx.endpoint
+            assert endpoint is not None
+            try:
+                up = await pool.request(endpoint, method, path, headers, body, per_try)
+            except UpstreamError as e:
+                f = failure_for(e)
+                never_sent = isinstance(e, UpstreamConnectError) or (
+                    isinstance(e, UpstreamTimeout) and e.phase == "connect"
+                )
+                ctx.outcome = Outcome.UPSTREAM_CONNECT if never_sent else f.outcome
+                ctx.detail = str(e)[:200]
+                ctx.end_try(time.monotonic(), 0, ctx.outcome.value)
+                nxt = pick_retry(ctx)
+                if nxt is None:
+                    raise
+                metrics.UPSTREAM_ERRORS.labels(endpoint.backend, f.kind).inc()
+            else:
+                if up.status != 503:
+                    return up
+                now = time.monotonic()
+                ctx.try_first_byte(now, 503)
+                ctx.end_try(now, 503, Outcome.UPSTREAM_ERROR.value)
+                ctx.http_status = 503
+                ctx.outcome = Outcome.UPSTREAM_ERROR
+                nxt = pick_retry(ctx)
+                if nxt is None:
+                    return up  # passed on as the backend sent it
+                up.discard()
+            ctx.begin_try(nxt.backend, nxt.address, time.monotonic())
+            headers = request_headers(ex.raw_headers, ctx, nxt)
 
     def _body_phase(
         self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None
@@ -207,7 +277,7 @@ class HttpForward:
             rb = bodies.opaque(len(body), body)
             if body and _is_json(ctx):
                 try:
-                    rb = bodies.from_doc(body, json.loads(body))
+                    rb = bodies.from_doc(body, jsonfast.loads(body))
                 except (ValueError, RecursionError):
                     pass  # malformed JSON passes through unchanged
         else:  # streamed (larger than the buffer cap) or absent: sizes only
@@ -254,7 +324,7 @@ class HttpForward:
     async def _reject(self, ex: Exchange, ctx: RequestContext, v: Verdict) -> None:
         ctx.verdict = v
         ctx.outcome = Outcome.REJECTED
-        close = v.http_status in (408, 413, 431)  # the rest of the request is not worth reading
+        close = v.http_status in (408, 413, 417, 431)  # the rest is not worth reading
         await self._answer(
             ex, ctx, v.http_status, v.error_type, v.reason, v.retry_after, v.headers, close
         )
@@ -274,8 +344,23 @@ class HttpForward:
         ctx.http_status = status
         body = error_body(error_type or "error", message)
         lines = response_lines(ctx, retry_after, extra)
+        if close or self.gateway.draining:
+            ex.close_after = True
+        if ctx.info.method == "HEAD":  # the length of the body, without it (RFC 9110 §9.3.2)
+            await ex.respond(status, lines, b"", False, len(body))
+            return
         ctx.bytes_out = len(body)
-        await ex.respond(status, lines, body, False, close or self.gateway.draining)
+        await ex.respond(status, lines, body, False)
+
+
+def _rewritten(b: bodies.RequestBody) -> bytes:
+    """A body a filter rewrote. orjson reads integers beyond 64 bits as floats: a body that has
+    one is rewritten from the standard library's exact reading instead (rare, and slower)."""
+    if _LONG_INT.search(b.raw) is None:
+        return jsonfast.dumps(b.doc)
+    doc = json.loads(b.raw)
+    doc.update(b.changes or {})
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _is_json(ctx: RequestContext) -> bool:

@@ -18,10 +18,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway import jsonfast
 from gateway.core.body import usage_from
 from gateway.core.outcome import Outcome
 from gateway.core.sse import SseParser, error_event
@@ -91,14 +91,10 @@ async def relay(
             ctx.first_byte_at = time.monotonic()
             ctx.bytes_out = len(chunk) if bodied else 0
             # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
-            await ex.respond(
-                status,
-                head.lines,
-                chunk if bodied else b"",
-                head.date,
-                fw.gateway.draining,
-                None if bodied else head.length,
-            )
+            if fw.gateway.draining:
+                ex.close_after = True
+            length = None if bodied else head.length
+            await ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
             return
         length = head.length
         ex.sse = bodied and length is None and head.content_type.startswith(_SSE)
@@ -110,8 +106,11 @@ async def relay(
             await _relay_events(fw, ex, ctx, snap, up, task, chunk, listen, hide_usage)
             return
         deadlines, idle = fw.deadlines, ctx.route.timeouts.idle_s if ctx.route else 60.0
+        sse = ex.sse
         while chunk:
             ctx.bytes_out += len(chunk)
+            if sse:  # unparsed SSE: a chunk is (usually) one event
+                ctx.stream_event(time.monotonic())
             deadlines.tighten(task, idle, STALL)
             await ex.write(chunk)
             deadlines.relax(task)
@@ -159,8 +158,11 @@ async def _relay_events(
                         ctx.outcome = Outcome.STREAM_CUT
                         await end_early(ex, ctx, v.error_type or "stream_cut", v.reason)
                         return
-                if hide_usage and u is not None and not doc.get("choices"):
-                    continue  # the usage-only chunk the client did not ask for
+                if u is not None and not doc.get("choices"):
+                    if hide_usage:
+                        continue  # the usage-only chunk the client did not ask for
+                else:
+                    ctx.stream_event(time.monotonic())  # an output event (a token, usually)
                 parts.append(ev.raw)
             if parser.overflowed:
                 parts.append(parser.take_rest())
@@ -222,7 +224,7 @@ def _loads(data: bytes) -> Any:
     if not data or data[:1] not in (b"{", b"["):
         return None
     try:
-        return json.loads(data)
+        return jsonfast.loads(data)
     except (ValueError, RecursionError):
         return None
 

@@ -1,7 +1,13 @@
-"""Health, Prometheus gauges and the admin API of the simulated backend, on its HTTP listener.
+"""Health, Prometheus gauges and the admin API of the simulated backend.
 
-`/healthz[?deep=true]`, `/metrics` (vLLM-style gauges, in a registry of its own), and
-`/admin/knobs` (GET, POST partial update), `/admin/stats`, `POST /admin/reset` for tests and demos.
+On its HTTP listener: `/healthz[?deep=true]` and `/metrics` (vLLM-style gauges, in a registry of
+its own), what a gateway's health checks and load-aware balancing read.
+
+On its own admin listener (loopback only, `--admin`, policy `mock_backend.admin`), never on the
+listener a gateway forwards to: `/admin/knobs` (GET, POST partial update), `/admin/stats`,
+`POST /admin/reset`, for tests and demos. The knobs can make the backend fail every request, so
+they must not be reachable through a gateway's routes; the stats hold request ids and header
+names, never a header value.
 """
 
 from __future__ import annotations
@@ -89,13 +95,21 @@ async def post_reset(request: web.Request) -> web.Response:
     return web.json_response(stats.as_dict())
 
 
-def add_routes(app: web.Application) -> None:
+def add_health_routes(app: web.Application) -> None:
+    """`/healthz` and `/metrics`, on the listener a gateway forwards to."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(VllmGauges(app[STATE]))
     app[METRICS_REGISTRY] = registry
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+
+
+def build_admin_app(state: MockState) -> web.Application:
+    """The admin listener's whole application: knobs, stats and reset."""
+    app = web.Application(client_max_size=64 * 1024)
+    app[STATE] = state
     app.router.add_get("/admin/knobs", get_knobs)
     app.router.add_post("/admin/knobs", post_knobs)
     app.router.add_get("/admin/stats", get_stats)
     app.router.add_post("/admin/reset", post_reset)
+    return app

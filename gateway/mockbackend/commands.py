@@ -17,6 +17,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc", default="127.0.0.1:18001", help="gRPC listener host:port")
     parser.add_argument("--no-http", action="store_true", help="do not serve HTTP")
     parser.add_argument("--no-grpc", action="store_true", help="do not serve gRPC")
+    parser.add_argument(
+        "--admin",
+        default="127.0.0.1:18002",
+        help="admin listener host:port (/admin/knobs, /admin/stats, /admin/reset); loopback only",
+    )
+    parser.add_argument("--no-admin", action="store_true", help="do not serve the admin API")
     parser.add_argument("--ttft-ms", type=float, default=50.0, help="time to first token (ms)")
     parser.add_argument("--token-delay-ms", type=float, default=10.0, help="delay per token (ms)")
     parser.add_argument(
@@ -49,12 +55,22 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    handle = await start_mock_backend(
-        None if args.no_http else args.http, None if args.no_grpc else args.grpc, knobs
-    )
+    try:
+        handle = await start_mock_backend(
+            None if args.no_http else args.http,
+            None if args.no_grpc else args.grpc,
+            knobs,
+            None if args.no_admin else args.admin,
+        )
+    except ValueError as exc:
+        log.error("cannot start the mock backend: %s", exc)
+        return 2
     try:
         log.info(
-            "mock backend listening: http port %s, grpc port %s", handle.http_port, handle.grpc_port
+            "mock backend listening: http port %s, grpc port %s, admin port %s",
+            handle.http_port,
+            handle.grpc_port,
+            handle.admin_port,
         )
         await stop.wait()
         log.info("mock backend stopping")

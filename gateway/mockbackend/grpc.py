@@ -4,7 +4,8 @@ server reflection, so a gateway can health-check it and learn which methods are 
 
 Test hooks carried in request metadata: every `x-echo-*` key comes back as initial and trailing
 metadata; `x-mock-sleep-ms: N` delays Infer by N ms (deadline tests); `x-mock-status: CODE` aborts
-the call with that numeric status and details "mock failure". Trailing metadata always carries the
+the call with that numeric status and details "mock failure" (padded to `x-mock-details-bytes: N`
+characters when given, up to 1 MiB: a huge grpc-message). Trailing metadata always carries the
 total token count under the `usage_trailer` knob (default `x-mock-usage-tokens`).
 """
 
@@ -20,7 +21,14 @@ from grpc_health.v1 import _async as health_aio  # what `health.aio` re-exports
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.mockbackend.knobs import Call, Knobs, MockState, completion_count, estimate_tokens
+from gateway.mockbackend.knobs import (
+    Call,
+    Knobs,
+    MockState,
+    Seen,
+    completion_count,
+    estimate_tokens,
+)
 from gateway.mockbackend.knobs import token_text as _token_text
 from gateway.proto import load
 
@@ -52,6 +60,18 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Any:
     )
 
 
+MAX_DETAILS_BYTES = 1 << 20  # bound of the x-mock-details-bytes hook
+
+
+def _details(metadata: dict[str, str | bytes]) -> str:
+    """ "mock failure", or padded to `x-mock-details-bytes` characters (a huge grpc-message)."""
+    size = metadata.get("x-mock-details-bytes")
+    if not isinstance(size, str) or not size.strip().isdigit():
+        return "mock failure"
+    n = min(int(size), MAX_DETAILS_BYTES)
+    return ("mock failure " + "x" * n)[:n]
+
+
 class InferenceServicer:
     """The Inference service; registered with the generated `add_InferenceServicer_to_server`."""
 
@@ -59,20 +79,20 @@ class InferenceServicer:
         self._state = state
 
     async def _begin(self, context: grpc.aio.ServicerContext[Any, Any], call: Call) -> _Ctx:
-        """Record metadata, echo `x-echo-*`, then apply x-mock-status and the failure knobs."""
+        """Record the metadata keys (never values), echo `x-echo-*` to this caller, then apply
+        x-mock-status and the failure knobs."""
         metadata: dict[str, str | bytes] = {}
         for key, value in context.invocation_metadata() or ():
             metadata[key.lower()] = value
-        self._state.stats.last_metadata.append(
-            {k: v if isinstance(v, str) else v.hex() for k, v in metadata.items()}
-        )
+        self._state.stats.seen.append(Seen.of(metadata.items()))
         echo: Metadata = [(k, v) for k, v in metadata.items() if k.startswith("x-echo-")]
         ctx = _Ctx(dataclasses.replace(self._state.knobs), metadata, echo)
         if echo:
             await context.send_initial_metadata(echo)
         status = metadata.get("x-mock-status")
         if isinstance(status, str) and status.strip().isdigit() and int(status) != 0:
-            await self._abort(context, call, ctx, _CODES.get(int(status), grpc.StatusCode.UNKNOWN))
+            code = _CODES.get(int(status), grpc.StatusCode.UNKNOWN)
+            await self._abort(context, call, ctx, code, _details(metadata))
         failure = ctx.knobs.failure
         if failure == "hang":
             await asyncio.Event().wait()  # until the client cancels or the server stops

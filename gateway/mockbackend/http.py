@@ -1,6 +1,6 @@
 """OpenAI-compatible HTTP face of the simulated backend (aiohttp): chat and text completions,
 plain JSON or SSE streams paced by the knobs, and the model list. Admin, health and metrics
-routes live in `gateway.mockbackend.admin`; both share one `MockState` through `STATE`.
+routes live in `gateway.mockbackend.admin`; all share one `MockState` through `STATE`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from gateway.mockbackend.knobs import (
     Call,
     Knobs,
     MockState,
+    Seen,
     completion_count,
     estimate_tokens,
     token_text,
@@ -44,12 +45,8 @@ class _BadRequest(Exception):
 
 
 def record_headers(state: MockState, request: web.BaseRequest) -> None:
-    """Remember what the caller sent (names lower-cased, repeated names joined with ', ')."""
-    seen: dict[str, str] = {}
-    for name, value in request.headers.items():
-        key = name.lower()
-        seen[key] = f"{seen[key]}, {value}" if key in seen else value
-    state.stats.last_headers.append(seen)
+    """Remember the request id and the header names the caller sent, never a value."""
+    state.stats.seen.append(Seen.of(request.headers.items()))
 
 
 async def _read_json(request: web.Request) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """Run-time state of the simulated backend: the knobs that shape its behaviour, the statistics
 tests assert on, and the few helpers (token counts, fake text) both protocols share.
 
-Knobs change at run time (`MockState.update`, `POST /admin/knobs`): every request reads them when it
-starts, so a change applies to the next request, not to streams already running. Randomness comes
-from one seeded `random.Random`, so an `error_rate` run is reproducible.
+Knobs change at run time (`MockState.update`, `POST /admin/knobs` on the loopback admin
+listener): every request reads them when it starts, so a change applies to the next request, not
+to streams already running. Randomness comes from one seeded `random.Random`, so an `error_rate`
+run is reproducible. The stats keep request ids and header names, never a header value.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -24,7 +25,10 @@ if TYPE_CHECKING:
 FailureMode = Literal["none", "hang", "reset", "http_5xx", "unavailable"]
 FAILURE_MODES: tuple[str, ...] = get_args(FailureMode)
 
-MAX_RECORDED = 100  # bound on the remembered request headers / metadata
+MAX_RECORDED = 100  # bound on the remembered requests (`Stats.seen`)
+MAX_NAMES = 100  # header / metadata names remembered per request
+MAX_NAME_CHARS = 64  # longer names are cut (a name is not a value, but it is client input)
+MAX_REQUEST_ID_CHARS = 128
 MAX_TOKENS_CAP = 100_000  # same upper bound as the policy's completion_tokens
 
 # Words the fake completions are made of: one word = one token.
@@ -116,6 +120,31 @@ class Call:
         self.outcome = "failed"
 
 
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What the backend remembers of one request: its request id and the NAMES of its headers
+    (or gRPC metadata keys), lower-cased and sorted. Never a header value: the admin API shows
+    these, and a value may be a credential (`authorization`, `cookie`, an API key)."""
+
+    request_id: str | None
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[str, object]]) -> Seen:
+        names: set[str] = set()
+        request_id: str | None = None
+        for name, value in pairs:
+            key = name.lower()
+            if key == "x-request-id" and isinstance(value, str):
+                request_id = value[:MAX_REQUEST_ID_CHARS]
+            if len(names) < MAX_NAMES:
+                names.add(key[:MAX_NAME_CHARS])
+        return cls(request_id, tuple(sorted(names)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "names": list(self.names)}
+
+
 @dataclass(slots=True)
 class Stats:
     """Counters since start (or the last reset). Endpoints are a closed set, so maps stay small."""
@@ -125,15 +154,13 @@ class Stats:
     failed: int = 0
     cancelled: int = 0
     in_flight: int = 0
-    last_headers: deque[dict[str, str]] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED))
-    last_metadata: deque[dict[str, str]] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED))
+    seen: deque[Seen] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED))
 
     def reset(self) -> None:
         """Zero the counters; calls in flight stay counted as in flight."""
         self.requests.clear()
         self.completed = self.failed = self.cancelled = 0
-        self.last_headers.clear()
-        self.last_metadata.clear()
+        self.seen.clear()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -142,8 +169,7 @@ class Stats:
             "failed": self.failed,
             "cancelled": self.cancelled,
             "in_flight": self.in_flight,
-            "last_headers": list(self.last_headers),
-            "last_metadata": list(self.last_metadata),
+            "seen": [s.as_dict() for s in self.seen],
         }
 
     @contextmanager

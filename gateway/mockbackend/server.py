@@ -1,5 +1,6 @@
 """Starts and stops the simulated backend in-process: one aiohttp listener (OpenAI API, health,
-metrics, admin) and one grpc.aio listener, sharing one `MockState`. The handle owns both."""
+metrics), one grpc.aio listener and an optional loopback admin listener (knobs, stats, reset),
+sharing one `MockState`. The handle owns all three."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.mockbackend import admin
+from gateway.mockbackend.admin import add_health_routes, build_admin_app
 from gateway.mockbackend.http import MAX_BODY, STATE, chat_completions, completions, models
 from gateway.mockbackend.http import echo_request_id as _echo_request_id
 from gateway.mockbackend.knobs import Knobs, MockState, Stats
+from gateway.policy.model import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +23,14 @@ SHUTDOWN_GRACE_S = 0.5  # streams in flight get this long at close, then are can
 
 
 def build_app(state: MockState) -> web.Application:
-    """The whole HTTP listener: OpenAI routes, then health, metrics and admin routes."""
+    """The whole HTTP listener: OpenAI routes, health and metrics (the admin API is apart)."""
     app = web.Application(client_max_size=MAX_BODY)
     app[STATE] = state
     app.on_response_prepare.append(_echo_request_id)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
-    admin.add_routes(app)
+    add_health_routes(app)
     return app
 
 
@@ -48,8 +50,9 @@ class MockBackendHandle:
     state: MockState
     http_port: int | None
     grpc_port: int | None
-    _runner: web.AppRunner | None
+    _runners: list[web.AppRunner]
     _grpc: object | None  # gateway.mockbackend.grpc.GrpcBackend, imported only when used
+    admin_port: int | None = None
 
     @property
     def knobs(self) -> Knobs:
@@ -67,36 +70,43 @@ class MockBackendHandle:
         from gateway.mockbackend.grpc import GrpcBackend
 
         grpc_backend, self._grpc = self._grpc, None
-        runner, self._runner = self._runner, None
-        stops = []
+        runners, self._runners = self._runners, []
+        stops = [runner.cleanup() for runner in runners]
         if isinstance(grpc_backend, GrpcBackend):
             stops.append(grpc_backend.stop(SHUTDOWN_GRACE_S))
-        if runner is not None:
-            stops.append(runner.cleanup())
         await asyncio.gather(*stops)
 
 
+async def _listen(handle: MockBackendHandle, app: web.Application, address: str) -> int:
+    host, port = split_host_port(address)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that leaves cancels its handler
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        access_log=None,
+    )
+    handle._runners.append(runner)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return int(runner.addresses[0][1])
+
+
 async def start_mock_backend(
-    http: str | None, grpc: str | None, knobs: Knobs | None = None
+    http: str | None, grpc: str | None, knobs: Knobs | None = None, admin: str | None = None
 ) -> MockBackendHandle:
-    """Listen on `http` and/or `grpc` ('host:port', port 0 picks one) and return the handle."""
+    """Listen on `http` and/or `grpc`, and on `admin` if given ('host:port', port 0 picks one;
+    the admin host must be loopback, ValueError otherwise), and return the handle."""
     if http is None and grpc is None:
         raise ValueError("the mock backend needs an HTTP or a gRPC address")
+    if admin is not None and not is_loopback(split_host_port(admin)[0]):
+        raise ValueError(f"the mock backend's admin listener must be on loopback, not {admin!r}")
     state = MockState(knobs if knobs is not None else Knobs())
-    handle = MockBackendHandle(state, None, None, None, None)
+    handle = MockBackendHandle(state, None, None, [], None)
     try:
         if http is not None:
-            host, port = split_host_port(http)
-            runner = web.AppRunner(
-                build_app(state),
-                handler_cancellation=True,  # a client that leaves cancels its handler
-                shutdown_timeout=SHUTDOWN_GRACE_S,
-                access_log=None,
-            )
-            handle._runner = runner
-            await runner.setup()
-            await web.TCPSite(runner, host, port).start()
-            handle.http_port = int(runner.addresses[0][1])
+            handle.http_port = await _listen(handle, build_app(state), http)
+        if admin is not None:
+            handle.admin_port = await _listen(handle, build_admin_app(state), admin)
         if grpc is not None:
             from gateway.mockbackend.grpc import GrpcBackend
 
@@ -106,5 +116,10 @@ async def start_mock_backend(
     except BaseException:
         await handle.close()
         raise
-    log.debug("mock backend on http=%s grpc=%s", handle.http_port, handle.grpc_port)
+    log.debug(
+        "mock backend on http=%s grpc=%s admin=%s",
+        handle.http_port,
+        handle.grpc_port,
+        handle.admin_port,
+    )
     return handle

@@ -1,47 +1,87 @@
-"""`sluice policy check|schema|diff`: validate policy files, print the JSON Schema, show a reload.
+"""`sluice policy ...`: validate policy files, print the JSON Schema, show and ship a reload.
 
 `check PATH...` prints `PATH: ok (version HASH)` or one `PATH:LINE:COL: message` line per error
-(exit 1 if any file is invalid). `schema` prints the JSON Schema of `Policy`, stable byte for byte
-(it is shipped as policies/schema.json). `diff OLD NEW` prints what reloading NEW over OLD would
-change, one line each: `+ added`, `- removed`, `~ changed: old -> new`, and `! ...: needs a
-restart` for settings that a hot reload does not apply.
+(exit 1 if any file is invalid); with `--against ADMIN_URL` it also prints what the change guard
+of that running gateway would say (exit 2 if it would hold the change). `schema` prints the JSON
+Schema of `Policy`, stable byte for byte (it is shipped as policies/schema.json). `diff OLD NEW`
+prints what reloading NEW over OLD would change, one line each: `+ added`, `- removed`,
+`~ changed: old -> new`, and `! ...: needs a restart` for settings that a hot reload does not
+apply, then the guard's findings (judged on a running gateway's traffic with `--against`; OLD
+may then be left out: the running policy). `apply` reloads a running gateway (`--force` past the
+guard, `--rollout` stages), `rollout status|promote|abort` drives a staged rollout by hand, and
+`checksum PATH [--write]` computes (or writes) the file's `checksum:` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.errors import PolicyError
+from gateway.errors import AdminError, PolicyError
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
+from gateway.policy.schema import schema_text
 
 # Applied when a listener (or the in-process mock backend) is created, so a reload cannot change
 # them: the gRPC server options are fixed at grpc.aio.server() time.
 RESTART_PREFIXES = ("listeners.", "limits.grpc_", "mock_backend.")
 # Lists of named items are compared by name, so a reorder or an edit reads as such.
 KEYED_LISTS = ("backends", "routes")
+HELD_EXIT = 2  # the change guard would hold (or held) the change
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from gateway.policy.remote import DEFAULT_ADMIN
+
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = sub.add_parser("check", help="validate policy files")
     check.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    check.add_argument(
+        "--against", metavar="ADMIN_URL", help="also run the change guard of this gateway"
+    )
     sub.add_parser("schema", help="print the JSON Schema of the policy document")
     diff = sub.add_parser("diff", help="show what reloading NEW over OLD would change")
-    diff.add_argument("old", type=Path, metavar="OLD")
-    diff.add_argument("new", type=Path, metavar="NEW")
+    diff.add_argument("files", nargs="+", type=Path, metavar="[OLD] NEW")
+    diff.add_argument(
+        "--against", metavar="ADMIN_URL", help="judge on this gateway's traffic (OLD: its policy)"
+    )
+    apply = sub.add_parser("apply", help="reload a running gateway's policy file now")
+    apply.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL")
+    apply.add_argument("--force", action="store_true", help="apply even if the guard holds it")
+    apply.add_argument(
+        "--rollout", metavar="STAGES", help="stages, e.g. shadow,5,25,100 (none: all at once)"
+    )
+    apply.add_argument("--hold-s", type=float, metavar="SECONDS", help="seconds per stage")
+    ro = sub.add_parser("rollout", help="show or drive a staged rollout")
+    ro.add_argument("action", choices=["status", "promote", "abort"])
+    ro.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL")
+    cs = sub.add_parser("checksum", help="print (or --write) the file's checksum: line")
+    cs.add_argument("path", type=Path, metavar="PATH")
+    cs.add_argument("--write", action="store_true", help="write it into the file (atomically)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.policy_command == "check":
-        return check(args.paths)
-    if args.policy_command == "schema":
-        print(schema_text(), end="")
-        return 0
-    return diff(args.old, args.new)
+    cmd = args.policy_command
+    try:
+        if cmd == "check":
+            return check(args.paths, args.against)
+        if cmd == "schema":
+            print(schema_text(), end="")
+            return 0
+        if cmd == "diff":
+            return diff_command(args.files, args.against)
+        if cmd == "apply":
+            return apply(args.admin, args.force, args.rollout, args.hold_s)
+        if cmd == "rollout":
+            return rollout(args.admin, args.action)
+        return checksum(args.path, args.write)
+    except AdminError as e:
+        print(f"sluice: {e}", file=sys.stderr)
+        return 1
 
 
 def _load(path: Path) -> tuple[Policy | None, str, list[str]]:
@@ -55,34 +95,126 @@ def _load(path: Path) -> tuple[Policy | None, str, list[str]]:
         return None, "", e.errors
 
 
-def check(paths: list[Path]) -> int:
+def check(paths: list[Path], against: str | None = None) -> int:
+    from gateway.policy.remote import guard_against
+
     code = 0
     for path in paths:
-        _, version, errors = _load(path)
+        policy, version, errors = _load(path)
         if errors:
             code = 1
             print("\n".join(errors))
-        else:
-            print(f"{path}: ok (version {version})")
+            continue
+        print(f"{path}: ok (version {version})")
+        if against is not None and policy is not None:
+            report = guard_against(against, policy)
+            print("\n".join(report.lines()))
+            if report.held and code == 0:
+                code = HELD_EXIT
     return code
 
 
-def schema_text() -> str:
-    schema = Policy.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "Sluice policy"
-    return json.dumps(schema, sort_keys=True, indent=2) + "\n"
+def diff_command(files: list[Path], against: str | None) -> int:
+    if len(files) > 2 or (len(files) == 1 and against is None):
+        print("sluice: diff takes OLD NEW, or NEW --against ADMIN_URL", file=sys.stderr)
+        return 1
+    return diff(files[0] if len(files) == 2 else None, files[-1], against)
 
 
-def diff(old_path: Path, new_path: Path) -> int:
-    old, old_version, old_errors = _load(old_path)
+def diff(old_path: Path | None, new_path: Path, against: str | None = None) -> int:
+    from gateway.policy.guard import static_warnings
+
     new, new_version, new_errors = _load(new_path)
+    old_errors: list[str] = []
+    if old_path is not None:
+        old, old_version, old_errors = _load(old_path)
+    else:
+        from gateway.policy.remote import running
+
+        serving, _ = running(against or "")
+        old, old_version = serving.policy, serving.version
     if old is None or new is None:
         print("\n".join(old_errors + new_errors))
         return 1
     lines = diff_policies(old, new)
     print(f"version {old_version} -> {new_version}")
     print("\n".join(lines) if lines else "no changes")
+    if against is None:
+        for w in static_warnings(new):
+            print(f"warning: {w}")
+        return 0
+    from gateway.policy.remote import guard_against
+
+    report = guard_against(against, new, old)
+    print("\n".join(report.lines()))
+    return HELD_EXIT if report.held else 0
+
+
+def apply(admin: str, force: bool, stages: str | None, hold_s: float | None) -> int:
+    from gateway.policy.remote import call, reload_query, rollout_lines
+
+    code, st = call(admin, "/admin/policy/reload" + reload_query(force, stages, hold_s), "POST")
+    if code == 400:
+        print(f"sluice: {st.get('error', {}).get('message', st)}", file=sys.stderr)
+        return 1
+    last = st.get("last_reload", {})
+    if last.get("errors"):
+        print("\n".join(last["errors"]))
+        return 1
+    if last.get("held"):
+        held = st.get("held") or {}
+        print(f"held: version {held.get('version')} not applied: {held.get('reason')}")
+        print("\n".join(held.get("lines") or []))
+        return HELD_EXIT
+    if last.get("rollout"):
+        print("\n".join(rollout_lines(st.get("rollout"))))
+        return 0
+    print(f"serving version {st['version']}" + ("" if last.get("changed") else " (unchanged)"))
+    return 0
+
+
+def rollout(admin: str, action: str) -> int:
+    from gateway.policy.remote import call, rollout_lines
+
+    if action == "status":
+        code, st = call(admin, "/admin/policy/rollout")
+    else:
+        code, st = call(admin, f"/admin/policy/rollout/{action}", "POST")
+    if code == 404:
+        print("no rollout in progress")
+        return 1
+    if code != 200:
+        raise AdminError(f"{admin}: HTTP {code}: {st}")
+    print("\n".join(rollout_lines(st)))
+    return 0
+
+
+def checksum(path: Path, write: bool) -> int:
+    from gateway.policy.loader import CHECKSUM_LINE, load_policy_text, policy_checksum
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as e:
+        print(f"{path}:1:1: cannot read: {e}", file=sys.stderr)
+        return 1
+    line = f"checksum: {policy_checksum(text)}"
+    if not write:
+        print(line)
+        return 0
+    body = CHECKSUM_LINE.sub("", text)
+    out = f"{line}\n{body}"
+    try:
+        load_policy_text(out, str(path))
+    except PolicyError as e:
+        print("\n".join(e.errors))
+        return 1
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:  # the atomic way: write, fsync, rename
+        f.write(out)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    print(line)
     return 0
 
 

@@ -1,7 +1,9 @@
 """The compiled policy: frozen lookup structures built once at load, used on every request.
 
 Pure (no I/O). Route matching is a linear scan over pre-lowered matchers in policy order; the
-first match wins. Each route owns a weighted round-robin over the endpoints of its backends.
+first match wins. Which member of which backend serves a matched request is decided by the route
+filter (`gateway.filters.routing`) from the route's `targets` and the members' live state, kept
+in the services (`gateway.registry.pool`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.core.balancer import SmoothWeightedRoundRobin
 from gateway.core.request import Protocol, RequestInfo
-from gateway.policy.model import Backend, Policy, Route, Timeouts
+from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,11 +24,12 @@ class Endpoint:
     host: str
     port: int
     weight: int
+    priority: int = 0
+    address: str = field(init=False, compare=False)  # host:port, IPv6 in brackets (made once)
 
-    @property
-    def address(self) -> str:
+    def __post_init__(self) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        object.__setattr__(self, "address", f"{host}:{self.port}")
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -41,11 +44,17 @@ class CompiledRoute:
     path_prefix: str
     methods: frozenset[str]
     headers: tuple[tuple[str, str | None], ...]
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[Endpoint, ...]  # the static members of its backends
     timeouts: Timeouts
     strip_prefix: str
     backend_protocol: str
-    _rr: SmoothWeightedRoundRobin = field(repr=False)
+    targets: tuple[tuple[str, int], ...] = ()  # (backend name, weight) of the split
+    canary: Canary | None = None
+    retries: Retries | None = None
+    sticky: Sticky | None = None
+    try_timeouts: Timeouts | None = None  # `timeouts` with connect and first byte capped per try
+    static_weights: tuple[float, ...] = ()  # each static endpoint's share of the route
+    _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
 
     def matches(self, info: RequestInfo) -> bool:
         if self.protocol is not None and info.protocol is not self.protocol:
@@ -61,7 +70,12 @@ class CompiledRoute:
         return True
 
     def pick(self) -> Endpoint | None:
-        i = self._rr.pick()
+        """A static endpoint by weight, without any live state: for tools and tests. Requests
+        are routed by `gateway.filters.routing` over the members' live state."""
+        rr = self._rr
+        if rr is None:
+            rr = self._rr = SmoothWeightedRoundRobin(self.static_weights)
+        i = rr.pick()
         return None if i is None else self.endpoints[i]
 
     def upstream_path(self, path: str) -> str:
@@ -87,32 +101,50 @@ class CompiledPolicy:
         return None
 
 
-def _endpoints(b: Backend, share: float) -> list[tuple[Endpoint, float]]:
-    total = sum(e.weight for e in b.endpoints) or 1
-    out = []
-    for e in b.endpoints:
-        host, port = split_host_port(e.address)
-        out.append((Endpoint(b.name, b.protocol, host, port, e.weight), share * e.weight / total))
-    return out
+def endpoint_of(b: Backend, address: str, weight: int, priority: int) -> Endpoint:
+    host, port = split_host_port(address)
+    return Endpoint(b.name, b.protocol, host, port, weight, priority)
 
 
 def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> CompiledRoute:
     targets = [(r.backend, 1)] if r.backend else [(w.backend, w.weight) for w in r.backends]
-    weighted: list[tuple[Endpoint, float]] = []
-    for name, w in targets:
-        weighted += _endpoints(backends[name], float(w))
+    static = [
+        endpoint_of(backends[name], e.address, e.weight, e.priority)
+        for name, _ in targets
+        for e in backends[name].endpoints
+    ]
+    shares = [
+        w * e.weight / (sum(x.weight for x in backends[name].endpoints) or 1)
+        for name, w in targets
+        for e in backends[name].endpoints
+    ]
     protocols = {backends[name].protocol for name, _ in targets}
+    timeouts = r.timeouts or p.timeouts
+    try_timeouts = None
+    if r.retries is not None and r.retries.per_try_timeout_s is not None:
+        cap = r.retries.per_try_timeout_s
+        try_timeouts = timeouts.model_copy(
+            update={
+                "connect_s": min(timeouts.connect_s, cap),
+                "first_byte_s": min(timeouts.first_byte_s, cap),
+            }  # fmt: skip
+        )
     return CompiledRoute(
         name=r.name,
         protocol=None if r.match.protocol == "any" else Protocol(r.match.protocol),
         path_prefix=r.match.path_prefix,
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
-        endpoints=tuple(e for e, _ in weighted),
-        timeouts=r.timeouts or p.timeouts,
+        endpoints=tuple(static),
+        timeouts=timeouts,
         strip_prefix=r.strip_prefix,
         backend_protocol=protocols.pop() if len(protocols) == 1 else "mixed",
-        _rr=SmoothWeightedRoundRobin([w for _, w in weighted]),
+        targets=tuple(targets),
+        canary=r.canary,
+        retries=r.retries,
+        sticky=r.sticky,
+        try_timeouts=try_timeouts,
+        static_weights=tuple(shares),
     )
 
 

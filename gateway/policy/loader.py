@@ -11,12 +11,21 @@ silently:
   most `MAX_NODES` (100 000) values; nesting deeper than `MAX_DEPTH` is refused too;
 - merge keys (`<<`), explicit tags on collections, non-scalar keys, and an empty document.
 
-Validation runs in two phases: the schema (pydantic), then, if the schema holds, the
-cross-references (`model.reference_errors`), each reported at the node at fault.
+Validation reports everything in one pass: the schema (pydantic; an unknown field names the
+nearest known one), and the cross-references (`model.reference_errors`: unknown backend,
+duplicate names, ...), checked on what is left of the document once its schema errors are
+pruned (`diagnose.py`) when the schema does not hold, each reported at the node at fault.
+
+Two optional fields let a policy prove it was read whole (a slow writer's half-file is refused):
+`checksum: sha256:HEX` (the sha256 of the file without its `checksum:` line; `policy_checksum`
+computes it, `sluice policy checksum FILE --write` writes it) and `end_marker: TEXT` (the last
+non-empty line of the file must be TEXT; put the field at the top).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +33,7 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.errors import PolicyError
+from gateway.policy.diagnose import lenient_reference_errors, suggest
 from gateway.policy.model import Loc, Policy, format_loc, reference_errors
 
 MAX_BYTES = 1024 * 1024
@@ -113,15 +123,16 @@ def _position(loc: Loc, data: Any, b: _Builder, key_first: bool) -> tuple[Loc, P
     closest recorded position: the key for an unknown field, else the value, else its parent."""
     path: list[str | int] = []
     cur = data
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(cur, dict):
             key = part if part in cur else str(part)  # dict[int, ...] keys are text in YAML
             if key in cur:
                 cur = cur[key]
                 path.append(key)
-            elif isinstance(part, str):
+            elif isinstance(part, str) and i == len(loc) - 1 and part.isidentifier():
                 path.append(part)  # a missing field: name it, point at its parent mapping
                 break
+            # else a union tag ('long-form', "literal[...]"): not part of the document's path
         elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
             cur = cur[part]
             path.append(part)
@@ -137,12 +148,12 @@ def _position(loc: Loc, data: Any, b: _Builder, key_first: bool) -> tuple[Loc, P
     return found, b.values.get((), (1, 1))
 
 
-def _message(err: Any) -> str:
+def _message(err: Any, found: Loc) -> str:
     msg = str(err["msg"])
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     if err["type"] == "extra_forbidden":
-        return "unknown field"
+        return suggest(found[:-1], str(found[-1])) if found else "unknown field"
     if err["type"] == "missing":
         return "required field is missing"
     value = err.get("input")
@@ -205,21 +216,64 @@ def load_policy_text(text: str, name: str = "<policy>") -> Policy:
         line, col = _pos(root)
         raise PolicyError([f"{name}:{line}:{col}: the top level must be a mapping"])
     errs = list(b.errors)  # YAML-level problems, reported together with the schema's
+    errs += _integrity_errors(text, data, b)
     try:
         policy = Policy.model_validate(data, context={"defer_references": True})
     except ValidationError as e:
         for err in e.errors():
             key_first = err["type"] == "extra_forbidden"
             found, pos = _position(tuple(err["loc"]), data, b, key_first)
-            errs.append((pos, format_loc(found), _message(err)))
-        raise PolicyError(_format(name, errs)) from None
-    if errs:
-        raise PolicyError(_format(name, errs))
+            errs.append((pos, format_loc(found), _message(err, found)))
+        problems = lenient_reference_errors(data, e.errors())
+        errs += [(_position(loc, data, b, False)[1], format_loc(loc), m) for loc, m in problems]
+        raise PolicyError(_format(name, _unique(errs))) from None
     problems = reference_errors(policy)
-    if problems:
-        errs = [(_position(loc, data, b, False)[1], format_loc(loc), msg) for loc, msg in problems]
-        raise PolicyError(_format(name, errs))
+    errs += [(_position(loc, data, b, False)[1], format_loc(loc), m) for loc, m in problems]
+    if errs:
+        raise PolicyError(_format(name, _unique(errs)))
     return policy
+
+
+def _unique(errors: list[tuple[Pos, str, str]]) -> list[tuple[Pos, str, str]]:
+    return list(dict.fromkeys(errors))
+
+
+CHECKSUM_LINE = re.compile(r"^checksum:[^\n]*(?:\n|$)", re.MULTILINE)
+
+
+def policy_checksum(text: str) -> str:
+    """`sha256:HEX` of the policy text without its top-level `checksum:` line(s)."""
+    body = CHECKSUM_LINE.sub("", text)
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def _integrity_errors(text: str, data: dict[str, Any], b: _Builder) -> list[tuple[Pos, str, str]]:
+    out: list[tuple[Pos, str, str]] = []
+    want = data.get("checksum")
+    if isinstance(want, str) and want.startswith("sha256:"):
+        got = policy_checksum(text)
+        if got != want:
+            out.append(
+                (
+                    b.keys.get(("checksum",), (1, 1)),
+                    "checksum",
+                    f"checksum mismatch: the file hashes to {got} (incomplete, or edited "
+                    "without `sluice policy checksum --write`)",
+                )
+            )
+    marker = data.get("end_marker")
+    if isinstance(marker, str) and marker.strip():
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines or lines[-1].strip() != marker.strip():
+            out.append(
+                (
+                    b.keys.get(("end_marker",), (1, 1)),
+                    "end_marker",
+                    f"the file does not end with its end marker {marker!r} (cut short while "
+                    "being written?)",
+                )
+            )
+    return out
 
 
 def load_policy(path: Path) -> Policy:

@@ -12,311 +12,45 @@ after-validator too (raising the first problem), unless the validation context h
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    PositiveFloat,
-    PositiveInt,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from gateway.policy.auth import Auth, auth_reference_errors
+
+# The sections live in their own modules and are re-exported here, where the rest of Sluice
+# finds them.
+from gateway.policy.backends import Backend as Backend
+from gateway.policy.backends import Canary as Canary
+from gateway.policy.backends import HealthCheck as HealthCheck
+from gateway.policy.backends import Registry as Registry
+from gateway.policy.backends import Retries as Retries
+from gateway.policy.backends import Route as Route
+from gateway.policy.backends import Sticky as Sticky
+from gateway.policy.base import Limits as Limits
+from gateway.policy.base import Listeners as Listeners
+from gateway.policy.base import Loc as Loc
+from gateway.policy.base import Timeouts as Timeouts
+from gateway.policy.base import _Model
+from gateway.policy.base import is_loopback as is_loopback
 from gateway.policy.ratelimits import RateLimits
+from gateway.policy.sections import AccessLog as AccessLog
+from gateway.policy.sections import Datapath as Datapath
+from gateway.policy.sections import Guard as Guard
+from gateway.policy.sections import MockBackend as MockBackend
+from gateway.policy.sections import Rollout as Rollout
+from gateway.policy.sections import Tracing as Tracing
+from gateway.policy.sections import TracingExporter as TracingExporter
 
-Loc = tuple[str | int, ...]
-
-HostPort = Annotated[
-    str,
-    Field(
-        pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):[0-9]{1,5}$",
-        description="host:port; IPv6 in brackets",
-    ),
-]
-
-
-class _Model(BaseModel):
-    # inf/nan would pass PositiveFloat (`.inf` is valid YAML) and disable a timeout by accident.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class Listener(_Model):
-    host: str = Field(default="0.0.0.0", description="address to bind")
-    port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")
-    engine: Literal["aiohttp", "native"] = Field(
-        default="aiohttp",
-        description="HTTP engine (http listener only): aiohttp (default) or native, an "
-        "asyncio.Protocol + httptools server, faster (~30 µs/request less); experimental",
-    )
-
-
-class Listeners(_Model):
-    http: Listener | None = Field(
-        default_factory=lambda: Listener(port=8080), description="HTTP/1.1 ingress (null = off)"
-    )
-    grpc: Listener | None = Field(
-        default_factory=lambda: Listener(port=8081), description="gRPC ingress (null = off)"
-    )
-    admin: Listener | None = Field(
-        default_factory=lambda: Listener(host="127.0.0.1", port=9901),
-        description="admin listener: /healthz /readyz /metrics /status /admin/policy",
-    )
-
-
-class Limits(_Model):
-    """Size and concurrency bounds of the ingress."""
-
-    max_header_bytes: PositiveInt = Field(
-        default=16384, description="total request header bytes (431)"
-    )
-    max_header_count: PositiveInt = Field(
-        default=100, description="number of request headers (431)"
-    )
-    max_line_bytes: PositiveInt = Field(default=8190, description="request line / one header line")
-    max_body_bytes: PositiveInt = Field(
-        default=16 * 1024 * 1024,
-        description="request body bytes (413); also the gRPC request message cap",
-    )
-    max_response_header_bytes: PositiveInt = Field(
-        default=65536, description="upstream response header bytes before 502"
-    )
-    grpc_max_message_bytes: PositiveInt = Field(
-        default=16 * 1024 * 1024, description="largest gRPC message either way"
-    )
-    grpc_max_concurrent_streams: PositiveInt = Field(
-        default=1000,
-        description="HTTP/2 max concurrent streams per gRPC connection; grpc clients do not "
-        "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
-    )
-    grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
-    grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(
-        default=60.0, description="pings closer than this without data count as strikes (GOAWAY)"
-    )
-    max_connections_per_backend: PositiveInt = Field(
-        default=256, description="upstream HTTP connections per endpoint; excess requests wait"
-    )
-    max_idle_connections_per_backend: int = Field(
-        default=32, ge=0, description="idle upstream keep-alive connections kept per endpoint"
-    )
-    max_buffered_body_bytes: PositiveInt = Field(
-        default=1024 * 1024,
-        description="request bodies up to this size are read whole (within body_read_s) "
-        "before an upstream connection is taken; JSON bodies up to it are parsed for the body "
-        "phase (model, max_tokens, stream). Larger bodies are streamed through unchanged",
-    )
-    max_streamed_uploads_per_backend: PositiveInt = Field(
-        default=64,
-        description="upstream connections per endpoint that may carry a streamed (larger than "
-        "max_buffered_body_bytes) request body at once; more get 503, so slow uploads cannot "
-        "take every connection",
-    )
-    max_event_bytes: PositiveInt = Field(
-        default=1024 * 1024,
-        description="longest SSE line / JSON response body the response phase parses; past it "
-        "the response passes through unparsed",
-    )
-
-
-class Timeouts(_Model):
-    connect_s: PositiveFloat = Field(default=2.0, description="TCP connect to a backend (504)")
-    first_byte_s: PositiveFloat = Field(
-        default=30.0,
-        description="from request sent to response headers (504); LLM prefill can be slow",
-    )
-    idle_s: PositiveFloat = Field(
-        default=60.0,
-        description="longest silence between body chunks either way (504 or cut); also how "
-        "long a client that stopped reading may stall a response before it is cut both ways",
-    )
-    total_s: PositiveFloat = Field(
-        default=600.0, description="whole request, streams included (504)"
-    )
-    header_read_s: PositiveFloat = Field(
-        default=10.0, description="client must send headers within this"
-    )
-    keepalive_s: PositiveFloat = Field(
-        default=75.0, description="idle client keep-alive connection"
-    )
-    upstream_idle_s: PositiveFloat = Field(
-        default=30.0, description="idle upstream keep-alive connection is closed after this"
-    )
-    drain_s: PositiveFloat = Field(
-        default=30.0,
-        description="on SIGTERM, in-flight requests (streams too) get this long to finish",
-    )
-    body_read_s: PositiveFloat = Field(
-        default=30.0,
-        description="a buffered request body (see limits.max_buffered_body_bytes) must arrive "
-        "within this (408)",
-    )
-
-
-class Endpoint(_Model):
-    address: HostPort = Field(description="host:port of one backend instance")
-    weight: int = Field(
-        default=1, ge=0, le=10000, description="relative share; 0 = out of rotation"
-    )
-
-
-GrpcMethod = Annotated[
-    str, Field(pattern=r"^/[A-Za-z0-9_.]+/[A-Za-z0-9_]+$", description="/pkg.Service/Method")
-]
-
-
-class Backend(_Model):
-    name: str = Field(
-        min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
-    )
-    protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
-    endpoints: list[Endpoint] = Field(min_length=1, description="instances, weighted round robin")
-    unary_methods: list[GrpcMethod] = Field(
-        default_factory=list,
-        description="gRPC methods (/pkg.Service/Method) known to be unary: served by a cheaper "
-        "unary handler; all others are proxied as stream-stream",
-    )
-    discover_unary: bool = Field(
-        True,
-        description="ask the gRPC backend's server reflection which methods are unary at load",
-    )
-
-
-class HeaderMatch(_Model):
-    name: str = Field(min_length=1, description="header (HTTP) or metadata key (gRPC)")
-    value: str | None = Field(
-        default=None, description="exact value; null = present with any value"
-    )
-
-
-class RouteMatch(_Model):
-    protocol: Literal["http", "grpc", "any"] = Field(default="any", description="which listener")
-    path_prefix: str = Field(
-        default="/", description="HTTP path prefix, or gRPC '/pkg.Service/' prefix"
-    )
-    methods: list[str] = Field(
-        default_factory=list, description="HTTP methods; empty = any (gRPC is always POST)"
-    )
-    headers: list[HeaderMatch] = Field(default_factory=list, description="all must match")
-
-
-class WeightedBackend(_Model):
-    backend: str = Field(description="backend name")
-    weight: int = Field(
-        default=1, ge=0, le=10000, description="relative share of this route's traffic"
-    )
-
-
-class Route(_Model):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="metrics label")
-    match: RouteMatch = Field(
-        default_factory=RouteMatch, description="first route that matches wins"
-    )
-    backend: str | None = Field(default=None, description="one backend (or use `backends`)")
-    backends: list[WeightedBackend] = Field(
-        default_factory=list, description="weighted split between backends"
-    )
-    timeouts: Timeouts | None = Field(default=None, description="overrides the global timeouts")
-    strip_prefix: str = Field(
-        default="", description="removed from the HTTP path before forwarding"
-    )
-
-    @model_validator(mode="after")
-    def _one_target(self) -> Route:
-        if (self.backend is None) == (not self.backends):
-            raise ValueError("set exactly one of `backend` or `backends`")
-        return self
-
-
-class AccessLog(_Model):
-    enabled: bool = Field(default=True, description="one JSON line per request on stderr")
-    headers: list[str] = Field(
-        default_factory=list,
-        description="extra request headers to log; authorization/cookie are never logged",
-    )
-
-
-class MockBackend(_Model):
-    """The built-in simulated inference server, started in-process (for `make run` and demos)."""
-
-    enabled: bool = Field(
-        default=False, description="start the simulated backend inside the gateway"
-    )
-    http: HostPort | None = Field(default="127.0.0.1:18000", description="its HTTP listener")
-    grpc: HostPort | None = Field(default="127.0.0.1:18001", description="its gRPC listener")
-    ttft_ms: float = Field(default=50.0, ge=0, description="time to first token")
-    token_delay_ms: float = Field(default=10.0, ge=0, description="delay between streamed tokens")
-    completion_tokens: int = Field(default=16, ge=1, le=100000, description="tokens per completion")
-
-
-class DatapathBudget(_Model):
-    """A token bucket: `rate` per second, up to `burst` at once; rate 0 means unlimited."""
-
-    rate: int = Field(
-        default=0, ge=0, le=4_000_000_000, description="tokens per second (0 = unlimited)"
-    )
-    burst: int = Field(
-        default=0, ge=0, le=4_000_000_000, description="bucket size (0 = same as rate)"
-    )
-
-
-class Datapath(_Model):
-    """eBPF TC classifier: per-flow counters, per-source admission, deny list, rapid reset."""
-
-    enabled: bool = Field(default=False, description="attach the TC classifier")
-    required: bool = Field(default=False, description="refuse to start if it cannot attach")
-    interface: str = Field(default="eth0", description="interface to attach to")
-    egress: bool = Field(default=True, description="also attach on egress (priority-class marking)")
-    h2c_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=lambda: [8081],
-        description="local ports carrying cleartext h2c: HTTP/2 frames are counted there",
-    )
-    admission_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
-        default_factory=list,
-        description="local ports where SYN budgets and the deny list apply (empty = h2c_ports)",
-    )
-    syn_budget: DatapathBudget = Field(
-        default_factory=DatapathBudget, description="new connections per source address (SYN)"
-    )
-    stream_budget: DatapathBudget = Field(
-        default_factory=DatapathBudget,
-        description="new HTTP/2 streams (HEADERS) per source address",
-    )
-    deny_ttl_s: PositiveFloat = Field(
-        default=30.0, description="how long a source shed in the kernel on red stays denied"
-    )
-    rapid_reset_window_s: PositiveFloat = Field(
-        default=1.0, description="window over which RST_STREAM / HEADERS is measured per flow"
-    )
-    rapid_reset_ratio: float = Field(
-        default=0.8,
-        gt=0,
-        le=10,
-        description="RST_STREAM / HEADERS ratio at which a flow is dropped",
-    )
-    rapid_reset_min_headers: PositiveInt = Field(
-        default=100, description="HEADERS needed in the window before a flow can be judged"
-    )
-    class_priority: dict[str, Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: {"critical": 6, "high": 4, "normal": 0, "low": 1},
-        description="priority class -> skb->priority set on egress (0 = leave it); at most 8",
-    )
-    port_class: dict[int, str] = Field(
-        default_factory=dict, description="local port -> priority class of its egress packets"
-    )
-    max_flows: PositiveInt = Field(default=65536, description="flow table size (-DMAX_FLOWS)")
-    max_sources: PositiveInt = Field(
-        default=65536, description="per-source table size (-DMAX_SOURCES)"
-    )
-    max_deny: PositiveInt = Field(default=16384, description="deny list size (-DMAX_DENY)")
-    sync_interval_s: PositiveFloat = Field(
-        default=1.0, description="how often budgets are written and counters read into metrics"
-    )
-
-
-FilterName = Literal["request_id", "access_log", "ratelimit", "route"]
-DEFAULT_FILTERS: tuple[FilterName, ...] = ("request_id", "access_log", "ratelimit", "route")
+FilterName = Literal["request_id", "trace", "access_log", "auth", "ratelimit", "route"]
+DEFAULT_FILTERS: tuple[FilterName, ...] = (
+    "request_id", "trace", "access_log", "auth", "ratelimit", "route",
+)  # fmt: skip
 
 
 class Policy(_Model):
@@ -333,6 +67,33 @@ class Policy(_Model):
     access_log: AccessLog = Field(default_factory=AccessLog, description="structured access log")
     mock_backend: MockBackend = Field(default_factory=MockBackend, description="simulated backend")
     datapath: Datapath = Field(default_factory=Datapath, description="eBPF classifier")
+    tracing: Tracing = Field(default_factory=Tracing, description="OpenTelemetry tail sampling")
+    guard: Guard = Field(default_factory=Guard, description="change guard of reloads")
+    rollout: Rollout | None = Field(
+        default=None,
+        description="roll this policy out in stages when it replaces a running one "
+        "(null = all at once)",
+    )
+    force: bool = Field(
+        default=False,
+        description="apply this policy even if the change guard would hold it (for automation; "
+        "remove it again, or every later reload of the file skips the guard too)",
+    )
+    checksum: str | None = Field(
+        default=None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="sha256 of the file without this line (`sluice policy checksum FILE "
+        "--write`); a file that does not match is refused, so a half-written file never loads",
+        examples=["sha256:" + "0" * 64],
+    )
+    end_marker: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a line the file must end with (put this field at the top): a file cut "
+        "short while being written lacks it and is refused",
+        examples=["# end of policy"],
+    )
+    auth: Auth | None = Field(default=None, description="JWT authentication (null = off)")
     rate_limits: RateLimits | None = Field(
         default=None, description="adaptive request and LLM-token limits, overload colours"
     )
@@ -378,6 +139,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             errors.append(
                 (("backends", j, "unary_methods"), "unary_methods only apply to grpc backends")
             )
+        errors += _backend_errors(j, b)
     seen_routes: set[str] = set()
     for i, r in enumerate(p.routes):
         if r.name in seen_routes:
@@ -410,6 +172,63 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
+        errors += _route_errors(i, r)
+    errors += auth_reference_errors(p)
+    hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
+    if p.datapath.enabled and hb and hb < 2 * cap:  # HPACK output stays below the metadata size
+        errors.append(
+            (
+                ("datapath", "max_header_block_bytes"),
+                f"{hb} would drop clients whose metadata fits limits.grpc_max_metadata_bytes "
+                f"({cap}): use at least {2 * cap}, or 0 to turn the check off",
+            )
+        )
+    if p.tracing.enabled and "trace" not in p.filters:
+        errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     if p.rate_limits is not None and "ratelimit" not in p.filters:
-        errors.append((("filters",), "rate_limits is configured but 'ratelimit' is not in filters"))
+        errors.append((("filters",), "rate_limits is configured: list 'ratelimit' in filters"))
+    return errors
+
+
+def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:
+    errors: list[tuple[Loc, str]] = []
+    seen: set[str] = set()
+    for k, e in enumerate(b.endpoints):
+        if e.address in seen:
+            errors.append((("backends", j, "endpoints", k, "address"), "duplicate address"))
+        seen.add(e.address)
+    h = b.health
+    if h is not None and h.failing_interval_s > h.interval_s:
+        errors.append(
+            (("backends", j, "health", "failing_interval_s"), "must not exceed interval_s")
+        )
+    br = b.breaker
+    if br is not None and br.max_open_s < br.open_s:
+        errors.append((("backends", j, "breaker", "max_open_s"), "must not be below open_s"))
+    o = b.outlier
+    if o is not None and o.max_ejection_s < o.ejection_s:
+        errors.append(
+            (("backends", j, "outlier", "max_ejection_s"), "must not be below ejection_s")
+        )
+    return errors
+
+
+def _route_errors(i: int, r: Route) -> list[tuple[Loc, str]]:
+    errors: list[tuple[Loc, str]] = []
+    names = [w.backend for w in r.backends] if r.backend is None else [r.backend]
+    if r.canary is not None:
+        if len(names) < 2:
+            errors.append(
+                (("routes", i, "canary"), "a canary needs a `backends` split of two or more")
+            )
+        elif r.canary.backend not in names:
+            errors.append(
+                (
+                    ("routes", i, "canary", "backend"),
+                    f"{r.canary.backend!r} is not one of this route's backends "
+                    f"({', '.join(names)})",
+                )
+            )
+    if len(set(names)) != len(names):
+        errors.append((("routes", i, "backends"), "a backend appears twice in the split"))
     return errors

@@ -10,15 +10,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from gateway.policy.base import _Model
 
 KEY_PART = re.compile(
     r"^(claim:[A-Za-z0-9_.\-]{1,64}|header:[A-Za-z0-9_\-]{1,64}|source_ip|route|model)$"
 )
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 KeyPart = Annotated[

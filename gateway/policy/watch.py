@@ -8,8 +8,17 @@ follows symlinks), so all the usual ways of replacing a file are seen:
 - Kubernetes ConfigMap volumes swap the `..data` symlink to a new directory: the path resolves to a
   different inode (inotify on the path itself misses this, a known kubelet pitfall).
 
-A change is acted on only once the signature has stayed the same for `debounce_s`, so a file
-being written in several chunks causes one reload of the final content, not an error per chunk.
+A change is acted on only once the signature has stayed the same for `debounce_s` *and* two
+reads of the file, `debounce_s` apart, returned the same bytes (so they parse to the same
+content); the text handed to the holder is the one read twice, not a third read. A file written
+in several chunks causes one reload of the final content, not an error per chunk, and a writer
+that rewrites the file without changing its size within one mtime tick is caught by the second
+read. A writer that pauses for longer than the window is not: for that, write the file the
+atomic way (write `policy.yaml.tmp` in the same directory, fsync, `mv` it over `policy.yaml`:
+rename(2) swaps it in one step; Kubernetes ConfigMap volumes already swap atomically), or give
+the policy a `checksum:` or `end_marker:` (see the loader), and rely on the change guard, which
+holds a half-file that would refuse most traffic.
+
 A failed reload is not retried until the file changes again. The task never dies: any error is
 logged and the next poll carries on. A missing file keeps the old policy (and is logged once).
 """
@@ -18,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
 from typing import Protocol
 
 from gateway.policy.holder import ReloadResult
+from gateway.policy.loader import MAX_BYTES
 
 log = logging.getLogger("sluice.policy")
 
@@ -34,7 +45,7 @@ class Reloadable(Protocol):
     @property
     def path(self) -> os.PathLike[str] | str: ...
 
-    def reload(self) -> ReloadResult: ...
+    def reload(self, text: str | None = None) -> ReloadResult: ...
 
 
 def file_signature(path: os.PathLike[str] | str) -> Signature | None:
@@ -59,6 +70,7 @@ class PolicyWatcher:
         self._applied: Signature | None = None  # the signature last handed to reload()
         self._pending: Signature | None = None  # a new signature waiting to settle
         self._pending_since = 0.0
+        self._first_read: tuple[bytes, float] | None = None  # (digest, when) of the first read
         self._missing_logged = False
         self.last_result: ReloadResult | None = None  # of the last reload this watcher caused
 
@@ -101,14 +113,37 @@ class PolicyWatcher:
             self._pending = None  # changed and changed back: nothing to do
             return None
         if sig != self._pending:
-            self._pending, self._pending_since = sig, now
+            self._pending, self._pending_since, self._first_read = sig, now, None
             if self.debounce_s > 0:
                 return None
         if now - self._pending_since < self.debounce_s:
             return None
-        self._applied, self._pending = sig, None
-        result = self._holder.reload()
+        raw = self._read()
+        if raw is None or file_signature(self._holder.path) != sig:
+            self._pending = None  # changed (or vanished) while we read it: start over
+            return None
+        digest = hashlib.sha256(raw).digest()
+        first = self._first_read
+        if first is None or first[0] != digest:
+            self._first_read = (digest, now)
+            if self.debounce_s > 0:
+                return None  # read it once more, a window later
+        elif now - first[1] < self.debounce_s:
+            return None
+        self._applied, self._pending, self._first_read = sig, None, None
+        try:
+            text: str | None = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None  # let the holder read it and report where the bad byte is
+        result = self._holder.reload(text)
         self.last_result = result
         if result.ok and result.changed:
             log.info("policy file changed; now serving %s", result.version)
         return result
+
+    def _read(self) -> bytes | None:
+        try:
+            with open(self._holder.path, "rb") as f:
+                return f.read(MAX_BYTES + 1)
+        except OSError:
+            return None

@@ -235,7 +235,10 @@ class Limiter:
             "mode": self.mode,
             "workers": self.workers,
             "replicas": self.replicas,
-            "colour": self.colour.label,
+            # The section's colour on the status page: the gateway's (backend pools), and at
+            # least yellow while some key is not green (a tenant is being shed).
+            "colour": self.section_colour().label,
+            "gateway_colour": self.colour.label,
             "history": {
                 "gateway": self.history.series(now),
                 "keys": self.key_history.series(now),
@@ -251,19 +254,24 @@ class Limiter:
             },
             "rules": rules,
             "queue": {"waiting": self.waiting},
-            "rejections": {
-                "by_reason": dict(self.reasons),
-                "recent": [
-                    {"ago_s": round(now - t, 1), "rule": r, "reason": why}
-                    for t, r, why in reversed(self.recent)
-                ],
-            },
+            "rejections": dict(self.reasons),  # by reason, since start
+            "recent_rejections": [
+                {"ago_s": round(now - t, 1), "rule": r, "reason": why}
+                for t, r, why in reversed(self.recent)
+            ],
             "transitions": [
                 {"ago_s": round(now - t, 1), "scope": s, "name": n, "change": c}
                 for t, s, n, c in reversed(self.transitions)
             ],
             "denied_sources": self.denied,
         }
+
+    def section_colour(self) -> Colour:
+        worst_key = Colour.GREEN
+        for rs in self.rules.values():
+            for ks in rs.hot.values():
+                worst_key = max(worst_key, ks.colour)
+        return max(self.colour, min(worst_key, Colour.YELLOW))
 
     async def aclose(self) -> None:
         """Give leased shares back and leave the replica set (bounded by the deadline)."""
@@ -307,7 +315,10 @@ def _rule_state(rs: RuleState, now: float) -> dict[str, Any]:
         "keys": len(rs.keys),
         "evicted": rs.evicted,
         "colours": dict(zip(("green", "yellow", "red"), rs.colours(), strict=True)),
-        "peak": {"qps": round(rs.peak_q, 3), "tokens": round(rs.peak_t, 3)},
+        "colour": max((ks.colour for ks in rs.hot.values()), default=Colour.GREEN).label,
+        "qps_util": round(rs.shown[0], 3),  # the highest of any key over the last second
+        "token_util": round(rs.shown[1], 3),
+        "pressure": round(w.q * rs.shown[0] + w.t * min(rs.shown[1], 1.0), 3),
         "decisions": dict(zip(DECISIONS, rs.counts, strict=True)),
         "hottest": [row(k, ks) for k, ks in hot],
     }

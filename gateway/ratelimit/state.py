@@ -29,7 +29,7 @@ SHADOW_REJECT, SHADOW_SHED, QUEUED, STRICT_FALLBACK, TOKEN_CUT = range(6, 11)
 class RuleState:
     __slots__ = (
         "rule", "math", "keys", "max_keys", "scale", "dirty", "leased", "counts", "flushed",
-        "peak_q", "peak_t", "hot", "evicted", "tokens", "min_tokens",
+        "peak_q", "peak_t", "shown", "hot", "evicted", "tokens", "min_tokens",
     )  # fmt: skip
 
     def __init__(self, rule: CompiledRule, max_keys: int, scale: float) -> None:
@@ -44,6 +44,7 @@ class RuleState:
         self.flushed = [0] * len(DECISIONS)
         self.peak_q = 0.0  # highest signals seen since the last flush
         self.peak_t = 0.0
+        self.shown = (0.0, 0.0)  # the peaks of the last full second (for state())
         self.hot: dict[str, KeyState] = {}  # keys that are not green
         self.evicted = 0
         self.tokens = [0.0, 0.0, 0.0]  # reserved, refunded, charged beyond the reservation

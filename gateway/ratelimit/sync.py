@@ -188,6 +188,7 @@ def flush(lim: Limiter, now: float) -> None:
         metrics.RL_SIGNAL.labels(name, "qps").set(rs.peak_q)
         metrics.RL_SIGNAL.labels(name, "tokens").set(rs.peak_t)
         metrics.RL_SIGNAL.labels(name, "pressure").set(w.q * rs.peak_q + w.t * min(rs.peak_t, 1))
+        rs.shown = (rs.peak_q, rs.peak_t)
         rs.peak_q = rs.peak_t = 0.0
         for k, ks in list(rs.hot.items()):
             if now - ks.last >= IDLE_OBSERVE_S and ks.observe(rs.math, rs.scale, now):

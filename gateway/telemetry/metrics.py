@@ -113,18 +113,31 @@ def record_request(ctx: RequestContext) -> None:
         counter = REQUESTS.labels(*key)
         if len(_requests_children) < _MAX_CACHED:
             _requests_children[key] = counter
-    counter.inc()
+    # Exemplars (OpenMetrics exposition) point at the traces the tail sampler kept.
+    exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx.trace_kept else None
+    counter.inc(1, exemplar)
     key2 = (route, protocol)
     hist = _seconds_children.get(key2)
     if hist is None:
         hist = REQUEST_SECONDS.labels(*key2)
         if len(_seconds_children) < _MAX_CACHED:
             _seconds_children[key2] = hist
-    hist.observe(ctx.elapsed)
+    hist.observe(ctx.elapsed, exemplar)
+    if ctx.first_token_at is not None or ctx.usage is not None:
+        _record_llm(ctx, route, backend, exemplar)
     if ctx.cancelled:
         CLIENT_CANCELLED.labels(protocol).inc()
     if not ctx.verdict.allowed:
         REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()
+
+
+GRPC_ENDED_BEFORE_HANDLER = Counter(
+    "sluice_grpc_calls_ended_before_handler_total",
+    "gRPC calls grpc ended before Sluice's handler ran (so in no other request metric and not "
+    "in the access log): reason cancelled (by the client) or no_request (no request message).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 
 # --- datapath (eBPF TC classifier; written by gateway/datapath/sync.py) ---------------------
@@ -136,7 +149,9 @@ DATAPATH_UP = Gauge(
 DATAPATH_EVENTS = Counter(
     "sluice_datapath_events_total",
     "Kernel classifier counters (packets, bytes, syn_drop, stream_drop, deny_drop, "
-    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, ...).",
+    "rapid_reset_drop, rapid_reset_flows, h2_resync, h2_lost, deny_expired, header_block_flows, "
+    "ping_flood_flows, flood_drop, h2_ooo_drop, ...) and blocked_flows_closed (server sockets "
+    "of blocked flows aborted by the gateway).",
     ["event"],
     registry=REGISTRY,
 )
@@ -158,6 +173,190 @@ DATAPATH_SYNC_ERRORS = Counter(
 ACCESS_LOG_DROPPED = Counter(
     "sluice_access_log_dropped_total",
     "Access log lines (or batches) dropped because stderr was stalled or broken.",
+    registry=REGISTRY,
+)
+
+# --- LLM streams and tokens (recorded by record_request from the context) -----------------
+TOKEN_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,
+)  # fmt: skip
+TIME_TO_FIRST_TOKEN = Histogram(
+    "sluice_time_to_first_token_seconds",
+    "Streams: from request arrival to the first output event sent to the client.",
+    ["route", "backend"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "sluice_inter_token_latency_seconds",
+    "Streams: mean time between output tokens (events) after the first, one sample per stream.",
+    ["route", "backend"],
+    buckets=TOKEN_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "sluice_tokens_total",
+    "LLM tokens the backends reported (usage), by route, backend and type (input, output).",
+    ["route", "backend", "type"],
+    registry=REGISTRY,
+)
+
+# --- tracing (tail sampler; gateway/filters/trace.py, gateway/telemetry/tracing.py) --------
+TRACE_DECISIONS = Counter(
+    "sluice_trace_decisions_total",
+    "Tail-sampling decisions by reason (error, timeout, rejected, slow, linked, ratio: kept; "
+    "not_sampled: dropped).",
+    ["reason"],
+    registry=REGISTRY,
+)
+TRACE_DROPPED = Counter(
+    "sluice_trace_dropped_total",
+    "Kept traces or spans lost before export, by reason (pending_full: traces; build_failed, "
+    "spans_per_trace, export_queue_full: spans).",
+    ["reason"],
+    registry=REGISTRY,
+)
+TRACE_SPANS_EXPORTED = Counter(
+    "sluice_trace_spans_exported_total",
+    "Spans the OTLP exporter finished, by result (ok, failed).",
+    ["result"],
+    registry=REGISTRY,
+)
+TRACE_PENDING = Gauge(
+    "sluice_trace_pending",
+    "Kept traces waiting for export.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+
+
+def _record_llm(
+    ctx: RequestContext, route: str, backend: str, exemplar: dict[str, str] | None
+) -> None:
+    """Streams: time to first token, mean inter-token latency; any answer: usage tokens."""
+    usage = ctx.usage
+    first = ctx.first_token_at
+    if first is not None:
+        TIME_TO_FIRST_TOKEN.labels(route, backend).observe(first - ctx.started, exemplar)
+        last = ctx.last_token_at
+        tokens = usage.completion_tokens if usage is not None else ctx.stream_events
+        if last is not None and tokens > 1 and last > first:
+            INTER_TOKEN_LATENCY.labels(route, backend).observe((last - first) / (tokens - 1))
+    if usage is not None:
+        TOKENS.labels(route, backend, "input").inc(usage.prompt_tokens)
+        TOKENS.labels(route, backend, "output").inc(usage.completion_tokens)
+
+
+# --- policy safety: change guard and staged rollouts (gateway/policy/holder.py, rollout.py) ---
+POLICY_HELD = Gauge(
+    "sluice_policy_held",
+    "1 while the latest policy change is held by the change guard (not applied).",
+    registry=REGISTRY,
+)
+POLICY_GUARD_SHARE = Gauge(
+    "sluice_policy_guard_affected_share",
+    "Share of recent traffic the last policy change checked by the guard would refuse.",
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_STAGE = Gauge(
+    "sluice_policy_rollout_percent",
+    "Percentage of requests served by the policy being rolled out (0 in shadow, -1 = none).",
+    registry=REGISTRY,
+)
+POLICY_ROLLOUTS = Counter(
+    "sluice_policy_rollouts_total",
+    "Staged policy rollouts by how they ended (completed, rolled_back, aborted).",
+    ["result"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_REQUESTS = Counter(
+    "sluice_policy_rollout_requests_total",
+    "Requests served during staged rollouts, by side (old, new policy).",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_ERROR_RATE = Gauge(
+    "sluice_policy_rollout_error_rate",
+    "Error rate of each side in the current rollout stage.",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_P95 = Gauge(
+    "sluice_policy_rollout_p95_seconds",
+    "p95 request duration of each side in the current rollout stage.",
+    ["side"],
+    registry=REGISTRY,
+)
+POLICY_ROLLOUT_STAGE.set(-1)
+# --- auth (JWT; written by gateway/filters/auth.py and gateway/auth/jwks.py) ----------------
+AUTH_RESULTS = Counter(
+    "sluice_auth_total",
+    "Authentication results by provider ('none' when no provider matched) and result: ok, "
+    "cached (a verified-token cache hit) or the reason class of a refusal (missing, malformed, "
+    "expired, bad_signature, unknown_kid, audience, claims, ...).",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+JWKS_FETCHES = Counter(
+    "sluice_jwks_fetches_total",
+    "JWKS fetches by provider and result: ok, unchanged, or the failure (timeout, http_error, "
+    "invalid, too_large, unreachable); a failure keeps the last good key set.",
+    ["provider", "result"],
+    registry=REGISTRY,
+)
+JWKS_KEYS = Gauge(
+    "sluice_jwks_keys",
+    "Keys in the provider's key set now in force (0: none loaded, or dropped after max_stale).",
+    ["provider"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
+JWKS_LAST_SUCCESS = Gauge(
+    "sluice_jwks_last_success_timestamp_seconds",
+    "Unix time of the provider's last good JWKS fetch (age = time() - this).",
+    ["provider"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
+
+
+# --- backends (breakers, outliers, health, registry, retries, canary) -----------------------
+# Events are counted here; member state (breaker, health, ejection, weight, load, in flight,
+# registry, retry budget, canary) is read at scrape time by gateway.registry.collector.
+BREAKER_TRANSITIONS = Counter(
+    "sluice_breaker_transitions_total",
+    "Circuit breaker transitions by backend and new state (open, half_open, closed).",
+    ["backend", "state"],
+    registry=REGISTRY,
+)
+OUTLIER_EJECTIONS = Counter(
+    "sluice_outlier_ejections_total",
+    "Members ejected for their timeout ratio, by backend.",
+    ["backend"],
+    registry=REGISTRY,
+)
+HEALTH_CHECKS = Counter(
+    "sluice_health_checks_total",
+    "Active health checks by backend and result (pass, fail).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
+REGISTRY_POLLS = Counter(
+    "sluice_registry_polls_total",
+    "Reads of the heartbeat registry by backend and result (ok, error).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "sluice_retries_total",
+    "Retry decisions by route and result (attempted, budget_exhausted, no_member).",
+    ["route", "result"],
+    registry=REGISTRY,
+)
+CANARY_TRIPS = Counter(
+    "sluice_canary_guard_trips_total",
+    "Canary guards tripped (canary weight set to 0), by route and canary backend.",
+    ["route", "backend"],
     registry=REGISTRY,
 )
 

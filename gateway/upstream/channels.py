@@ -43,7 +43,13 @@ def channel_options(limits: Limits) -> Options:
         ("grpc.enable_channelz", 0),
         ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
         ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
-        ("grpc.max_metadata_size", limits.grpc_max_metadata_bytes),
+        # What a backend may send in one metadata block: more than the ingress accepts from
+        # clients, so that a long status message (a stack trace in grpc-message) reaches the
+        # client as the backend's code with trimmed details, not as RESOURCE_EXHAUSTED
+        # ("received metadata size exceeds hard limit"). Soft and hard limit alike: between
+        # them grpc rejects calls at random.
+        ("grpc.max_metadata_size", limits.grpc_max_upstream_metadata_bytes),
+        ("grpc.absolute_max_metadata_size", limits.grpc_max_upstream_metadata_bytes),
         # Pings every 5 min only while calls are active: grpc servers by default strike pings
         # closer than 5 min (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS), so this
         # never earns a GOAWAY(too_many_pings), and still finds a dead peer of a long stream.
@@ -142,6 +148,14 @@ class ChannelPool:
             return set()
         self._discovery_failed.discard(endpoint.address)
         return found
+
+    def state(self) -> dict[str, dict[str, str]]:
+        """Per endpoint address: the channel's connectivity (IDLE, CONNECTING, READY,
+        TRANSIENT_FAILURE), read without asking it to connect (for /admin/state)."""
+        return {
+            addr: {"channel": up.channel.get_state(try_to_connect=False).name}
+            for addr, up in self._upstreams.items()
+        }
 
     def addresses(self) -> set[str]:
         return set(self._upstreams)

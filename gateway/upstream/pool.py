@@ -361,6 +361,18 @@ class UpstreamPool:
                 conn.abort()
                 raise
 
+    def state(self) -> dict[str, dict[str, int]]:
+        """Per endpoint address: open connections, idle ones, requests waiting for one (read by
+        /admin/state; nothing on the request path)."""
+        return {
+            (f"[{h.host}]:{h.port}" if ":" in h.host else f"{h.host}:{h.port}"): {
+                "connections": h.total,
+                "idle": len(h.idle),
+                "waiting": len(h.waiters),
+            }
+            for h in self._hosts.values()
+        }
+
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when their response is released."""
         self.closed = True

@@ -251,7 +251,9 @@ async def test_finish_runs_once_per_request(tmp_path: Path, engine: str) -> None
 
         async def counting(active: object, ctx: object) -> None:
             calls.append(getattr(ctx, "http_status", 0))
-            await real(active, ctx)  # type: ignore[arg-type]
+            pending = real(active, ctx)  # type: ignore[arg-type]
+            if pending is not None:
+                await pending
 
         gw.finish = counting  # type: ignore[method-assign]
         for path in ("/api/x", "/dead", "/nowhere"):

@@ -76,3 +76,11 @@ def test_no_peer_runs_ahead_of_its_share() -> None:
 def test_fractional_weights() -> None:
     got = Counter(picks([0.5, 1.5], 400))
     assert got == Counter({0: 100, 1: 300})
+
+
+# --- the pick_with variant: weights given per pick -------------------------------------------
+def test_pick_with_follows_changing_weights() -> None:
+    rr = SmoothWeightedRoundRobin([9, 1])
+    assert Counter(rr.pick_with([9, 1]) for _ in range(100)) == Counter({0: 90, 1: 10})
+    assert Counter(rr.pick_with([9, 0]) for _ in range(10)) == Counter({0: 10})
+    assert rr.pick_with([0, 0]) is None

@@ -170,8 +170,8 @@ async def test_yellow_sheds_the_lowest_class_first_and_red_all_but_the_top() -> 
     assert results["free"] == 503 and results["silver"] == 503
     assert results["gold"] != 503  # the top class is never shed: only its own limits apply
     state = rig.lim.state()
-    assert state["rejections"]["by_reason"]["shed_yellow"] >= 1
-    assert state["rejections"]["by_reason"]["shed_red"] == 2
+    assert state["rejections"]["shed_yellow"] >= 1
+    assert state["rejections"]["shed_red"] == 2
     assert any(t["change"] == "yellow->red" for t in state["transitions"])
 
 
@@ -392,7 +392,9 @@ async def test_state_for_admin() -> None:
     assert rule["name"] == "per-tenant" and rule["keys"] == 1
     assert rule["hottest"][0]["key"] == "a"
     assert {"qps_utilisation", "token_utilisation", "pressure"} <= set(rule["hottest"][0])
-    assert st["rejections"]["by_reason"]["qps"] == 5
+    assert st["rejections"]["qps"] == 5
+    assert st["colour"] == "yellow"  # a key is not green: the section asks for attention
+    assert {"qps_util", "token_util", "pressure", "colour"} <= set(rule)
     assert rig.services.readiness()["ratelimit"]["mode"] == "memory"
 
 

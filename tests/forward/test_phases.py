@@ -160,10 +160,12 @@ async def test_body_phase_sees_fields_and_rewrite_reaches_backend(
 ) -> None:
     async with upstream() as up, proxied(tmp_path, up.port, engine) as (probe, c):
         probe.rewrite = {"max_tokens": 7}
-        async with c.post("/v1/chat/completions", json=CHAT) as r:
+        big = 123456789012345678901234567890  # past 64 bits: the rewrite must keep it
+        async with c.post("/v1/chat/completions", json={**CHAT, "seed": big}) as r:
             assert r.status == 200
             assert r.headers["x-probe"] == "1"
             await r.read()
+        assert json.loads(up.bodies[-1])["seed"] == big
         (b,) = probe.bodies
         assert (b.model, b.max_tokens, b.stream, b.prompt_chars) == ("m1", 5, False, 40)
         assert b.prompt_tokens_estimate == 10

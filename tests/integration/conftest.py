@@ -43,18 +43,23 @@ def wait_ready(admin_port: int, proc: Proc, timeout: float = 30.0) -> None:
 
 @dataclass
 class Backend:
+    """A `sluice mock-backend` process; its admin API is on a loopback listener of its own."""
+
     proc: Proc
     http_port: int
     grpc_port: int
+    admin_port: int
 
     def stats(self) -> Any:
-        return http_json(f"http://127.0.0.1:{self.http_port}/admin/stats")
+        return http_json(f"http://127.0.0.1:{self.admin_port}/admin/stats")
 
     def knobs(self, **changes: Any) -> Any:
-        return http_json(f"http://127.0.0.1:{self.http_port}/admin/knobs", "POST", changes)
+        if not changes:
+            return http_json(f"http://127.0.0.1:{self.admin_port}/admin/knobs")
+        return http_json(f"http://127.0.0.1:{self.admin_port}/admin/knobs", "POST", changes)
 
     def reset(self) -> None:
-        http_json(f"http://127.0.0.1:{self.http_port}/admin/reset", "POST", {})
+        http_json(f"http://127.0.0.1:{self.admin_port}/admin/reset", "POST", {})
 
 
 def policy_yaml(backend: Backend, http: int, grpc: int, admin: int, **extra: str) -> str:
@@ -107,7 +112,7 @@ class Gateway:
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
-    http, grpc = free_port(), free_port()
+    http, grpc, admin = free_port(), free_port(), free_port()
     log = tmp_path_factory.mktemp("backend") / "backend.log"
     proc = Proc(
         [
@@ -116,6 +121,8 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
             f"127.0.0.1:{http}",
             "--grpc",
             f"127.0.0.1:{grpc}",
+            "--admin",
+            f"127.0.0.1:{admin}",
             "--ttft-ms",
             "20",
             "--token-delay-ms",
@@ -126,7 +133,8 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     try:
         wait_for_port(http)
         wait_for_port(grpc)
-        yield Backend(proc, http, grpc)
+        wait_for_port(admin)
+        yield Backend(proc, http, grpc, admin)
     finally:
         proc.stop()
 

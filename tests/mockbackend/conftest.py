@@ -15,7 +15,7 @@ from gateway.mockbackend import Knobs, MockBackendHandle, start_mock_backend
 @pytest.fixture
 async def backend() -> AsyncIterator[MockBackendHandle]:
     knobs = Knobs(ttft_ms=0, token_delay_ms=0, completion_tokens=4)
-    handle = await start_mock_backend("127.0.0.1:0", "127.0.0.1:0", knobs)
+    handle = await start_mock_backend("127.0.0.1:0", "127.0.0.1:0", knobs, admin="127.0.0.1:0")
     yield handle
     await handle.close()
 
@@ -23,6 +23,13 @@ async def backend() -> AsyncIterator[MockBackendHandle]:
 @pytest.fixture
 async def http(backend: MockBackendHandle) -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(f"http://127.0.0.1:{backend.http_port}") as session:
+        yield session
+
+
+@pytest.fixture
+async def admin(backend: MockBackendHandle) -> AsyncIterator[aiohttp.ClientSession]:
+    """A session to the backend's admin listener (knobs, stats, reset)."""
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{backend.admin_port}") as session:
         yield session
 
 

@@ -17,11 +17,12 @@ pb2, pb2_grpc = load()
 
 @pytest.mark.integration
 def test_cli_serves_then_exits_cleanly(tmp_path: Path) -> None:
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port, admin_port = free_port(), free_port(), free_port()
     args = [
         "mock-backend",
         f"--http=127.0.0.1:{http_port}",
         f"--grpc=127.0.0.1:{grpc_port}",
+        f"--admin=127.0.0.1:{admin_port}",
         "--ttft-ms=0",
         "--token-delay-ms=0",
         "--completion-tokens=3",
@@ -40,11 +41,13 @@ def test_cli_serves_then_exits_cleanly(tmp_path: Path) -> None:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
             reply = pb2_grpc.InferenceStub(channel).Infer(pb2.InferRequest(prompt="x"), timeout=5)
         assert reply.usage.completion_tokens == 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/admin/stats", timeout=5) as r:
+            assert json.load(r)["completed"] == 2
     finally:
         code = proc.stop()
     output = proc.log_path.read_text()  # stop() closed the log: read the file
     assert code == 0, output
-    assert f"http port {http_port}, grpc port {grpc_port}" in output
+    assert f"http port {http_port}, grpc port {grpc_port}, admin port {admin_port}" in output
 
 
 @pytest.mark.integration
@@ -55,7 +58,19 @@ def test_cli_port_in_use_fails(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = Proc(["mock-backend", f"--http=127.0.0.1:{port}", "--no-grpc"], tmp_path / "m.log")
+        args = ["mock-backend", f"--http=127.0.0.1:{port}", "--no-grpc", "--no-admin"]
+        proc = Proc(args, tmp_path / "m.log")
         code = proc.popen.wait(15)
         proc.stop()
     assert code == 1, proc.log_path.read_text()
+
+
+@pytest.mark.integration
+def test_cli_refuses_a_public_admin_listener(tmp_path: Path) -> None:
+    args = ["mock-backend", "--http=127.0.0.1:0", "--no-grpc", "--admin=0.0.0.0:0"]
+    proc = Proc(args, tmp_path / "m.log")
+    code = proc.popen.wait(15)
+    proc.stop()
+    output = proc.log_path.read_text()
+    assert code == 2, output
+    assert "admin listener must be on loopback" in output

@@ -123,33 +123,51 @@ async def test_models_health_metrics(
         assert resp.status == 503
 
 
-async def test_records_forwarded_headers(
-    backend: MockBackendHandle, http: aiohttp.ClientSession
+async def test_records_request_ids_and_header_names_only(
+    backend: MockBackendHandle, http: aiohttp.ClientSession, admin: aiohttp.ClientSession
 ) -> None:
-    headers = {"X-Forwarded-For": "10.0.0.1", "X-Request-Id": "r-9"}
+    headers = {"X-Forwarded-For": "10.0.0.1", "X-Request-Id": "r-9", "Authorization": "Bearer t"}
     async with http.post("/v1/completions", json={"prompt": "p"}, headers=headers) as resp:
         assert resp.status == 200
-    seen = backend.stats.last_headers[-1]
-    assert seen["x-forwarded-for"] == "10.0.0.1" and seen["x-request-id"] == "r-9"
-    assert "upgrade" not in seen
-    async with http.get("/admin/stats") as resp:
+    seen = backend.stats.seen[-1]
+    assert seen.request_id == "r-9"
+    assert {"x-forwarded-for", "x-request-id", "authorization"} <= set(seen.names)
+    assert "upgrade" not in seen.names
+    async with admin.get("/admin/stats") as resp:
         stats = await resp.json()
-    assert stats["last_headers"][-1]["x-forwarded-for"] == "10.0.0.1"
+    assert stats["seen"][-1] == {"request_id": "r-9", "names": list(seen.names)}
+    assert "10.0.0.1" not in json.dumps(stats) and "Bearer" not in json.dumps(stats)
     assert stats["requests"] == {"POST /v1/completions": 1}
     assert stats["completed"] == 1
 
 
-async def test_knobs_change_behaviour(http: aiohttp.ClientSession) -> None:
-    async with http.post("/admin/knobs", json={"failure": "http_5xx"}) as resp:
+async def test_admin_api_is_not_on_the_inference_listener(
+    backend: MockBackendHandle, http: aiohttp.ClientSession
+) -> None:
+    for method, path in [
+        ("GET", "/admin/stats"),
+        ("GET", "/admin/knobs"),
+        ("POST", "/admin/knobs"),
+        ("POST", "/admin/reset"),
+    ]:
+        async with http.request(method, path, json={"failure": "http_5xx"}) as resp:
+            assert resp.status in (404, 405), (method, path)
+    assert backend.knobs.failure == "none"
+
+
+async def test_knobs_change_behaviour(
+    http: aiohttp.ClientSession, admin: aiohttp.ClientSession
+) -> None:
+    async with admin.post("/admin/knobs", json={"failure": "http_5xx"}) as resp:
         assert resp.status == 200 and (await resp.json())["failure"] == "http_5xx"
     async with http.post("/v1/completions", json={"prompt": "p"}) as resp:
         assert resp.status == 500
         assert (await resp.json())["error"]["type"] == "server_error"
-    async with http.post("/admin/knobs", json={"failure": "unavailable"}) as resp:
+    async with admin.post("/admin/knobs", json={"failure": "unavailable"}) as resp:
         assert resp.status == 200
     async with http.post("/v1/completions", json={"prompt": "p"}) as resp:
         assert resp.status == 503
-    async with http.post("/admin/knobs", json={"failure": "none"}) as resp:
+    async with admin.post("/admin/knobs", json={"failure": "none"}) as resp:
         assert resp.status == 200
     async with http.post("/v1/completions", json={"prompt": "p"}) as resp:
         assert resp.status == 200
@@ -158,10 +176,10 @@ async def test_knobs_change_behaviour(http: aiohttp.ClientSession) -> None:
 @pytest.mark.parametrize(
     "patch", [{"failure": "melt"}, {"nope": 1}, {"error_rate": 2}, {"ttft_ms": "x"}, [1]]
 )
-async def test_bad_knobs_rejected(http: aiohttp.ClientSession, patch: object) -> None:
-    async with http.post("/admin/knobs", json=patch) as resp:
+async def test_bad_knobs_rejected(admin: aiohttp.ClientSession, patch: object) -> None:
+    async with admin.post("/admin/knobs", json=patch) as resp:
         assert resp.status == 400
-    async with http.get("/admin/knobs") as resp:
+    async with admin.get("/admin/knobs") as resp:
         assert (await resp.json())["failure"] == "none"
 
 
@@ -217,9 +235,9 @@ async def test_error_rate_is_seeded(
     assert first == second and {200, 500} == set(first)
 
 
-async def test_admin_reset(backend: MockBackendHandle, http: aiohttp.ClientSession) -> None:
+async def test_admin_reset(http: aiohttp.ClientSession, admin: aiohttp.ClientSession) -> None:
     async with http.post("/v1/completions", json={"prompt": "p"}):
         pass
-    async with http.post("/admin/reset") as resp:
+    async with admin.post("/admin/reset") as resp:
         stats = await resp.json()
-    assert stats["requests"] == {} and stats["completed"] == 0 and stats["last_headers"] == []
+    assert stats["requests"] == {} and stats["completed"] == 0 and stats["seen"] == []

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from gateway.mockbackend import Knobs, MockState, start_mock_backend
-from gateway.mockbackend.knobs import Stats, completion_count, estimate_tokens
+from gateway.mockbackend.knobs import Seen, Stats, completion_count, estimate_tokens
 from gateway.mockbackend.server import split_host_port
 from gateway.policy.model import MockBackend
 
@@ -78,9 +78,17 @@ def test_stats_track_outcomes() -> None:
         call.fail()
     assert (stats.completed, stats.cancelled, stats.failed, stats.in_flight) == (1, 2, 2, 0)
     assert stats.requests == {"a": 2, "b": 3}
-    for _ in range(150):
-        stats.last_headers.append({})
-    assert len(stats.last_headers) == 100
+    for i in range(150):
+        stats.seen.append(Seen.of([("x-request-id", str(i))]))
+    assert len(stats.seen) == 100 and stats.seen[0].request_id == "50"
+
+
+def test_seen_keeps_names_and_request_id_never_values() -> None:
+    many = [(f"X-H{i}", "v") for i in range(300)]
+    seen = Seen.of([("Authorization", "Bearer s3cr3t"), ("X-Request-Id", "r" * 500), *many])
+    assert seen.request_id == "r" * 128
+    assert len(seen.names) == 100 and "authorization" in seen.names
+    assert "s3cr3t" not in repr(seen.as_dict())
 
 
 @pytest.mark.parametrize(
@@ -100,6 +108,19 @@ def test_split_host_port_rejects(address: str) -> None:
 async def test_start_needs_an_address() -> None:
     with pytest.raises(ValueError):
         await start_mock_backend(None, None, Knobs())
+
+
+@pytest.mark.parametrize("admin", ["0.0.0.0:0", "10.1.2.3:0", "[::]:0", "example.com:0"])
+async def test_admin_listener_must_be_loopback(admin: str) -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        await start_mock_backend("127.0.0.1:0", None, Knobs(), admin=admin)
+    with pytest.raises(ValueError, match="loopback"):
+        MockBackend(admin=admin)
+
+
+@pytest.mark.parametrize("admin", ["127.0.0.1:0", "[::1]:0", "localhost:0"])
+def test_policy_accepts_a_loopback_admin(admin: str) -> None:
+    assert MockBackend(admin=admin).admin == admin
 
 
 async def test_http_only_and_grpc_only() -> None:

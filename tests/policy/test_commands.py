@@ -62,15 +62,10 @@ def test_check_cli_reports_errors_with_positions(tmp_path: Path) -> None:
     bad.write_text("timeouts:\n  connect_s: -1\nroutes:\n  - name: r\n    backend: ghost\n")
     result = sluice("policy", "check", str(bad))
     assert result.returncode == 1
+    # Schema errors and cross-references in one pass, in file order.
     assert result.stdout.splitlines() == [
         f"{bad}:2:14: timeouts.connect_s: Input should be greater than 0, got -1",
-    ]
-    # Once the schema holds, the cross-references are checked and pointed at too.
-    bad.write_text("routes:\n  - name: r\n    backend: ghost\n")
-    result = sluice("policy", "check", str(bad))
-    assert result.returncode == 1
-    assert result.stdout.splitlines() == [
-        f"{bad}:3:14: routes[0].backend: unknown backend 'ghost' (known: none defined)"
+        f"{bad}:5:14: routes[0].backend: unknown backend 'ghost' (known: none defined)",
     ]
 
 
@@ -154,3 +149,54 @@ def test_diff_cli(tmp_path: Path) -> None:
     result = sluice("policy", "diff", str(a), str(bad))
     assert result.returncode == 1
     assert result.stdout.startswith(f"{bad}:1:9: routes: ")
+
+
+def test_checksum_cli_writes_a_line_the_loader_accepts(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(BASE)
+    shown = sluice("policy", "checksum", str(path))
+    assert shown.returncode == 0 and shown.stdout.startswith("checksum: sha256:")
+    written = sluice("policy", "checksum", str(path), "--write")
+    assert written.returncode == 0 and written.stdout == shown.stdout
+    text = path.read_text()
+    assert text.startswith(shown.stdout) and text.endswith(BASE)
+    load_policy(path)
+    # Written again after an edit, the line is replaced, not repeated.
+    path.write_text(text.replace("9001", "9002"))
+    assert sluice("policy", "checksum", str(path), "--write").returncode == 0
+    assert path.read_text().count("checksum:") == 1
+    load_policy(path)
+    # An edit without a new checksum is refused, at the checksum line.
+    path.write_text(path.read_text().replace("9002", "9003"))
+    result = sluice("policy", "check", str(path))
+    assert result.returncode == 1 and f"{path}:1:1: checksum: checksum mismatch" in result.stdout
+
+
+def test_diff_warns_about_what_refuses_whatever_the_traffic(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(BASE)
+    b.write_text(BASE.replace('"127.0.0.1:9000"}', '"127.0.0.1:9000", weight: 0}'))
+    result = sluice("policy", "diff", str(a), str(b))
+    assert result.returncode == 0
+    assert result.stdout.splitlines()[-1] == (
+        "warning: route 'main' has no usable endpoint (every weight is 0): its requests get 503"
+    )
+
+
+def test_commands_against_an_absent_gateway_fail_clearly(tmp_path: Path) -> None:
+    from tests.support import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    path = tmp_path / "p.yaml"
+    path.write_text(BASE)
+    for args in (
+        ("apply", "--admin", url),
+        ("rollout", "status", "--admin", url),
+        ("check", str(path), "--against", url),
+        ("diff", str(path), "--against", url),
+    ):
+        result = sluice("policy", *args)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert "cannot reach the admin API" in result.stderr, (args, result.stderr)
+    result = sluice("policy", "diff", str(path))
+    assert result.returncode == 1 and "diff takes OLD NEW" in result.stderr

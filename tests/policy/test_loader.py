@@ -117,6 +117,17 @@ def test_good_file_loads(tmp_path: Path) -> None:
             id="python-tag",
         ),
         pytest.param(
+            "datapath:\n  enabled: true\n  max_header_block_bytes: 20000\n",
+            "3:27: datapath.max_header_block_bytes: 20000 would drop clients whose metadata "
+            "fits limits.grpc_max_metadata_bytes (16384): use at least 32768",
+            id="header-block-below-metadata-cap",
+        ),
+        pytest.param(
+            "mock_backend:\n  admin: 0.0.0.0:18002\n",
+            "2:10: mock_backend.admin: the simulated backend's admin API listens on loopback only",
+            id="mock-admin-not-loopback",
+        ),
+        pytest.param(
             "base: &b {connect_s: 1}\ntimeouts:\n  <<: *b\n",
             "3:3: timeouts: merge keys (<<) are not supported",
             id="merge-key",
@@ -191,3 +202,100 @@ def test_references_checked_when_built_in_python() -> None:
     # Outside the loader (no positions), the model still refuses a dangling reference.
     with pytest.raises(ValueError, match=r"routes\[0\]\.backend: unknown backend 'x'"):
         Policy.model_validate({"routes": [{"name": "r", "backend": "x"}]})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            GOOD + "    timeout: {first_byte_s: 5}\n",
+            "14:5: routes[0].timeout: unknown field; did you mean 'timeouts'?",
+            id="route-timeout",
+        ),
+        pytest.param(
+            "timeouts:\n  first_byte: 5\n",
+            "2:3: timeouts.first_byte: unknown field; did you mean 'first_byte_s'?",
+            id="missing-suffix",
+        ),
+        pytest.param(
+            "Backends: []\n",
+            "1:1: Backends: unknown field; did you mean 'backends'?",
+            id="case",
+        ),
+        pytest.param(
+            "listeners:\n  http: {port: 1, hots: x}\n",
+            "2:19: listeners.http.hots: unknown field; did you mean 'host'?",
+            id="nested-optional",
+        ),
+        pytest.param(
+            "rollout: {stages: [5, 100], hold: 3}\n",
+            "1:29: rollout.hold: unknown field; did you mean 'hold_s'?",
+            id="rollout",
+        ),
+        pytest.param(
+            "limits: {zzz: 1}\n",
+            "1:10: limits.zzz: unknown field (known: max_header_bytes, max_header_count,",
+            id="no-close-match",
+        ),
+    ],
+)
+def test_unknown_field_suggests_the_nearest(tmp_path: Path, text: str, expected: str) -> None:
+    errors = errors_of(tmp_path, text)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_schema_and_cross_field_errors_come_together(tmp_path: Path) -> None:
+    text = """\
+backends:
+  - name: a
+    endpoints: [{address: "127.0.0.1:9000"}]
+  - name: a
+    endpoints: [{address: "127.0.0.1:9001", weight: -1}]
+  - name: b
+    endpoints: [{address: "127.0.0.1:9002"}]
+routes:
+  - name: r
+    backend: ghost
+    timeout: {first_byte_s: 1}
+  - name: r
+    backend: b
+timeouts:
+  first_byte_s: -1
+"""
+    assert errors_of(tmp_path, text) == [
+        "4:11: backends[1].name: duplicate backend name 'a'",
+        "5:53: backends[1].endpoints[0].weight: Input should be greater than or equal to 0, got -1",
+        "10:14: routes[0].backend: unknown backend 'ghost' (known: a, b)",
+        "11:5: routes[0].timeout: unknown field; did you mean 'timeouts'?",
+        "12:11: routes[1].name: duplicate route name 'r'",
+        "15:17: timeouts.first_byte_s: Input should be greater than 0, got -1",
+    ]
+
+
+def test_a_reference_to_a_broken_item_is_not_reported_twice(tmp_path: Path) -> None:
+    text = GOOD.replace("127.0.0.1:9000", "not an address")
+    errors = errors_of(tmp_path, text)
+    assert len(errors) == 1 and "backends[0].endpoints[0].address" in errors[0], errors
+
+
+def test_checksum_must_match(tmp_path: Path) -> None:
+    from gateway.policy.loader import policy_checksum
+
+    good = f"checksum: {policy_checksum(GOOD)}\n{GOOD}"
+    load_policy_text(good, "mem")
+    # A half-written file (the second route never arrived) is refused, whatever it parses to.
+    half = good[: good.index("routes:")] + "routes: []\n"
+    errors = errors_of(tmp_path, half)
+    assert errors[0].startswith("1:1: checksum: checksum mismatch: the file hashes to sha256:")
+    with pytest.raises(PolicyError, match="String should match pattern"):
+        load_policy_text("checksum: md5:abc\n", "mem")
+
+
+def test_end_marker_must_end_the_file(tmp_path: Path) -> None:
+    text = "end_marker: '# end of policy'\n" + GOOD + "# end of policy\n\n"
+    load_policy_text(text, "mem")
+    errors = errors_of(tmp_path, text[: text.index("  - name: g")])
+    assert errors == [
+        "1:1: end_marker: the file does not end with its end marker '# end of policy' "
+        "(cut short while being written?)"
+    ]

@@ -10,10 +10,12 @@ import asyncio
 import os
 from pathlib import Path
 
-from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.holder import PolicyHolder
+from gateway.policy.loader import load_policy_text
 from gateway.policy.watch import PolicyWatcher
 from tests.policy.test_holder import V1, V2, build, holder_at
+from tests.policy.traffic_support import BASE
 
 V3 = V1.replace("9000", "9020")
 
@@ -43,7 +45,9 @@ async def test_poll_waits_for_the_signature_to_settle(tmp_path: Path) -> None:
         path.write_text(V2)
         assert w.poll(10.3) is None
         assert w.poll(10.5) is None  # stable for 0.2 s only
-        result = w.poll(10.7)  # stable for longer than 0.3 s
+        assert w.poll(10.7) is None  # stable for longer than 0.3 s: first read
+        assert w.poll(10.9) is None  # the second read waits a window after the first
+        result = w.poll(11.0)  # read again, the same bytes: reload what was read
         assert result is not None and result.ok and result.changed
         assert holder.reloads == 1
         assert w.poll(20.0) is None  # nothing new
@@ -159,7 +163,7 @@ async def test_watcher_survives_a_failing_poll(tmp_path: Path) -> None:
     class Exploding:
         path = holder.path
 
-        def reload(self):  # type: ignore[no-untyped-def]
+        def reload(self, text=None):  # type: ignore[no-untyped-def]
             nonlocal calls
             calls += 1
             raise RuntimeError("boom")
@@ -174,3 +178,72 @@ async def test_watcher_survives_a_failing_poll(tmp_path: Path) -> None:
     finally:
         await w.stop()
     await w.stop()  # idempotent
+
+
+# --- a slow in-place writer: truncates, then writes the file in pieces, pausing at lines ---
+SLOW_FINAL = BASE.replace("9001", "9002") + "  - name: spare\n    match: {path_prefix: /x/}\n"
+SLOW_FINAL += "    backend: vllm\n"
+
+
+async def slow_write(path: Path, text: str, pause: float, every: int) -> None:
+    lines = text.splitlines(keepends=True)
+    with path.open("w") as f:  # in place: truncated first, like many editors' save
+        for i, line in enumerate(lines):
+            f.write(line)
+            if i % every == every - 1:
+                f.flush()
+                await asyncio.sleep(pause)  # the pause falls at a line boundary
+
+
+async def watch_slow_writer(
+    tmp_path: Path, final: str, pause: float, debounce: float, guard_traffic: bool = False
+) -> tuple[list[str], PolicyHolder[CompiledPolicy]]:
+    """Versions the holder swapped in while a slow writer wrote `final` over BASE."""
+    from gateway.core.clock import ManualClock
+    from tests.policy.traffic_support import book_with, compiled
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(BASE)
+    holder = PolicyHolder(path, build)
+    if guard_traffic:
+        holder.traffic = book_with(compiled(BASE), ManualClock(0.0), 100).snapshot
+    swaps: list[str] = []
+    holder.on_swap(lambda: swaps.append(holder.version))
+    w = PolicyWatcher(holder, interval_s=0.02, debounce_s=debounce)
+    w.start()
+    try:
+        await asyncio.sleep(0.05)
+        await slow_write(path, final, pause, every=3)
+        want = compile_policy(load_policy_text(final, str(path))).version
+        await wait_until(lambda: holder.version == want, timeout=10.0)
+        await asyncio.sleep(2 * debounce + 0.1)
+    finally:
+        await w.stop()
+    return swaps, holder
+
+
+async def test_slow_writer_pausing_within_the_window_is_loaded_once(tmp_path: Path) -> None:
+    swaps, holder = await watch_slow_writer(tmp_path, SLOW_FINAL, pause=0.1, debounce=0.3)
+    assert swaps == [holder.version]  # only the whole file, never a prefix of it
+
+
+async def test_slow_writer_with_end_marker_is_never_loaded_half_written(tmp_path: Path) -> None:
+    final = "end_marker: '# end of policy'\n" + SLOW_FINAL + "# end of policy\n"
+    swaps, holder = await watch_slow_writer(tmp_path, final, pause=0.3, debounce=0.05)
+    assert swaps == [holder.version]
+    assert holder.reloads > 1  # it did look at the half-written states, and refused them
+    assert "end marker" in "\n".join(holder.last_errors)
+
+
+async def test_slow_writer_half_file_losing_routes_is_held_by_the_guard(tmp_path: Path) -> None:
+    swaps, holder = await watch_slow_writer(
+        tmp_path, SLOW_FINAL, pause=0.3, debounce=0.05, guard_traffic=True
+    )
+    assert swaps == [holder.version]
+    assert any(e["event"] == "held" for e in holder.events), list(holder.events)
+
+
+async def test_control_a_long_pause_without_protection_loads_a_prefix(tmp_path: Path) -> None:
+    # Why the marker and the guard exist: the watcher alone cannot tell a long pause from the end.
+    swaps, holder = await watch_slow_writer(tmp_path, SLOW_FINAL, pause=0.3, debounce=0.05)
+    assert len(swaps) > 1 and swaps[-1] == holder.version

@@ -129,8 +129,10 @@ def test_unary_methods_of_reads_streaming_flags() -> None:
 
 
 def test_channel_options_follow_limits() -> None:
-    opts = dict(channel_options(Limits(grpc_max_message_bytes=1234, grpc_max_metadata_bytes=999)))
+    limits = Limits(grpc_max_message_bytes=1234, grpc_max_upstream_metadata_bytes=99999)
+    opts = dict(channel_options(limits))
     assert opts["grpc.max_receive_message_length"] == 1234
     assert opts["grpc.max_send_message_length"] == 1234
-    assert opts["grpc.max_metadata_size"] == 999
+    # what a backend may send, soft and hard limit alike (not the ingress metadata cap)
+    assert opts["grpc.max_metadata_size"] == opts["grpc.absolute_max_metadata_size"] == 99999
     assert opts["grpc.enable_retries"] == 0

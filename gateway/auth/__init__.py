@@ -1,0 +1,1 @@
+"""JWT authentication: token verification (`jwt`), key sets (`keys`) and their caches (`jwks`)."""

@@ -1,0 +1,316 @@
+"""The `auth` section of the policy and the per-route `auth` setting (JWT authentication).
+
+Validation only, no I/O: secrets and JWKS are read by `gateway.auth` when the filter is built and
+in the background. Checks that span the document (unknown provider, duplicate issuer, `filters:`
+without `auth`) are in `auth_reference_errors`, called from `model.reference_errors`.
+
+```yaml
+auth:
+  default: off                    # routes without their own `auth`: required | optional | off
+  providers:
+    - name: corp
+      issuer: "https://login.example.com/"
+      audiences: ["sluice"]
+      algorithms: [RS256, ES256]
+      jwks: {url: "https://login.example.com/.well-known/jwks.json"}
+      forward_claims: {sub: x-sluice-user, tenant: x-sluice-tenant}
+routes:
+  - name: openai
+    auth: required                # or optional, off, or {required: true, claims: {tier: [gold]}}
+```
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    model_validator,
+)
+
+if TYPE_CHECKING:
+    from gateway.policy.model import Loc, Policy
+
+ASYMMETRIC_ALGORITHMS = (
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+)  # fmt: skip
+HMAC_ALGORITHMS = ("HS256", "HS384", "HS512")
+Algorithm = Literal[
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+    "HS256", "HS384", "HS512",
+]  # fmt: skip  # `none` is not in the list, and never will be
+
+# Headers a claim may not be forwarded in: framing, routing, the token itself, what Sluice sets.
+RESERVED_HEADERS = frozenset(
+    {
+        "host", "authorization", "proxy-authorization", "cookie", "content-length",
+        "content-type", "content-encoding", "transfer-encoding", "connection", "keep-alive",
+        "proxy-connection", "te", "trailer", "upgrade", "expect", "user-agent",
+        "x-forwarded-for", "x-forwarded-proto", "x-request-id", "traceparent", "tracestate",
+    }
+)  # fmt: skip
+
+HeaderName = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$",
+        description="an HTTP header / gRPC metadata name (letters, digits, '-')",
+    ),
+]
+ClaimName = Annotated[str, Field(min_length=1, max_length=128, description="a claim name")]
+ClaimValue = str | int | bool
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class JwksSource(_Model):
+    """Where a provider's public keys come from, and how they are cached."""
+
+    file: str | None = Field(default=None, description="a JWKS JSON file (re-read like a URL)")
+    url: str | None = Field(
+        default=None, description="an https URL of the issuer's JWKS (http only to loopback)"
+    )
+    allow_http: bool = Field(
+        default=False, description="allow a plain-http URL to a non-loopback host (not advised)"
+    )
+    cache_s: PositiveFloat = Field(
+        default=600.0, description="refresh the key set in the background this often"
+    )
+    max_stale_s: PositiveFloat = Field(
+        default=86400.0,
+        description="while refreshes fail, keep using the last good set this long after it was "
+        "fetched; then every token of the provider fails (closed)",
+    )
+    unknown_kid_cooldown_s: PositiveFloat = Field(
+        default=30.0,
+        description="a token with an unknown `kid` triggers at most one refetch per this period",
+    )
+    timeout_s: PositiveFloat = Field(
+        default=5.0, le=60.0, description="hard deadline of one fetch (connect, headers, body)"
+    )
+    max_bytes: PositiveInt = Field(
+        default=262144, le=16 * 1024 * 1024, description="largest JWKS document accepted"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> JwksSource:
+        if (self.file is None) == (self.url is None):
+            raise ValueError("set exactly one of `file` or `url`")
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("`url` must be an http(s) URL with a host")
+            if parts.scheme == "http" and not self.allow_http and not _loopback(parts.hostname):
+                raise ValueError(
+                    "a plain-http JWKS URL to a non-loopback host lets anyone on the path swap "
+                    "the keys; use https, or set `allow_http: true`"
+                )
+        if self.max_stale_s < self.cache_s:
+            raise ValueError("`max_stale_s` must be at least `cache_s`")
+        return self
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SecretSource(_Model):
+    """An HMAC secret, read when the policy is loaded (never written to logs or /admin)."""
+
+    env: str | None = Field(default=None, description="environment variable holding it")
+    file: str | None = Field(default=None, description="file holding it (trailing newline cut)")
+    encoding: Literal["raw", "base64", "base64url"] = Field(
+        default="raw", description="how the secret is written: raw bytes, base64 or base64url"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("set exactly one of `env` or `file`")
+        return self
+
+
+class AuthProvider(_Model):
+    """One token issuer. A token is matched to the provider whose `issuer` equals its `iss`."""
+
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="metrics and log label"
+    )
+    issuer: str = Field(min_length=1, description="the `iss` claim, matched exactly")
+    audiences: list[str] = Field(
+        description="the token's `aud` must name one of these; `[]` turns the check off "
+        "(a token minted for another service is then accepted too)"
+    )
+    algorithms: list[Algorithm] = Field(
+        min_length=1,
+        description="the only algorithms accepted (the token header never chooses); "
+        "HS* only with `secret`, the others only with `jwks`",
+    )
+    jwks: JwksSource | None = Field(default=None, description="public keys (RS/PS/ES/EdDSA)")
+    secret: SecretSource | None = Field(default=None, description="shared secret (HS*)")
+    forward_claims: dict[ClaimName, HeaderName] = Field(
+        default_factory=dict,
+        description="claim -> header sent upstream; a client's own copy of these headers is "
+        "always removed, also when the claim is absent",
+    )
+    leeway_s: float = Field(
+        default=60.0, ge=0, le=300, description="clock skew allowed on exp, nbf and iat"
+    )
+    require_exp: bool = Field(default=True, description="refuse tokens without `exp`")
+    max_lifetime_s: PositiveFloat | None = Field(
+        default=None, description="refuse tokens whose exp - iat (or nbf) is longer than this"
+    )
+    typ: str | None = Field(
+        default=None, description="required `typ` header, e.g. at+jwt (null = not checked)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AuthProvider:
+        if (self.jwks is None) == (self.secret is None):
+            raise ValueError("set exactly one of `jwks` or `secret`")
+        if len(set(self.algorithms)) != len(self.algorithms):
+            raise ValueError("`algorithms` lists an algorithm twice")
+        hmac = [a for a in self.algorithms if a in HMAC_ALGORITHMS]
+        if self.secret is not None and len(hmac) != len(self.algorithms):
+            raise ValueError("a `secret` provider accepts only HS256/HS384/HS512")
+        if self.jwks is not None and hmac:
+            raise ValueError(
+                "a `jwks` provider cannot accept HS* (its public keys would become HMAC secrets)"
+            )
+        for claim, header in self.forward_claims.items():
+            low = header.lower()
+            if low in RESERVED_HEADERS or low.startswith("grpc-"):
+                raise ValueError(f"claim {claim!r} cannot be forwarded in {header!r} (reserved)")
+        return self
+
+
+def _yaml_words(v: Any) -> Any:
+    # YAML 1.1 reads a bare `off` / `on` as a boolean.
+    if v is False:
+        return "off"
+    if v is True:
+        return "required"
+    return v
+
+
+class RouteAuth(_Model):
+    """A route's requirement, long form."""
+
+    required: bool = Field(
+        default=True,
+        description="true: a valid token is needed (401); false: optional (no token passes "
+        "anonymously, an invalid one is still refused)",
+    )
+    claims: dict[ClaimName, ClaimValue | list[ClaimValue]] = Field(
+        default_factory=dict,
+        description="claim -> accepted values; all listed claims must match (403 / "
+        "PERMISSION_DENIED); a list-valued claim matches if one element does",
+    )
+    providers: list[str] = Field(
+        default_factory=list, description="accept tokens of these providers only (empty = any)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RouteAuth:
+        if self.claims and not self.required:
+            raise ValueError("`claims` need `required: true`")
+        return self
+
+
+def _setting_kind(v: Any) -> str:
+    return "long-form" if isinstance(v, dict | RouteAuth) else "short-form"
+
+
+# A word or the long form; the discriminator keeps a bad value to the one error that applies.
+RouteAuthSetting = Annotated[
+    Annotated[
+        Annotated[Literal["required", "optional", "off"], BeforeValidator(_yaml_words)],
+        Tag("short-form"),
+    ]
+    | Annotated[RouteAuth, Tag("long-form")],
+    Discriminator(_setting_kind),
+]
+
+
+class Auth(_Model):
+    """JWT authentication: providers, and the requirement of routes that set none."""
+
+    providers: list[AuthProvider] = Field(min_length=1, max_length=64, description="token issuers")
+    default: RouteAuthSetting = Field(
+        default="off", description="the requirement of routes without their own `auth`"
+    )
+    header: HeaderName = Field(
+        default="authorization", description="where the token is (HTTP header / gRPC metadata)"
+    )
+    scheme: str = Field(
+        default="Bearer",
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="the value's prefix before one space ('' = the bare token)",
+    )
+    max_token_bytes: PositiveInt = Field(
+        default=8192,
+        le=65536,
+        description="a longer token header is refused (431 / RESOURCE_EXHAUSTED) undecoded",
+    )
+    cache_size: int = Field(
+        default=10000,
+        ge=0,
+        le=1_000_000,
+        description="verified tokens remembered (by SHA-256, until exp; oldest evicted; 0 = off)",
+    )
+    forward_token: bool = Field(
+        default=False, description="pass the verified token header on to the backend"
+    )
+
+
+def auth_reference_errors(p: Policy) -> list[tuple[Loc, str]]:
+    """Auth problems that span the document, each at the field at fault."""
+    errors: list[tuple[Loc, str]] = []
+    a = p.auth
+    if a is None:
+        for i, r in enumerate(p.routes):
+            if r.auth is not None and r.auth != "off":
+                errors.append((("routes", i, "auth"), "needs an `auth` section with providers"))
+        return errors
+    names: set[str] = set()
+    issuers: dict[str, str] = {}
+    for j, prov in enumerate(a.providers):
+        if prov.name in names:
+            errors.append((("auth", "providers", j, "name"), f"duplicate provider {prov.name!r}"))
+        names.add(prov.name)
+        if prov.issuer in issuers:
+            errors.append(
+                (
+                    ("auth", "providers", j, "issuer"),
+                    f"issuer {prov.issuer!r} is already provider {issuers[prov.issuer]!r}'s",
+                )
+            )
+        issuers.setdefault(prov.issuer, prov.name)
+    settings: list[tuple[Loc, RouteAuthSetting]] = [(("auth", "default"), a.default)]
+    settings += [(("routes", i, "auth"), r.auth) for i, r in enumerate(p.routes) if r.auth]
+    for loc, setting in settings:
+        if isinstance(setting, RouteAuth):
+            for k, name in enumerate(setting.providers):
+                if name not in names:
+                    known = ", ".join(sorted(names))
+                    errors.append(((*loc, "providers", k), f"unknown provider {name!r} ({known})"))
+    if "auth" not in p.filters:
+        errors.append((("filters",), "`auth` is configured but 'auth' is not in `filters`"))
+    return errors

@@ -1,0 +1,289 @@
+"""Policy model: backends (endpoints, discovery, health, breakers, outliers) and routes (match,
+weights, canary, retries, sticky). Nothing here does I/O."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gateway.policy.auth import RouteAuthSetting
+from gateway.policy.base import HostPort, RedisUrl, Timeouts, _Model
+
+
+class Endpoint(_Model):
+    address: HostPort = Field(description="host:port of one backend instance")
+    weight: int = Field(
+        default=1, ge=0, le=10000, description="relative share; 0 = out of rotation"
+    )
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=7,
+        description="priority level: 0 = primary; 1, 2, ... take traffic only as the levels "
+        "before them lose members (e.g. another zone)",
+    )
+
+
+GrpcMethod = Annotated[
+    str, Field(pattern=r"^/[A-Za-z0-9_.]+/[A-Za-z0-9_]+$", description="/pkg.Service/Method")
+]
+
+
+class Registry(_Model):
+    """Members published by heartbeats in Redis (`sluice heartbeat` beside each model server)."""
+
+    redis: RedisUrl = Field(description="the registry's Redis")
+    service: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="service name the heartbeats are published under",
+    )
+    version: str | None = Field(
+        default=None, max_length=128, description="only members whose heartbeat `ver` is this"
+    )
+    poll_s: PositiveFloat = Field(default=1.0, le=60, description="how often Redis is read")
+    stale_after_s: PositiveFloat = Field(
+        default=5.0, description="a member whose heartbeat is older than this leaves rotation"
+    )
+    timeout_s: PositiveFloat = Field(default=0.5, le=10, description="deadline of each read")
+    priority: int = Field(default=0, ge=0, le=7, description="priority level of these members")
+    weight: int = Field(default=1, ge=1, le=10000, description="weight of each member")
+    max_members: PositiveInt = Field(
+        default=256, le=4096, description="members read per poll, at most"
+    )
+
+
+class Discovery(_Model):
+    registry: Registry = Field(description="members from Redis heartbeats")
+
+
+class HealthCheck(_Model):
+    """Active checks: HTTP `GET path` (2xx = pass) or gRPC `grpc.health.v1` (SERVING = pass)."""
+
+    path: str = Field(
+        default="/healthz?deep=true",
+        pattern=r"^/[\x21-\x7e]*$",
+        max_length=1024,
+        description="HTTP backends: the path checked",
+    )
+    grpc_service: str = Field(
+        default="", max_length=256, description="gRPC backends: service name ('' = server)"
+    )
+    interval_s: PositiveFloat = Field(default=30.0, description="between checks while passing")
+    failing_interval_s: PositiveFloat = Field(
+        default=2.0, description="between checks while failing (faster)"
+    )
+    jitter: float = Field(default=0.1, ge=0, le=0.5, description="± spread of each interval")
+    timeout_s: PositiveFloat = Field(default=2.0, description="a check slower than this fails")
+    unhealthy_after: PositiveInt = Field(default=3, description="failed checks in a row → out")
+    healthy_after: PositiveInt = Field(default=2, description="passing checks in a row → back")
+
+
+class CircuitBreaker(_Model):
+    """Per member: trips on consecutive failures, error ratio or slow-call ratio; see README."""
+
+    consecutive_failures: int = Field(
+        default=5, ge=0, le=10000, description="failures in a row that trip it (0 = off)"
+    )
+    error_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="failed share of the window that trips it"
+    )
+    slow_call_s: PositiveFloat = Field(
+        default=10.0, description="a call slower than this to its first byte is slow"
+    )
+    slow_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="slow share of the window that trips it"
+    )
+    min_requests: PositiveInt = Field(
+        default=20, description="results the window needs before ratios count"
+    )
+    window_s: PositiveFloat = Field(default=10.0, description="sliding window of the ratios")
+    open_s: PositiveFloat = Field(
+        default=5.0, description="first open time; doubles at each re-open, ±20 % jitter"
+    )
+    max_open_s: PositiveFloat = Field(default=60.0, description="open time cap")
+    half_open_probes: int = Field(
+        default=3, ge=1, le=100, description="probes admitted half-open; all must succeed"
+    )
+    probe_timeout_s: PositiveFloat | None = Field(
+        default=None, description="a probe without a first byte by then fails (default slow_call_s)"
+    )
+
+
+class OutlierDetection(_Model):
+    timeout_ratio: float = Field(
+        default=0.15, gt=0, le=1, description="timeout share over the window that ejects"
+    )
+    window_s: PositiveFloat = Field(default=120.0, description="sliding window")
+    min_requests: PositiveInt = Field(default=20, description="results needed in the window")
+    max_ejected: float = Field(
+        default=0.1, ge=0, le=1, description="largest ejected share of the members (at least 1)"
+    )
+    ejection_s: PositiveFloat = Field(
+        default=30.0, description="ejection time × times ejected, up to max_ejection_s"
+    )
+    max_ejection_s: PositiveFloat = Field(default=300.0, description="ejection time cap")
+
+
+class Backend(_Model):
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
+    )
+    protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
+    discovery: Discovery | None = Field(
+        default=None, description="members added from a registry (Redis heartbeats)"
+    )  # before `endpoints`: its validator looks at it
+    endpoints: list[Endpoint] = Field(
+        default_factory=list,
+        max_length=4096,
+        description="static members (need no Redis); at least one, or `discovery`",
+    )
+    health: HealthCheck | None = Field(default=None, description="active health checks (off)")
+    breaker: CircuitBreaker | None = Field(
+        default=None, description="circuit breaker per member (off)"
+    )
+    outlier: OutlierDetection | None = Field(
+        default=None, description="outlier ejection on timeouts (off)"
+    )
+    panic_threshold: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="below this available share, members failing health checks or ejected are "
+        "used again (breaker-open ones never); 0 = never",
+    )
+    unary_methods: list[GrpcMethod] = Field(
+        default_factory=list,
+        description="gRPC methods (/pkg.Service/Method) known to be unary: served by a cheaper "
+        "unary handler; all others are proxied as stream-stream",
+    )
+    discover_unary: bool = Field(
+        True,
+        description="ask the gRPC backend's server reflection which methods are unary at load",
+    )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _some_members(cls, v: list[Endpoint], info: ValidationInfo) -> list[Endpoint]:
+        if not v and info.data.get("discovery") is None:
+            raise ValueError("needs at least one endpoint or `discovery`")
+        return v
+
+
+class HeaderMatch(_Model):
+    name: str = Field(min_length=1, description="header (HTTP) or metadata key (gRPC)")
+    value: str | None = Field(
+        default=None, description="exact value; null = present with any value"
+    )
+
+
+class RouteMatch(_Model):
+    protocol: Literal["http", "grpc", "any"] = Field(default="any", description="which listener")
+    path_prefix: str = Field(
+        default="/", description="HTTP path prefix, or gRPC '/pkg.Service/' prefix"
+    )
+    methods: list[str] = Field(
+        default_factory=list, description="HTTP methods; empty = any (gRPC is always POST)"
+    )
+    headers: list[HeaderMatch] = Field(default_factory=list, description="all must match")
+
+
+class WeightedBackend(_Model):
+    backend: str = Field(description="backend name")
+    weight: int = Field(
+        default=1, ge=0, le=10000, description="relative share of this route's traffic"
+    )
+
+
+class Canary(_Model):
+    """The canary's p95 and error ratio against the stable version's; a breach sets its weight
+    to 0 until a policy change to this route's canary or weights."""
+
+    backend: str = Field(description="which of the route's backends is the canary")
+    p95_ms: PositiveFloat = Field(default=200.0, description="p95 time to first byte allowed")
+    max_error_ratio: float = Field(default=0.02, ge=0, le=1, description="error share allowed")
+    window_s: PositiveFloat = Field(default=60.0, description="sliding window compared")
+    min_requests: PositiveInt = Field(
+        default=20, description="canary results needed in the window before it is judged"
+    )
+    override_header: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9\-_]+$",
+        description="header forcing the choice: 1/true/canary → canary, 0/false/stable → not",
+    )
+
+
+RetryOn = Literal["connect_failure", "unavailable"]
+RETRY_ON: tuple[RetryOn, ...] = ("connect_failure", "unavailable")
+
+
+class Retries(_Model):
+    """Retry where safe: connect failures, or 503 / UNAVAILABLE before any byte reached the
+    client; never once a response started; bounded by a budget."""
+
+    attempts: int = Field(default=2, ge=1, le=5, description="tries in total, the first included")
+    budget_ratio: float = Field(
+        default=0.2, ge=0, le=1, description="retries in flight ≤ this share of active requests"
+    )
+    min_retries: int = Field(
+        default=3, ge=0, le=1000, description="retries in flight always allowed (budget floor)"
+    )
+    per_try_timeout_s: PositiveFloat | None = Field(
+        default=None, description="each try's deadline up to its first response byte"
+    )
+    retry_on: list[RetryOn] = Field(
+        default_factory=lambda: list(RETRY_ON),
+        description="connect_failure; unavailable (HTTP 503 / gRPC UNAVAILABLE)",
+    )
+
+
+class Sticky(_Model):
+    header: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9\-_]+$",
+        description="hash this header (e.g. a user id): the same value keeps its backend and "
+        "member; requests without it are balanced normally",
+    )
+
+
+class Route(_Model):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="metrics label")
+    match: RouteMatch = Field(
+        default_factory=RouteMatch, description="first route that matches wins"
+    )
+    backend: str | None = Field(default=None, description="one backend (or use `backends`)")
+    backends: list[WeightedBackend] = Field(
+        default_factory=list, description="weighted split between backends"
+    )
+    timeouts: Timeouts | None = Field(default=None, description="overrides the global timeouts")
+    strip_prefix: str = Field(
+        default="", description="removed from the HTTP path before forwarding"
+    )
+    canary: Canary | None = Field(default=None, description="guard of a canary backend (off)")
+    retries: Retries | None = Field(default=None, description="retries where safe (off)")
+    sticky: Sticky | None = Field(
+        default=None, description="header-hash stickiness instead of least-loaded choice"
+    )
+    auth: RouteAuthSetting | None = Field(
+        default=None,
+        description="required | optional | off, or {required, claims, providers}; "
+        "null = `auth.default`",
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Route:
+        if (self.backend is None) == (not self.backends):
+            raise ValueError("set exactly one of `backend` or `backends`")
+        return self

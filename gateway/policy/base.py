@@ -1,0 +1,168 @@
+"""Policy model primitives and the ingress sections: the base model, host:port and Redis URL
+types, listeners, limits, timeouts. Nothing here does I/O."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+)
+
+Loc = tuple[str | int, ...]
+
+HostPort = Annotated[
+    str,
+    Field(
+        pattern=r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):[0-9]{1,5}$",
+        description="host:port; IPv6 in brackets",
+    ),
+]
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` or a loopback address (IPv6 with or without brackets)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _Model(BaseModel):
+    # inf/nan would pass PositiveFloat (`.inf` is valid YAML) and disable a timeout by accident.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Listener(_Model):
+    host: str = Field(default="0.0.0.0", description="address to bind")
+    port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")
+    engine: Literal["aiohttp", "native"] = Field(
+        default="native",
+        description="HTTP engine (http listener only): native (default), an asyncio.Protocol + "
+        "httptools server, or aiohttp's server (~30 µs/request more CPU; the same behaviour, "
+        "checked by a differential fuzz test, except for known aiohttp parser limits)",
+    )
+
+
+class Listeners(_Model):
+    http: Listener | None = Field(
+        default_factory=lambda: Listener(port=8080), description="HTTP/1.1 ingress (null = off)"
+    )
+    grpc: Listener | None = Field(
+        default_factory=lambda: Listener(port=8081), description="gRPC ingress (null = off)"
+    )
+    admin: Listener | None = Field(
+        default_factory=lambda: Listener(host="127.0.0.1", port=9901),
+        description="admin listener: /healthz /readyz /metrics /status /admin/policy",
+    )
+
+
+class Limits(_Model):
+    """Size and concurrency bounds of the ingress."""
+
+    max_header_bytes: PositiveInt = Field(
+        default=16384, description="total request header bytes (431)"
+    )
+    max_header_count: PositiveInt = Field(
+        default=100, description="number of request headers (431)"
+    )
+    max_line_bytes: PositiveInt = Field(default=8190, description="request line / one header line")
+    max_body_bytes: PositiveInt = Field(
+        default=16 * 1024 * 1024,
+        description="request body bytes (413); also the gRPC request message cap",
+    )
+    max_response_header_bytes: PositiveInt = Field(
+        default=65536, description="upstream response header bytes before 502"
+    )
+    grpc_max_message_bytes: PositiveInt = Field(
+        default=16 * 1024 * 1024, description="largest gRPC message either way"
+    )
+    grpc_max_concurrent_streams: PositiveInt = Field(
+        default=1000,
+        description="HTTP/2 max concurrent streams per gRPC connection; grpc clients do not "
+        "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
+    )
+    grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
+    grpc_max_upstream_metadata_bytes: PositiveInt = Field(
+        default=1 << 20,
+        description="gRPC metadata bytes a backend may send (a long status message arrives "
+        "whole, then its details are cut to 4096 characters and the rest of the metadata to "
+        "grpc_max_metadata_bytes for the client)",
+    )
+    grpc_keepalive_min_ping_interval_s: PositiveFloat = Field(
+        default=60.0, description="pings closer than this without data count as strikes (GOAWAY)"
+    )
+    max_connections_per_backend: PositiveInt = Field(
+        default=256, description="upstream HTTP connections per endpoint; excess requests wait"
+    )
+    max_idle_connections_per_backend: int = Field(
+        default=32, ge=0, description="idle upstream keep-alive connections kept per endpoint"
+    )
+    max_buffered_body_bytes: PositiveInt = Field(
+        default=1024 * 1024,
+        description="request bodies up to this size are read whole (within body_read_s) "
+        "before an upstream connection is taken; JSON bodies up to it are parsed for the body "
+        "phase (model, max_tokens, stream). Larger bodies are streamed through unchanged",
+    )
+    max_streamed_uploads_per_backend: PositiveInt = Field(
+        default=64,
+        description="upstream connections per endpoint that may carry a streamed (larger than "
+        "max_buffered_body_bytes) request body at once; more get 503, so slow uploads cannot "
+        "take every connection",
+    )
+    max_event_bytes: PositiveInt = Field(
+        default=1024 * 1024,
+        description="longest SSE line / JSON response body the response phase parses; past it "
+        "the response passes through unparsed",
+    )
+
+
+class Timeouts(_Model):
+    connect_s: PositiveFloat = Field(default=2.0, description="TCP connect to a backend (504)")
+    first_byte_s: PositiveFloat = Field(
+        default=30.0,
+        description="from request sent to response headers (504); LLM prefill can be slow",
+    )
+    idle_s: PositiveFloat = Field(
+        default=60.0,
+        description="longest silence between body chunks either way (504 or cut); also how "
+        "long a client that stopped reading may stall a response before it is cut both ways",
+    )
+    total_s: PositiveFloat = Field(
+        default=600.0, description="whole request, streams included (504)"
+    )
+    header_read_s: PositiveFloat = Field(
+        default=10.0, description="client must send headers within this"
+    )
+    keepalive_s: PositiveFloat = Field(
+        default=75.0, description="idle client keep-alive connection"
+    )
+    upstream_idle_s: PositiveFloat = Field(
+        default=30.0, description="idle upstream keep-alive connection is closed after this"
+    )
+    drain_s: PositiveFloat = Field(
+        default=30.0,
+        description="on SIGTERM, in-flight requests (streams too) get this long to finish",
+    )
+    body_read_s: PositiveFloat = Field(
+        default=30.0,
+        description="a buffered request body (see limits.max_buffered_body_bytes) must arrive "
+        "within this (408)",
+    )
+
+
+RedisUrl = Annotated[
+    str,
+    Field(
+        pattern=r"^(redis|rediss|unix)://\S+$",
+        max_length=1024,
+        description="redis://[user:password@]host:port/db, rediss:// for TLS, or unix://path",
+    ),
+]

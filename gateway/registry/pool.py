@@ -1,0 +1,254 @@
+"""The backends owner in the services (`services.get("backends", ...)`): every backend member's
+live state, which outlives policy reloads, and one view of each backend per policy section.
+
+State, each kept in the pool under its own key (see `gateway.registry.member`):
+- per backend and address (`Core`): requests in flight, heartbeat load, counters;
+- per backend, address and parameters: the breaker (`breaker` section), the outlier record
+  (`outlier`), the health verdict and its check loop (`health`, and the backend's protocol);
+- per backend and `discovery.registry` section: the registry poller and what it found;
+- per route and canary section + split weights: the canary guard; per route and budget
+  parameters: the retry budget.
+
+A `BackendView` (`gateway.registry.view`) is one backend section as a policy wrote it: its
+members (static ones from its endpoints, plus those its registry finds) over that shared state,
+and the traffic plan the pure balancer picks from; views of equal sections are one object.
+
+What a reload keeps, then: a member whose address stays keeps its in-flight count and load; its
+breaker, outlier record and health while their section's parameters stay (a changed section
+starts that part fresh); a changed weight or priority applies at once; a member no longer named
+loses nothing others need (requests still running on it finish; its checks stop). A route's
+canary guard stays while its canary section and split weights stay (any change re-arms it). Both
+policies of a staged rollout are served from their own views over the same state, so each sees
+its own members. Background work (health checks, registry polls) runs for the views of the
+policy activated last and of any policy that served a request in the last `IDLE_S` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random as _random
+import weakref
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.breaker import Breaker, BreakerParams
+from gateway.core.canary import CanaryGuard, CanaryParams
+from gateway.core.health import HealthParams, HealthState
+from gateway.core.outlier import Outlier, OutlierParams
+from gateway.core.retry import RetryBudget
+from gateway.registry.member import BreakerBox, Core, HealthBox
+from gateway.registry.view import BackendView
+
+if TYPE_CHECKING:
+    from gateway.policy.compiled import Endpoint
+    from gateway.policy.model import Backend, Canary
+    from gateway.registry.heartbeats import Watcher
+    from gateway.services import Services
+
+log = logging.getLogger("sluice.backends")
+
+IDLE_S = 30.0  # a view no request picked from for this long (and not the latest) stops its work
+SWEEP_S = 5.0
+LIVE_POOLS: weakref.WeakSet[BackendPool] = weakref.WeakSet()  # read by the metrics collector
+
+
+def _forget(book: dict[Any, Any], keep: set[int]) -> None:
+    for k in [k for k, x in book.items() if id(x) not in keep]:
+        del book[k]
+
+
+class BackendPool:
+    """The services' owner of every backend member's state (key "backends")."""
+
+    def __init__(self, services: Services, random: Callable[[], float] | None = None) -> None:
+        self.services = services
+        self.clock = services.clock
+        self.random: Callable[[], float] = random or _random.Random().random
+        self.cores: dict[tuple[str, str], Core] = {}
+        self.boxes: dict[tuple[str, str, BreakerParams], BreakerBox] = {}
+        self.outliers: dict[tuple[str, str, OutlierParams], Outlier] = {}
+        self.healths: dict[tuple[Any, ...], HealthBox] = {}
+        self.watchers: dict[tuple[str, str], Watcher] = {}
+        self.guards: dict[tuple[str, str], CanaryGuard] = {}
+        self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
+        self.views: dict[tuple[str, str], BackendView] = {}  # reusable by the next build
+        self._alive: weakref.WeakSet[BackendView] = weakref.WeakSet()  # any policy may use
+        self.latest: dict[str, BackendView] = {}  # the views of the policy activated last
+        self.pickers: dict[str, Any] = {}  # its route pickers (state, metrics)
+        self.epoch = 0
+        self.started = False
+        self._sweeper: asyncio.Task[None] | None = None
+        LIVE_POOLS.add(self)
+
+    def changed(self) -> None:
+        """Some member state changed: every view rebuilds its plan at its next pick."""
+        self.epoch += 1
+
+    # --- shared state, created on first use -----------------------------------------------------
+    def core(self, backend: str, address: str) -> Core:
+        c = self.cores.get((backend, address))
+        if c is None:
+            c = self.cores[(backend, address)] = Core(backend, address)
+        return c
+
+    def box(self, backend: str, address: str, p: BreakerParams) -> BreakerBox:
+        b = self.boxes.get((backend, address, p))
+        if b is None:
+            b = self.boxes[(backend, address, p)] = BreakerBox(Breaker(p, self.random))
+        return b
+
+    def outlier(self, backend: str, address: str, p: OutlierParams) -> Outlier:
+        o = self.outliers.get((backend, address, p))
+        if o is None:
+            o = self.outliers[(backend, address, p)] = Outlier(p)
+        return o
+
+    def health(self, backend: str, ep: Endpoint, p: HealthParams, check: Any) -> HealthBox:
+        key = (backend, ep.address, ep.protocol, p, check.path, check.grpc_service)
+        h = self.healths.get(key)
+        if h is None:
+            h = self.healths[key] = HealthBox(HealthState(p), ep, check)
+        return h
+
+    def watcher(self, backend: str, reg: Any) -> Watcher:
+        from gateway.registry.heartbeats import Watcher
+
+        key = (backend, reg.model_dump_json())
+        w = self.watchers.get(key)
+        if w is None:
+            w = self.watchers[key] = Watcher(self.services, self, backend, reg)
+        return w
+
+    def view(self, cfg: Backend) -> BackendView:
+        key = (cfg.name, cfg.model_dump_json())
+        v = self.views.get(key)
+        if v is None:
+            v = self.views[key] = BackendView(self, cfg, key)
+            self._alive.add(v)
+        return v
+
+    def guard(
+        self, route: str, canary: Canary | None, targets: tuple[tuple[str, int], ...]
+    ) -> CanaryGuard | None:
+        if canary is None:
+            return None
+        key = (route, f"{canary.model_dump_json()}|{targets}")
+        g = self.guards.get(key)
+        if g is None:
+            p = CanaryParams(canary.p95_ms, canary.max_error_ratio, canary.window_s,
+                             canary.min_requests)  # fmt: skip
+            g = self.guards[key] = CanaryGuard(p)
+        return g
+
+    def budget(self, route: str, ratio: float, floor: int) -> RetryBudget:
+        b = self.budgets.get((route, ratio, floor))
+        if b is None:
+            b = self.budgets[(route, ratio, floor)] = RetryBudget(ratio, floor)
+        return b
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def activate(self, views: Iterable[BackendView], pickers: dict[str, Any]) -> None:
+        """A policy goes live: its views become the latest; background work follows them."""
+        latest = {}
+        for v in views:
+            latest[v.name] = v
+            self.views[v.key] = v
+            self._alive.add(v)
+        self.latest = latest
+        self.pickers = pickers
+        self.changed()
+        self.sweep(self.clock.now())
+        self.start()  # without a running loop, the first request starts it
+
+    def start(self) -> None:
+        """Start background work (needs a running loop): at activation, or the first request.
+        Without a running loop (a tool, a synchronous test) it does nothing."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.started = True
+        for v in self.latest.values():
+            v.start_work()
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = self.services.spawn(self._sweep_loop(), "backends:sweep")
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            self.sweep(self.clock.now())
+
+    def sweep(self, now: float) -> None:
+        """Stop the work of views no policy serves from any more; forget state no view holds."""
+        working = {id(v) for v in self.latest.values()}
+        for key, v in list(self.views.items()):
+            if id(v) not in working and now - v.last_pick >= IDLE_S:
+                del self.views[key]  # the next build makes a new view if it needs one
+        working |= {id(v) for v in self.views.values() if now - v.last_pick < IDLE_S}
+        alive = list(self._alive)
+        held: set[int] = set()
+        checked: set[int] = set()
+        for v in alive:
+            for m in v.members.values():
+                held.update((id(m.core), id(m.box), id(m.outlier), id(m.hbox)))
+                if id(v) in working and m.hbox is not None:
+                    checked.add(id(m.hbox))
+            if v.watcher is not None:
+                held.add(id(v.watcher))
+                if id(v) in working:
+                    checked.add(id(v.watcher))
+        _forget(self.cores, held)
+        _forget(self.boxes, held)
+        _forget(self.outliers, held)
+        for hk, h in list(self.healths.items()):
+            if id(h) not in checked:
+                h.stop()
+            if id(h) not in held:
+                del self.healths[hk]
+        for wk, w in list(self.watchers.items()):
+            if id(w) not in checked:
+                w.stop()
+            if id(w) not in held:
+                del self.watchers[wk]
+        # Guards and budgets of older policies: their pickers still hold them; only a later
+        # build of the same section would find them here (a guard re-armed by then is right:
+        # its section changed in between).
+        _forget(self.guards, {id(p.guard) for p in self.pickers.values()})
+        _forget(self.budgets, {id(p.budget) for p in self.pickers.values()})
+
+    def addresses(self, protocol: str) -> set[str]:
+        """Member addresses of the live backends speaking `protocol` that a registry found
+        (static members are in the policy; an old policy's view may linger until swept)."""
+        return {
+            a
+            for v in self._alive
+            if v.cfg.protocol == protocol
+            for a, m in v.members.items()
+            if m.source == "registry"
+        }  # fmt: skip
+
+    def readiness(self) -> dict[str, object]:
+        now = self.clock.now()
+        out: dict[str, object] = {}
+        for name, v in self.latest.items():
+            plan = v.plan(now)
+            item: dict[str, object] = {"available": plan.available, "members": plan.members}
+            if v.watcher is not None:
+                item["registry_up"] = v.watcher.up
+            out[name] = item
+        return out
+
+    def state(self) -> dict[str, object]:
+        now = self.clock.now()
+        return {
+            "backends": {name: v.state(now) for name, v in self.latest.items()},
+            "routes": {name: p.state(now) for name, p in self.pickers.items()},
+        }
+
+    def aclose(self) -> None:
+        for h in self.healths.values():
+            h.stop()
+        for w in self.watchers.values():
+            w.stop()
+        LIVE_POOLS.discard(self)

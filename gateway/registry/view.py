@@ -1,0 +1,345 @@
+"""One backend section as one policy wrote it (`BackendView`): its members over the pool's shared
+member state (`gateway.registry.pool`), the traffic plan the pure balancer picks from, and the
+way each try's result reaches the member's breaker, outlier record and passive health.
+
+The plan is rebuilt only when some member state changes (`BackendPool.changed`) or a time-based
+change falls due: an open breaker's cool-down, a probe's deadline, an ejection's end, a
+heartbeat going stale. Half-open probes are offered before the balancer's choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from gateway.core.balancer import MemberStatus, Plan, build_plan, pick, pick_excluding, pick_sticky
+from gateway.core.breaker import BreakerParams, Change, State
+from gateway.core.health import HealthParams
+from gateway.core.outcome import Outcome
+from gateway.core.outlier import Outlier, OutlierParams, max_ejected
+from gateway.policy.compiled import endpoint_of
+from gateway.registry.member import Attempt, Member, Result, classify, timed_out
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from gateway.policy.compiled import Endpoint
+    from gateway.policy.model import Backend
+    from gateway.registry.heartbeats import Watcher
+    from gateway.registry.pool import BackendPool
+
+log = logging.getLogger("sluice.backends")
+
+EMPTY: Plan[Member] = build_plan([], 0.0)
+
+
+def breaker_params(b: Backend) -> BreakerParams | None:
+    c = b.breaker
+    if c is None:
+        return None
+    return BreakerParams(
+        consecutive_failures=c.consecutive_failures,
+        error_ratio=c.error_ratio,
+        slow_call_s=c.slow_call_s,
+        slow_ratio=c.slow_ratio,
+        min_requests=c.min_requests,
+        window_s=c.window_s,
+        open_s=c.open_s,
+        max_open_s=c.max_open_s,
+        half_open_probes=c.half_open_probes,
+        probe_timeout_s=c.probe_timeout_s if c.probe_timeout_s is not None else c.slow_call_s,
+    )
+
+
+def outlier_params(b: Backend) -> OutlierParams | None:
+    c = b.outlier
+    if c is None:
+        return None
+    return OutlierParams(
+        c.timeout_ratio, c.window_s, c.min_requests, c.max_ejected, c.ejection_s, c.max_ejection_s
+    )
+
+
+def health_params(b: Backend) -> HealthParams | None:
+    c = b.health
+    if c is None:
+        return None
+    return HealthParams(
+        c.interval_s, c.failing_interval_s, c.jitter, c.timeout_s, c.unhealthy_after,
+        c.healthy_after,
+    )  # fmt: skip
+
+
+class BackendView:
+    """One backend section of one policy: its members over the pool's shared state, its plan."""
+
+    def __init__(self, pool: BackendPool, cfg: Backend, key: tuple[str, str]) -> None:
+        self.pool = pool
+        self.cfg = cfg
+        self.key = key
+        self.name = cfg.name
+        self.bp = breaker_params(cfg)
+        self.op = outlier_params(cfg)
+        self.hp = health_params(cfg)
+        self.members: dict[str, Member] = {}
+        for e in cfg.endpoints:
+            ep = endpoint_of(cfg, e.address, e.weight, e.priority)
+            self.members[ep.address] = self._member(ep, "static")
+        self.watcher: Watcher | None = None
+        if cfg.discovery is not None:
+            self.watcher = pool.watcher(cfg.name, cfg.discovery.registry)
+        self._plan: Plan[Member] | None = None
+        self._expires = 0.0
+        self._epoch = -1
+        self.panic = False
+        self.last_pick = 0.0
+
+    def _member(self, ep: Endpoint, source: str) -> Member:
+        pool, name, addr = self.pool, self.name, ep.address
+        box = pool.box(name, addr, self.bp) if self.bp is not None else None
+        outlier = pool.outlier(name, addr, self.op) if self.op is not None else None
+        hbox = None
+        if self.hp is not None and self.cfg.health is not None:
+            hbox = pool.health(name, ep, self.hp, self.cfg.health)
+        return Member(ep, source, pool.core(name, addr), box, outlier, hbox)
+
+    def _sync_discovered(self) -> None:
+        w = self.watcher
+        if w is None or self.cfg.discovery is None:
+            return
+        reg = self.cfg.discovery.registry
+        for address in w.found:
+            m = self.members.get(address)
+            if m is None:
+                ep = endpoint_of(self.cfg, address, reg.weight, reg.priority)
+                self.members[address] = self._member(ep, "registry")
+        for address in [a for a, m in self.members.items() if m.source == "registry"]:
+            if address not in w.found:
+                del self.members[address]
+
+    def fresh_until(self, m: Member) -> float:
+        if m.source != "registry" or self.watcher is None:
+            return math.inf
+        return self.watcher.fresh_until.get(m.address, 0.0)
+
+    # --- the plan ------------------------------------------------------------------------------
+    def plan(self, now: float) -> Plan[Member]:
+        p = self._plan
+        if p is None or now >= self._expires or self._epoch != self.pool.epoch:
+            return self._rebuild(now)
+        return p
+
+    def _rebuild(self, now: float) -> Plan[Member]:
+        pool = self.pool
+        self._epoch = pool.epoch
+        self._sync_discovered()
+        if pool.started and self.pool.latest.get(self.name) is self:
+            self.start_work()
+        statuses: list[MemberStatus[Member]] = []
+        expires = math.inf
+        for m in self.members.values():
+            br = m.breaker
+            closed = True
+            probing = False
+            if br is not None:
+                if br.state is not State.CLOSED:
+                    self._judge_probes(m, now)
+                    change = br.tick(now)
+                    if change is not None and change.new is not change.old:
+                        self._breaker_changed(m, change)
+                    expires = min(expires, br.next_deadline())
+                closed = br.state is State.CLOSED
+                probing = br.state is State.HALF_OPEN
+            fresh = self.fresh_until(m)
+            if fresh <= now:
+                continue  # heartbeat stale: out of membership
+            expires = min(expires, fresh)
+            ejected = False
+            if m.outlier is not None and m.outlier.ejected(now):
+                ejected = True
+                expires = min(expires, m.outlier.ejected_until)
+            healthy = m.hbox is None or m.hbox.state.healthy
+            statuses.append(
+                MemberStatus(
+                    m, m.priority, m.weight, healthy and not ejected and closed, closed, probing
+                )
+            )
+        plan = build_plan(statuses, self.cfg.panic_threshold)
+        panic = any(lv.panic for lv in plan.levels)
+        if panic != self.panic:
+            self.panic = panic
+            log.warning("backend %s: %s panic mode (%d of %d members available)", self.name,
+                        "in" if panic else "out of", plan.available, plan.members)  # fmt: skip
+        self._plan, self._expires = plan, expires
+        self._epoch = pool.epoch  # our own transitions above must not make us rebuild again
+        return plan
+
+    def _judge_probes(self, m: Member, now: float) -> None:
+        """Half-open probes whose first byte already went out are judged by it now (a stream
+        may run for minutes after its first byte; the probe question is answered)."""
+        br, box = m.breaker, m.box
+        if br is None or box is None or not box.probes:
+            return
+        for ticket in br.pending_probes():
+            a = box.probes.get(ticket)
+            fb = None if a is None or a.ctx is None else a.ctx.first_byte_at
+            if a is None or fb is None:
+                continue
+            a.reported = True
+            a.ctx = None
+            del box.probes[ticket]
+            change = br.record(ticket, now, False, fb - a.started > br.p.slow_call_s)
+            if change is not None:
+                self._breaker_changed(m, change)
+                return
+
+    def _breaker_changed(self, m: Member, change: Change) -> None:
+        self.pool.changed()
+        metrics.BREAKER_TRANSITIONS.labels(self.name, change.new.value).inc()
+        if change.new is State.OPEN:
+            log.warning("breaker open: backend=%s member=%s (%s)", self.name, m.address,
+                        change.reason)  # fmt: skip
+        else:
+            log.info("breaker %s: backend=%s member=%s (%s)", change.new.value, self.name,
+                     m.address, change.reason)  # fmt: skip
+        if change.new is not State.HALF_OPEN and m.box is not None:
+            m.box.probes = {}
+
+    # --- picking and results ----------------------------------------------------------------
+    def take(
+        self, now: float, key: int | None, exclude: Collection[Member] = ()
+    ) -> tuple[Member, int] | None:
+        """A member and its breaker ticket (probes of half-open members first), or None."""
+        plan = self.plan(now)
+        self.last_pick = now
+        if plan.probing:
+            for p in plan.probing:
+                pb = p.breaker
+                if pb is not None and p not in exclude and self.fresh_until(p) > now:
+                    t = pb.allow(now)
+                    if t >= 0:
+                        self.pool.changed()  # plans must now see this probe's deadline
+                        return p, t
+        m: Member | None
+        if exclude:
+            if key is None:
+                m = pick_excluding(plan, self.pool.random, exclude)
+            else:
+                m = pick_sticky(plan, key, exclude)
+        elif key is None:
+            m = pick(plan, self.pool.random)
+        else:
+            m = pick_sticky(plan, key)
+        if m is None:
+            return None
+        br = m.breaker
+        if br is None:
+            return m, 0
+        t = br.allow(now)
+        if t < 0:  # its state moved since the plan was made
+            self.pool.changed()
+            return None
+        return m, t
+
+    def report(
+        self,
+        a: Attempt,
+        now: float,
+        outcome: Outcome,
+        http_status: int,
+        grpc_status: int | None,
+        first_byte_at: float | None,
+    ) -> tuple[Result, float]:
+        """One try's end: feed the breaker, the outlier record and passive health. Returns the
+        result and the time to first byte (the whole try when no byte came)."""
+        m = a.member
+        core = m.core
+        core.in_flight -= 1
+        if outcome is Outcome.OK and grpc_status is None and http_status < 500:
+            res = Result.OK  # the common case, without a call
+        else:
+            res = classify(outcome, http_status, grpc_status)
+        ttfb = (first_byte_at if first_byte_at is not None else now) - a.started
+        if a.ctx is not None:
+            a.ctx = None
+            if m.box is not None:
+                m.box.probes.pop(a.ticket, None)
+        br = m.breaker
+        if res is Result.IGNORED:
+            if br is not None and not a.reported:
+                br.ignore(a.ticket)
+            a.reported = True
+            return res, ttfb
+        core.requests += 1
+        failed = res is Result.FAILED
+        if br is not None and not a.reported:
+            change = br.record(a.ticket, now, failed, ttfb > br.p.slow_call_s)
+            if change is not None:
+                self._breaker_changed(m, change)
+        a.reported = True
+        outlier = m.outlier
+        if failed:
+            core.failures += 1
+            slow = timed_out(outcome, grpc_status)
+            if slow:
+                core.timeouts += 1
+            if m.hbox is not None and m.hbox.poke is not None:
+                m.hbox.poke.set()  # passive health: check it now
+            if outlier is not None and outlier.record(now, slow):
+                self._try_eject(m, outlier, now)
+        elif outlier is not None:
+            outlier.record(now, False)
+        return res, ttfb
+
+    def _try_eject(self, m: Member, outlier: Outlier, now: float) -> None:
+        assert self.op is not None
+        ejected = sum(1 for x in self.members.values() if x.outlier and x.outlier.ejected(now))
+        if ejected >= max_ejected(self.op, len(self.members)):
+            return
+        until = outlier.eject(now)
+        metrics.OUTLIER_EJECTIONS.labels(self.name).inc()
+        log.warning("outlier ejected: backend=%s member=%s timeout ratio %.2f for %.0fs",
+                    self.name, m.address, outlier.last_ratio, until - now)  # fmt: skip
+        self.pool.changed()
+
+    # --- background work and state --------------------------------------------------------------
+    def start_work(self) -> None:
+        """Health check loops of its members and its registry poller (idempotent)."""
+        from gateway.registry.health import start_checker
+
+        services = self.pool.services
+        for m in self.members.values():
+            if m.hbox is not None and m.hbox.checker is None:
+                start_checker(services, self.pool, m.hbox)
+        if self.watcher is not None:
+            self.watcher.start()
+
+    def state(self, now: float) -> dict[str, object]:
+        plan = self.plan(now)
+        members = []
+        for m in self.members.values():
+            fresh = self.fresh_until(m)
+            fresh_for = None if fresh == math.inf else round(fresh - now, 3)
+            members.append(m.snapshot(now, fresh_for))
+        out: dict[str, object] = {
+            "protocol": self.cfg.protocol,
+            "members": members,
+            "in_rotation": plan.members,
+            "available": plan.available,
+            "panic": self.panic,
+            "levels": [
+                {
+                    "priority": lv.priority,
+                    "members": [m.address for m in lv.members],
+                    "share": round(hi - lo, 4),
+                    "panic": lv.panic,
+                }
+                for lv, lo, hi in zip(
+                    plan.levels, (0.0, *plan.cum_load), plan.cum_load, strict=False
+                )
+            ],  # fmt: skip
+        }
+        if self.watcher is not None:
+            out["registry"] = self.watcher.state()
+        return out

@@ -1,0 +1,144 @@
+"""The auth filter in process: hook kind, cache behaviour, headers it sets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.core.request import Protocol, RequestInfo
+from gateway.filters.auth import AuthFilter, PlainAuthFilter, build
+from gateway.filters.base import RequestContext, Status
+from gateway.filters.chain import Chain
+from gateway.filters.request_id import RequestIdFilter
+from gateway.policy.compiled import CompiledPolicy, compile_policy
+from gateway.policy.model import Policy
+from gateway.services import Services
+from tests.auth import mint
+
+RS = mint.rsa_key("rs", "RS256")
+
+
+def compiled(providers: list[dict[str, Any]], **auth: Any) -> CompiledPolicy:
+    return compile_policy(
+        Policy.model_validate(
+            {
+                "backends": [{"name": "b", "endpoints": [{"address": "127.0.0.1:1"}]}],
+                "auth": {"providers": providers, **auth},
+                "routes": [
+                    {"name": "opt", "match": {"path_prefix": "/opt/"}, "backend": "b",
+                     "auth": "optional"},
+                    {"name": "on", "backend": "b", "auth": "required"},
+                ],
+            }
+        )
+    )  # fmt: skip
+
+
+def hs_provider(**over: Any) -> dict[str, Any]:
+    return {
+        "name": "internal",
+        "issuer": mint.HS_ISSUER,
+        "audiences": ["sluice"],
+        "algorithms": ["HS256"],
+        "secret": {"env": "T_HS_SECRET"},
+        "forward_claims": {"sub": "x-user"},
+        **over,
+    }
+
+
+@pytest.fixture(autouse=True)
+def secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("T_HS_SECRET", mint.HS_SECRET.decode())
+
+
+@pytest.fixture
+async def services() -> AsyncIterator[Services]:
+    s = Services()
+    try:
+        yield s
+    finally:
+        await s.aclose()
+
+
+async def call(f: Any, policy: CompiledPolicy, path: str, **headers: str) -> RequestContext:
+    ctx = RequestContext(RequestInfo(Protocol.HTTP, "GET", path, headers), policy)
+    r = f.on_request(ctx)
+    if asyncio.iscoroutine(r):
+        r = await r
+    assert (r is Status.STOP) == (not ctx.verdict.allowed)
+    return ctx
+
+
+def hs(**over: Any) -> str:
+    return "Bearer " + mint.jws(mint.claims(iss=mint.HS_ISSUER, **over), mint.HS_SECRET)
+
+
+async def test_hmac_only_policy_keeps_the_chain_plain(services: Services, tmp_path: Path) -> None:
+    f = build(compiled([hs_provider()]), services)
+    assert type(f) is PlainAuthFilter
+    assert Chain([RequestIdFilter(), f]).sync_request
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps(mint.jwks(RS)))
+    corp = {**hs_provider(), "name": "corp", "issuer": mint.ISSUER, "algorithms": ["RS256"]}
+    corp.pop("secret")
+    corp["jwks"] = {"file": str(jwks)}
+    g = build(compiled([hs_provider(), corp]), services)
+    assert type(g) is AuthFilter and not Chain([RequestIdFilter(), g]).sync_request
+
+
+async def test_cached_token_expires_with_exp(services: Services) -> None:
+    p = compiled([hs_provider(leeway_s=0)])
+    f = build(p, services)
+    exp = int(time.time()) + 1
+    token = hs(exp=exp)
+    assert (await call(f, p, "/v1/x", authorization=token)).verdict.allowed
+    assert (await call(f, p, "/v1/x", authorization=token)).verdict.allowed  # a hit
+    while time.time() <= exp + 0.05:
+        await asyncio.sleep(0.05)
+    ctx = await call(f, p, "/v1/x", authorization=token)
+    assert ctx.verdict.http_status == 401 and ctx.detail == "auth expired (internal)"
+
+
+async def test_cache_is_bounded_oldest_first(services: Services) -> None:
+    p = compiled([hs_provider()], cache_size=2)
+    f = build(p, services)
+    tokens = [hs(jti=str(i)) for i in range(3)]
+    for t in tokens:
+        assert (await call(f, p, "/v1/x", authorization=t)).verdict.allowed
+    state = services.state()["auth.tokens"]
+    assert state == {"entries": 2, "size": 2, "evictions": 1}
+
+
+async def test_headers_set_and_stripped(services: Services) -> None:
+    p = compiled([hs_provider()])
+    f = build(p, services)
+    ctx = await call(f, p, "/v1/x", authorization=hs(sub="alice"))
+    assert ctx.upstream_headers == {"x-user": "alice", "authorization": ""}
+    assert ctx.principal is not None and ctx.principal.subject == "alice"
+    assert ctx.principal.provider == "internal" and ctx.principal.claims["sub"] == "alice"
+    anon = await call(f, p, "/opt/x")
+    assert anon.verdict.allowed and anon.principal is None
+    assert anon.upstream_headers == {"x-user": ""}  # a client's x-user never passes
+    odd = await call(f, p, "/v1/x", authorization=hs(sub="a\r\nb"))
+    assert odd.upstream_headers["x-user"] == "a%0D%0Ab"
+    keep = compiled([hs_provider()], forward_token=True)
+    g = build(keep, services)
+    assert (
+        "authorization" not in (await call(g, keep, "/v1/x", authorization=hs())).upstream_headers
+    )
+
+
+async def test_a_reload_with_the_same_auth_keeps_the_cache(services: Services) -> None:
+    p = compiled([hs_provider()])
+    f = build(p, services)
+    await call(f, p, "/v1/x", authorization=hs(jti="keep"))
+    same = build(compiled([hs_provider()]), services)
+    assert same is not None and same._cache is f._cache
+    changed = build(compiled([hs_provider(leeway_s=5)]), services)
+    assert changed is not None and changed._cache is not f._cache
