@@ -5,12 +5,11 @@ response phases. Decisions are `gateway.core`'s; state is the services' `Limiter
   only a `strict` rule with Redis up, or a request waiting in the yellow queue, hands back
   an awaitable): the priority class, the backend pool's colour, then each rule's key:
   arrival counted, colour moved, admit / shed / refuse.
-- `on_body` (HTTP): model-keyed rules, then the token reservation (prompt / 4 + max_tokens,
-  or the policy default); a stream is asked for its usage chunk if the client did not ask
-  (`body.usage_added`: the forwarding path hides that chunk from the client).
-- `on_event`: completion tokens of each SSE chunk (an overrun is cut when the rule says
-  `on_overrun: cut`), the gRPC usage trailer.
+- `on_body`, `on_event`: the token reservation and the stream's usage
+  (`gateway.filters.ratelimit_tokens`, built only when a rule limits tokens).
 - `on_response`: the reservation settled from `ctx.usage`, the pool's latency sample.
+- The two paths that wait (the yellow queue, `strict` Redis decisions) are in
+  `gateway.filters.ratelimit_wait`.
 
 Refusals: 429 / RESOURCE_EXHAUSTED with Retry-After and `x-ratelimit-{limit,remaining,reset}-
 {requests,tokens}` (HTTP headers; gRPC trailing metadata); shed by colour: 503 / UNAVAILABLE
@@ -20,26 +19,22 @@ counts what it would have refused; the request goes on.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.core.body import RequestBody
 from gateway.core.keys import source_ip
-from gateway.core.keystate import Code, KeyState, strict_seen
+from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
 from gateway.core.overload import Colour, sheds
 from gateway.core.request import Protocol
-from gateway.core.tokens import Reservation, estimate, usage_from_trailer
-from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
-from gateway.errors import StoreUnavailable
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
+from gateway.core.tokens import Reservation, estimate
+from gateway.filters.base import RequestContext, Status
+from gateway.filters.ratelimit_wait import queued, strict
 from gateway.policy.compiled import CompiledPolicy
 from gateway.ratelimit.compiled import CompiledLimits, CompiledRule, compile_limits
 from gateway.ratelimit.owner import Limiter, limiter_for
 from gateway.ratelimit.state import (
     ADMIT,
-    QUEUED,
     REJECT_PRESSURE,
     REJECT_QPS,
     REJECT_TOKENS,
@@ -48,20 +43,17 @@ from gateway.ratelimit.state import (
     SHED_RED,
     SHED_YELLOW,
     STRICT_FALLBACK,
-    TOKEN_CUT,
     PoolState,
     RuleState,
 )
+from gateway.ratelimit.verdicts import CONCURRENCY, REASON, refused, shed
 from gateway.services import Services
-from gateway.store.base import SyncOp, key_name
 
 NAME = "ratelimit"
 _ADMIT = Code.ADMIT
 _CONTINUE = Status.CONTINUE
 _OK = Outcome.OK
 _COUNTER = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
-_REASON = {Code.QPS: "qps", Code.TOKENS: "tokens", Code.PRESSURE: "pressure"}
-SHED_RETRY_S = {Colour.YELLOW: 1.0, Colour.RED: 2.0}
 
 Rule = tuple[CompiledRule, RuleState]
 
@@ -136,7 +128,7 @@ class RateLimitFilter:
             if pool.limit.in_flight >= pool.limit.limit:  # the hard limit, for every class
                 self.lim.rejected(pool.name, "concurrency")
                 ctx.decide(NAME, "shed", f"pool:{pool.name}:concurrency")
-                return ctx.stop(_CONCURRENCY)
+                return ctx.stop(CONCURRENCY)
             t.pool = pool
         return self._rules(ctx, t, self.early, 0)
 
@@ -231,7 +223,7 @@ class RateLimitFilter:
             if status is not None:
                 return status
         if t.strict:
-            return self._strict(ctx, t)
+            return strict(self, ctx, t)
         if t.pool is None and not self.grpc_tokens:
             ctx.reservation = t
             return _CONTINUE
@@ -272,88 +264,8 @@ class RateLimitFilter:
             and self.lim.waiting < self.queue_size
             and rules is self.early
         ):
-            return self._queued(ctx, t, rule, rs, ks, code, rules, i)
+            return queued(self, ctx, t, rule, rs, ks, code, rules, i)
         return self._refuse(ctx, t, rule, rs, ks, code, now)
-
-    async def _queued(
-        self,
-        ctx: RequestContext,
-        t: Ticket,
-        rule: CompiledRule,
-        rs: RuleState,
-        ks: KeyState,
-        code: Code,
-        rules: tuple[Rule, ...],
-        i: int,
-    ) -> Status:
-        """Yellow: wait (bounded) for room instead of refusing at once."""
-        lim = self.lim
-        lim.waiting += 1
-        rs.counts[QUEUED] += 1
-        deadline = self.now() + self.delay_s
-        try:
-            while True:
-                now = self.now()
-                wait = ks.retry_after(rule.math, rs.scale, now, code)
-                if wait > deadline - now:
-                    return self._refuse(ctx, t, rule, rs, ks, code, now)
-                await asyncio.sleep(max(wait, 0.001))
-                now = self.now()
-                ks.unoffer()
-                code = ks.request(rule.math, rs.scale, now)
-                if code is Code.ADMIT:
-                    break
-        finally:
-            lim.waiting -= 1
-        status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
-        if status is None:
-            status = self._rules(ctx, t, rules, i + 1)
-        if not isinstance(status, Status):
-            status = await status
-        return status
-
-    async def _strict(self, ctx: RequestContext, t: Ticket) -> Status:
-        """`strict` rules: one Redis decision each (deadline bound); local when Redis fails."""
-        lim = self.lim
-        store, cfg = lim.store, lim.store_cfg
-        assert t.strict is not None and store is not None and cfg is not None
-        grpc_cost = (
-            float(estimate(0, None, self.default_max))
-            if ctx.info.protocol is Protocol.GRPC
-            else 0.0
-        )
-        for rule, rs in t.strict:
-            now = self.now()
-            k = rule.key(ctx.info, t.claims, t.route, None)
-            ks = rs.key(k, now)
-            if ks.rkey is None:
-                ks.rkey = key_name(cfg.key_prefix, rule.name, rule.params, k)
-            op = SyncOp(ks.rkey, rule.params, offered=1.0, want_req=1.0, strict=True)
-            op.want_tok = grpc_cost if rule.has_t else 0.0
-            try:
-                res = await store.take(op) if lim.mode == "redis" else None
-            except StoreUnavailable as exc:
-                lim.fallback(str(exc))
-                res = None
-            now = self.now()
-            if res is None:
-                rs.counts[STRICT_FALLBACK] += 1  # this request's call failed: decided here
-                code = ks.request(rule.math, rs.scale, now)
-            else:
-                code = Code.ADMIT if res.granted_req >= 1.0 else Code.QPS
-                strict_seen(ks, rule.math, now, code is Code.ADMIT, res.admitted, res.offered,
-                            res.tokens)  # fmt: skip
-                if code is Code.ADMIT and op.want_tok:
-                    ks.tok_unleased -= op.want_tok  # charged by the take itself
-            if ks.changed is not None:
-                self._recoloured(rs, k, ks)
-            rs.dirty[k] = ks
-            status = self._judge(ctx, t, rule, rs, ks, code, now, (), 0)
-            if status is not None:
-                if not isinstance(status, Status):
-                    status = await status
-                return status
-        return self._admitted(ctx, t)
 
     def _admitted(self, ctx: RequestContext, t: Ticket) -> Status:
         ctx.reservation = t
@@ -390,37 +302,9 @@ class RateLimitFilter:
         if ctx.reservation is t:
             self._release(ctx, t)
         rs.counts[_COUNTER[code]] += 1
-        self.lim.rejected(rule.name, _REASON[code])
-        ctx.decide(NAME, "reject", f"{rule.name}:{_REASON[code]}")
-        m, scale = rule.math, rs.scale
-        retry = max(ks.retry_after(m, scale, now, code), 0.001)
-        headers: list[tuple[str, str]] = []
-        local = 1.0 if ks.leased else scale
-        if m.limit:
-            q_reset = ks.retry_after(m, scale, now, Code.QPS)
-            headers += [
-                ("x-ratelimit-limit-requests", _num(m.limit)),
-                ("x-ratelimit-remaining-requests", _num(ks.requests_left(m, scale, now) / local)),
-                ("x-ratelimit-reset-requests", _dur(q_reset)),
-            ]
-        if m.rate:
-            left = ks.tokens_left(m, scale, now)
-            headers += [
-                ("x-ratelimit-limit-tokens", _num(m.burst)),
-                ("x-ratelimit-remaining-tokens", _num(max(0.0, left) / local)),
-                ("x-ratelimit-reset-tokens", _dur((m.burst * local - left) / (m.rate * local))),
-            ]
-        what = "token budget" if code is Code.TOKENS else "rate limit"
-        return ctx.stop(
-            reject(
-                429,
-                GRPC_RESOURCE_EXHAUSTED,
-                "rate_limited",
-                f"{what} of rule {rule.name} exceeded",
-                retry,
-                tuple(headers),
-            )
-        )
+        self.lim.rejected(rule.name, REASON[code])
+        ctx.decide(NAME, "reject", f"{rule.name}:{REASON[code]}")
+        return ctx.stop(refused(rule, ks, code, rs.scale, now))
 
     def _shed(
         self,
@@ -440,7 +324,7 @@ class RateLimitFilter:
         ctx.decide(NAME, "shed", f"{scope}:{name}:{colour.label}")
         if colour is Colour.RED and self.red_deny:
             self.lim.shed_source(source_ip(ctx.info.peer), self.deny_after, self.deny_ttl)
-        return ctx.stop(_shed_verdict(colour, ctx.priority or 0))
+        return ctx.stop(shed(colour, ctx.priority or 0))
 
     # -- body phase: tokens -------------------------------------------------------------------
     def _reserve(self, ctx: RequestContext, t: Ticket, cost: int, prompt: int) -> Status:
@@ -518,101 +402,13 @@ class RateLimitFilter:
             self.lim.colour_changed("pool", pool.name, old, new)
 
 
-class TokenRateLimitFilter(RateLimitFilter):
-    """The same, with the body and event phases (built only when a rule limits tokens or a
-    rule is keyed by model, so that the others cost nothing there)."""
-
-    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
-        t = ctx.reservation
-        if not isinstance(t, Ticket):
-            return Status.CONTINUE
-        if self.late:
-            status = self._late(ctx, t, body.model)
-            if status is not Status.CONTINUE:
-                return status
-        if not self.c.has_tokens or t.tokens is not None or not body.size:
-            return Status.CONTINUE  # no body (GET /v1/models...): nothing to reserve
-        prompt = body.prompt_tokens_estimate
-        status = self._reserve(ctx, t, estimate(prompt, body.max_tokens, self.default_max), prompt)
-        if status is Status.CONTINUE and body.stream and body.parsed and not body.wants_usage:
-            body.set("stream_options", {**(body.stream_options or {}), "include_usage": True})
-            body.usage_added = True
-        return status
-
-    def _late(self, ctx: RequestContext, t: Ticket, model: str | None) -> Status:
-        now = self.now()
-        shared = self.lim.store is not None
-        for rule, rs in self.late:
-            k = rule.key(ctx.info, t.claims, t.route, model)
-            ks = rs.key(k, now)
-            code = ks.request(rule.math, rs.scale, now)
-            if ks.changed is not None:
-                self._recoloured(rs, k, ks)
-            if shared:
-                rs.dirty[k] = ks
-            status = self._judge(ctx, t, rule, rs, ks, code, now, self.late, 0)
-            if status is not None:
-                assert isinstance(status, Status)  # the late rules do not queue
-                return status
-        return Status.CONTINUE
-
-    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
-        t = ctx.reservation
-        if not isinstance(t, Ticket) or t.tokens is None:
-            return Status.CONTINUE
-        kind = event.kind
-        if kind is EventKind.SSE:
-            if t.tokens.on_chunk(event.doc) and ctx.usage is None:
-                for rs, _, _ in t.tokens.entries:
-                    if rs.rule.cut and rs.rule.enforce:
-                        rs.counts[TOKEN_CUT] += 1
-                        self.lim.rejected(rs.rule.name, "token_overrun")
-                        return ctx.stop(_OVERRUN)
-        elif kind is EventKind.TRAILERS and ctx.usage is None:
-            for k, v in event.metadata:
-                if k == self.trailer:
-                    u = usage_from_trailer(v)
-                    if u is not None:
-                        ctx.usage = u
-                    break
-        return Status.CONTINUE
-
-
-_CONCURRENCY = reject(
-    503, GRPC_UNAVAILABLE, "overloaded", "the backend pool is at its concurrency limit", 1.0
-)
-_OVERRUN = reject(
-    429,
-    GRPC_RESOURCE_EXHAUSTED,
-    "token_overrun",
-    "the response used more tokens than were reserved for it",
-)
-
-
-def _shed_verdict(colour: Colour, prio: int) -> Verdict:
-    return reject(
-        503,
-        GRPC_UNAVAILABLE,
-        "overloaded",
-        f"shed while {colour.label} (priority class {prio})",
-        SHED_RETRY_S.get(colour, 1.0),
-    )
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if x >= 0 else "0"
-
-
-def _dur(s: float) -> str:
-    """Seconds as OpenAI writes them ("0.25s", "12s")."""
-    s = max(0.0, s)
-    return f"{s:.3f}".rstrip("0").rstrip(".") + "s"
-
-
 def build(section: CompiledPolicy, services: Services) -> RateLimitFilter | None:
     rl = section.policy.rate_limits
     if rl is None or (not rl.rules and rl.concurrency is None):
         return None
     c = compile_limits(rl, section)
-    cls = TokenRateLimitFilter if (c.has_tokens or c.late) else RateLimitFilter
-    return cls(c, limiter_for(services))
+    if c.has_tokens or c.late:
+        from gateway.filters.ratelimit_tokens import TokenRateLimitFilter
+
+        return TokenRateLimitFilter(c, limiter_for(services))
+    return RateLimitFilter(c, limiter_for(services))
