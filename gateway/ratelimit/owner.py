@@ -161,7 +161,9 @@ class Limiter:
     def set_mode(self, mode: str, reason: str = "") -> None:
         if mode != self.mode:
             why = f" ({reason})" if reason else ""
-            log.warning("rate limits: store mode %s -> %s%s", self.mode, mode, why)
+            # Losing Redis is worth a warning; starting up, recovering or switching is not.
+            level = logging.WARNING if self.mode == "redis" else logging.INFO
+            log.log(level, "rate limits: store mode %s -> %s%s", self.mode, mode, why)
         self.mode = mode
         for m in ("memory", "redis", "fallback"):
             metrics.RL_STORE_MODE.labels(m).set(1 if m == mode else 0)

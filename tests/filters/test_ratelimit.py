@@ -406,3 +406,10 @@ async def test_keys_are_bounded_least_recently_used_first() -> None:
     rs = next(iter(rig.lim.rules.values()))
     assert len(rs.keys) == 50 and rs.evicted == 450
     assert "k499" in rs.keys and "k0" not in rs.keys
+
+
+async def test_memory_store_gives_each_worker_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_WORKERS", "4")  # what `serve --workers 4` sets for its workers
+    rig = Rig({"rules": [{"name": "w", "key": [], "qps": 40}]})
+    ctxs = await rig.send(20, 0.0001)
+    assert statuses(ctxs).count(200) == 10  # 40 / 4 per worker
