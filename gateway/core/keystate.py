@@ -131,7 +131,9 @@ class KeyState:
         has_t = m.rate > 0.0
         if self.leased:
             limit = m.limit
-            adm = self.g_adm - (self.req_share if self.req_share < 0.0 else 0.0)
+            # The global count holds every share leased, ours too: what this replica has not
+            # used yet is not load (and what it took beyond its share is).
+            adm = self.g_adm - self.req_share
             off = self.g_off + self.off_since
             tok = self.g_tok + self.tok_share
             burst = m.burst
@@ -239,7 +241,7 @@ class KeyState:
 
     def requests_left(self, m: RuleMath, scale: float, now: float) -> float:
         if self.leased:
-            return max(0.0, m.limit - self.g_adm + min(self.req_share, 0.0))
+            return max(0.0, m.limit - self.g_adm + self.req_share)
         return max(0.0, m.limit * scale - self.win.admitted(now))
 
     def observe(self, m: RuleMath, scale: float, now: float) -> bool:

@@ -1,7 +1,8 @@
 """The limiter's background loop, the one place it awaits Redis (strict rules aside).
 
 Every sync interval (sooner when a key's share runs low, never closer than a fifth of the
-interval): one pipelined round trip that reports every active key and leases new shares.
+interval): one pipelined round trip that reports every key touched since the last one (and
+gives back the shares of keys idle for `IDLE_S`) and leases new shares.
 Every second: the replica announces itself (the live count sizes the fallback), counters go
 to Prometheus, idle non-green keys get their colour re-evaluated, the colour history moves.
 
@@ -19,7 +20,7 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from gateway.core.lease import apply, report, restore
+from gateway.core.lease import IDLE_S, apply, report, restore
 from gateway.core.overload import Colour
 from gateway.errors import StoreUnavailable
 from gateway.ratelimit.state import DECISIONS
@@ -118,8 +119,12 @@ async def sync_once(lim: Limiter) -> None:
         rule = rs.rule
         todo = rs.dirty
         rs.dirty = {}
+        # A leased key nobody touched since the last sync has nothing to report; once it has
+        # been idle for IDLE_S it is synced one last time, to give its share back. So the
+        # work per sync follows the keys that are active, not the keys that hold a share.
         for k, ks in rs.leased.items():
-            todo.setdefault(k, ks)
+            if k not in todo and now - ks.last > IDLE_S:
+                todo[k] = ks
         for k, ks in todo.items():
             if len(ops) >= MAX_OPS:
                 rs.dirty[k] = ks

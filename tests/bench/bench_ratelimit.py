@@ -243,7 +243,7 @@ def _gateway_rows(args: argparse.Namespace) -> None:
     from gateway.bench.loads import parse_wrk, wrk_cmd
     from gateway.bench.procs import Procs, free_port, http_ok, pinned, start_nginx, wait_until
     from gateway.bench.report import Row
-    from gateway.bench.runner import measure, policy_doc
+    from gateway.bench.runner import measure
 
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-rl-"))
     procs = Procs(tmp)
@@ -264,7 +264,7 @@ def _gateway_rows(args: argparse.Namespace) -> None:
             base = None
             for name, rules, store in variants:
                 ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
-                doc = policy_doc(ports, backend, None, False, args.engine)
+                doc = _bench_policy(ports, backend, args.engine)
                 if rules:
                     doc["rate_limits"] = {"store": store, "rules": rules}
                 path = tmp / f"{len(results)}.yaml"
@@ -290,6 +290,22 @@ def _gateway_rows(args: argparse.Namespace) -> None:
     print(f"gateway CPU per request ({args.engine} engine, wrk -c{args.connections}, "
           f"{args.duration}s, GET /v1/models via nginx):")  # fmt: skip
     report(results)
+
+
+def _bench_policy(ports: dict[str, int], backend: int, engine: str) -> dict[str, Any]:
+    """The gateway under test: HTTP only, access log off, one backend (nginx) and one route."""
+    return {
+        "version": 1,
+        "listeners": {
+            "http": {"host": "127.0.0.1", "port": ports["http"], "engine": engine},
+            "grpc": None,
+            "admin": {"host": "127.0.0.1", "port": ports["admin"]},
+        },
+        "backends": [{"name": "bench-http", "endpoints": [{"address": f"127.0.0.1:{backend}"}]}],
+        "routes": [{"name": "http", "match": {"protocol": "http"}, "backend": "bench-http"}],
+        "access_log": {"enabled": False},
+        "mock_backend": {"enabled": False},
+    }
 
 
 def cmd_gateway(args: argparse.Namespace) -> None:
