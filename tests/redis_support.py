@@ -70,8 +70,11 @@ class RedisServer:
 def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:
     """`masters` cluster-enabled servers joined with `redis-cli --cluster create`."""
     cli = require_binary("redis-cli")
-    nodes = [RedisServer(workdir / f"node{i}", cluster=True).start() for i in range(masters)]
+    nodes: list[RedisServer] = []
     try:
+        for i in range(masters):  # one by one: a node that fails to start stops the others
+            nodes.append(RedisServer(workdir / f"node{i}", cluster=True))
+            nodes[-1].start()
         addrs = [f"127.0.0.1:{n.port}" for n in nodes]
         subprocess.run(
             [cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
