@@ -139,4 +139,5 @@ async def test_reload_under_load_keeps_the_buckets(backend: Backend, tmp_path: P
     # A fresh bucket would let ~19 more through at the reload; a kept one holds the rate.
     assert after <= 20 * window + 8, after
     assert kept["admit"] > before["admit"] > 0  # the same counters went on
-    assert fresh["admit"] <= 16 < kept["admit"]  # a changed rule: new state, counted from 0
+    # A changed rule: new state, counted from 0 (~10 in the 1 s offered; slack for a slow machine).
+    assert fresh["admit"] <= 22 < kept["admit"]
