@@ -13,17 +13,23 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
 from gateway.adapters.grpc_calls import CallAccounting
+from gateway.adapters.grpc_status import (
+    _cancelled,
+    _crashed,
+    _reject,
+    _status,
+    _upstream_failed,
+    bounded_metadata,
+)
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import (
-    GRPC_CANCELLED,
-    GRPC_DEADLINE_EXCEEDED,
     GRPC_OK,
     GRPC_UNAVAILABLE,
     GRPC_UNKNOWN,
@@ -32,7 +38,6 @@ from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.routing import pick_retry
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
-from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -45,8 +50,6 @@ Context = grpc.aio.ServicerContext[bytes, bytes]
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
 CALLS = CallAccounting()  # calls that end between handler lookup and _begin (one listener)
-CODES: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
-
 # Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
 # (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
 # whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
@@ -56,67 +59,6 @@ DROPPED_METADATA = frozenset(
         "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
     }
 )  # fmt: skip
-MAX_DETAILS = 4096  # characters of an upstream status message passed to the client
-
-# sluice_upstream_errors_total{kind} for upstream call statuses (the failure table's kinds).
-_UPSTREAM_KIND = {
-    grpc.StatusCode.UNAVAILABLE: "unavailable",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
-    grpc.StatusCode.CANCELLED: "cancelled",
-}
-
-
-def _status(ctx: RequestContext, context: Context, code: grpc.StatusCode, details: str) -> None:
-    ctx.grpc_status = code.value[0]
-    context.set_code(code)
-    if details:
-        # Details travel in a header: a huge upstream message would make the client's HTTP/2
-        # stack reset the stream, so keep them well under the usual 8 KiB metadata limit.
-        context.set_details(details[:MAX_DETAILS])
-
-
-def bounded_metadata(
-    md: Sequence[tuple[str, str | bytes]], cap: int
-) -> tuple[tuple[str, str | bytes], ...]:
-    """The first entries of an upstream's metadata that fit `cap` bytes as HTTP/2 counts them
-    (name + value + 32 each, RFC 7541 4.1); the channel accepts more from a backend than the
-    client is likely to (limits.grpc_max_upstream_metadata_bytes vs grpc_max_metadata_bytes)."""
-    size, out = 0, []
-    for k, v in md:
-        size += len(k) + len(v) + 32
-        if size > cap:
-            break
-        out.append((k, v))
-    return tuple(out)
-
-
-def _reject(ctx: RequestContext, context: Context) -> None:
-    """Answer the chain's verdict: its code and reason, Retry-After and the verdict's headers
-    as trailing metadata."""
-    verdict = ctx.verdict
-    ctx.outcome = Outcome.REJECTED
-    trailing = list(verdict.headers)
-    if verdict.retry_after is not None:
-        trailing.append(("retry-after", retry_after_value(verdict.retry_after)))
-    trailing.extend(ctx.response_headers)
-    if trailing:
-        context.set_trailing_metadata(tuple(trailing))
-    _status(ctx, context, CODES.get(verdict.grpc_status, grpc.StatusCode.UNKNOWN), verdict.reason)
-
-
-def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
-    """The upstream call ended with a status: passed to the client as the backend sent it
-    (details capped); the outcome comes from the one failure table."""
-    code = e.code()
-    ctx.outcome = grpc_outcome(code.value[0])
-    kind = _UPSTREAM_KIND.get(code)
-    if kind is not None and ctx.endpoint is not None:
-        metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
-    trailing = e.trailing_metadata()
-    if trailing:
-        cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
-        context.set_trailing_metadata(bounded_metadata(cast(Metadata, trailing), cap))
-    _status(ctx, context, code, e.details() or "")
 
 
 def _end_try(ctx: RequestContext) -> None:
@@ -139,21 +81,6 @@ def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
     if failed is not None:
         metrics.UPSTREAM_ERRORS.labels(failed.backend, "unavailable").inc()
     return True
-
-
-def _crashed(ctx: RequestContext, context: Context) -> None:
-    log.exception("gRPC proxy failed on %s", ctx.info.path)
-    ctx.outcome = Outcome.INTERNAL
-    _status(ctx, context, grpc.StatusCode.INTERNAL, "gateway error")
-
-
-def _cancelled(ctx: RequestContext, context: Context) -> None:
-    # The client's own deadline also reaches us as a cancellation: count it as a deadline.
-    remaining = context.time_remaining()
-    if remaining is not None and remaining <= 0:
-        ctx.grpc_status, ctx.outcome = GRPC_DEADLINE_EXCEEDED, Outcome.DEADLINE
-    else:
-        ctx.grpc_status, ctx.outcome = GRPC_CANCELLED, Outcome.CLIENT_CANCELLED
 
 
 def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
