@@ -26,17 +26,23 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gateway.status import ASSETS, asset
-from gateway.status.state import StatusBoard
+from gateway.status.state import Served, StatusBoard
 from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY
 
-if TYPE_CHECKING:
-    from gateway.server import Server
+
+class AdminHost(Served, Protocol):
+    """What the admin listener needs from the running server (`gateway.server.Server`): the
+    state document's inputs and the reload it triggers."""
+
+    def reload(
+        self, force: bool = False, rollout_fields: dict[str, Any] | None = None, now: bool = False
+    ) -> dict[str, object]: ...
 
 
 BOARD = web.AppKey("board", StatusBoard)
@@ -68,7 +74,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
     )
 
 
-def build_admin_app(server: Server) -> web.Application:
+def build_admin_app(server: AdminHost) -> web.Application:
     gw = server.gateway
     registry = _registry()
     from gateway.registry.collector import register
@@ -85,9 +91,8 @@ def build_admin_app(server: Server) -> web.Application:
             "policy_version": gw.holder.version,
             "in_flight": gw.inflight.count,
         }
-        datapath = getattr(server, "datapath", None)
-        if datapath is not None:
-            detail["datapath"] = datapath.status()
+        if server.datapath is not None:
+            detail["datapath"] = server.datapath.status()
         detail.update(gw.services.readiness())
         return _json(detail, 200 if detail["ready"] else 503)
 
@@ -217,7 +222,9 @@ def reload_options(query: Mapping[str, str]) -> tuple[bool, dict[str, Any] | Non
     return force, fields or None, now
 
 
-async def start_admin(server: Server, host: str, port: int, *, reuse_port: bool) -> AdminListener:
+async def start_admin(
+    server: AdminHost, host: str, port: int, *, reuse_port: bool
+) -> AdminListener:
     runner = web.AppRunner(build_admin_app(server), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
@@ -142,6 +142,15 @@ class Gateway:
 
             self._channels = ChannelPool(self.active.policy.policy.limits)
         return self._channels
+
+    def upstream_state(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The open upstreams by protocol, then member address: HTTP connections (open, idle,
+        waiting) and gRPC channel states, for the status page. Reading it never opens a pool
+        the traffic never needed."""
+        return {
+            "http": self._http_pool.state() if self._http_pool is not None else {},
+            "grpc": self._channels.state() if self._channels is not None else {},
+        }
 
     async def prune_channels(self, grace: float | None = None) -> int:
         """Close the gRPC channels the active policy no longer uses (after a reload)."""

@@ -175,8 +175,7 @@ class Server:
             jobs.append(self.datapath.update_policy(self.gateway.active.policy.policy.datapath))
         if self.grpc is not None:
             jobs.append(self.grpc.refresh_unary())
-        if self.gateway._channels is not None:
-            jobs.append(self.gateway.prune_channels())
+        jobs.append(self.gateway.prune_channels())  # nothing to do while no gRPC was proxied
         for job in jobs:
             task = asyncio.get_running_loop().create_task(job)
             self._tasks.add(task)  # keep a reference until it is done

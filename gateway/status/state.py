@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -34,7 +34,8 @@ from gateway.telemetry import metrics
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from gateway.server import Server
+    from gateway.app import Gateway
+    from gateway.datapath import Datapath
 
 SAMPLE_S = 5.0  # colour history resolution
 KEEP_S = 900.0  # colour history length
@@ -86,10 +87,24 @@ def _identity(items: list[Any]) -> str | None:
     return None
 
 
+class Served(Protocol):
+    """What the state document reads from the running server (`gateway.server.Server`)."""
+
+    @property
+    def gateway(self) -> Gateway: ...
+
+    @property
+    def ports(self) -> Mapping[str, int]:
+        """Bound port by listener name (admin, http, grpc)."""
+
+    @property
+    def datapath(self) -> Datapath | None: ...
+
+
 class StatusBoard:
     """The state document's builder and its memory (colour history, counter snapshots)."""
 
-    def __init__(self, server: Server, registry: CollectorRegistry) -> None:
+    def __init__(self, server: Served, registry: CollectorRegistry) -> None:
         self.server = server
         self.registry = registry
         self.started_at = time.time()
@@ -137,9 +152,8 @@ class StatusBoard:
                 "total": _strip(counters, "rejected:"),
             },
         }
-        datapath = getattr(server, "datapath", None)
-        if datapath is not None:
-            doc["datapath"] = datapath.status()
+        if server.datapath is not None:
+            doc["datapath"] = server.datapath.status()
         doc = merge(doc, gw.services.state())
         _colour_backends(doc)
         doc["colour"], doc["reasons"] = rollup(doc)
@@ -167,12 +181,10 @@ class StatusBoard:
         self, counters: Mapping[str, float], recent: Mapping[str, float]
     ) -> list[dict[str, Any]]:
         gw = self.server.gateway
-        # Private on purpose: reading the state must not open a pool the traffic never needed.
-        http = _call(getattr(gw, "_http_pool", None), "state")
-        grpc = _call(getattr(gw, "_channels", None), "state")
+        upstreams = gw.upstream_state()
         rows = []
         for b in gw.active.policy.backends.values():
-            live = http if b.protocol == "http" else grpc
+            live = upstreams["http" if b.protocol == "http" else "grpc"]
             members = []
             for e in b.endpoints:
                 m: dict[str, Any] = {"address": e.address, "weight": e.weight}
@@ -218,11 +230,6 @@ class StatusBoard:
 
 def _strip(d: Mapping[str, float], prefix: str) -> dict[str, float]:
     return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
-
-
-def _call(owner: object, method: str) -> dict[str, Any]:
-    fn = getattr(owner, method, None)
-    return fn() if callable(fn) else {}
 
 
 def _colour_backends(doc: dict[str, Any]) -> None:
