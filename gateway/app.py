@@ -25,7 +25,6 @@ from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.core.request import RequestInfo
     from gateway.policy.rollout import ShadowHook
     from gateway.upstream.channels import ChannelPool
     from gateway.upstream.pool import UpstreamPool
