@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass
 
 from gateway.core.limiter import Bucket, Window
-from gateway.core.overload import _NEXT, Colour, Thresholds
+from gateway.core.overload import NEXT_COLOUR, Colour, Thresholds
 from gateway.core.pressure import Weights
 
 
@@ -160,7 +160,7 @@ class KeyState:
         else:
             band = 2
         old = self.colour
-        new = _NEXT[old * 5 + band]
+        new = NEXT_COLOUR[old * 5 + band]
         if new is not old:
             self.colour, self.since, self.changed = new, now, old
             if new is Colour.RED:
@@ -257,7 +257,7 @@ class KeyState:
         t = 1.0 - tok / burst if has_t else 0.0
         self.q, self.t = q, t
         old = self.colour
-        new = _NEXT[old * 5 + m.thresholds.band(q, t)]
+        new = NEXT_COLOUR[old * 5 + m.thresholds.band(q, t)]
         if new is old:
             return False
         self.colour, self.since, self.changed = new, now, old
@@ -299,7 +299,7 @@ def strict_seen(
     t = 1.0 - g_tok / m.burst if has_t else 0.0
     ks.q, ks.t = q, t
     old = ks.colour
-    new = _NEXT[old * 5 + m.thresholds.band(q, t)]
+    new = NEXT_COLOUR[old * 5 + m.thresholds.band(q, t)]
     ks.changed = old if new is not old else None
     if new is not old:
         ks.colour, ks.since = new, now

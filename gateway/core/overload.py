@@ -58,8 +58,9 @@ _TRANSITIONS: dict[tuple[Colour, Band], Colour] = {
     (Colour.RED, Band.HIGH): Colour.YELLOW,
 }  # pairs not listed leave the colour unchanged
 
-# The same table as a flat tuple indexed by colour * 5 + band (the request path's lookup).
-_NEXT: tuple[Colour, ...] = tuple(_TRANSITIONS.get((c, b), c) for c in Colour for b in Band)
+# The same table as a flat tuple indexed by colour * 5 + band: the request path's lookup
+# (`step` without the call, for the per-key loops of gateway.core.keystate).
+NEXT_COLOUR: tuple[Colour, ...] = tuple(_TRANSITIONS.get((c, b), c) for c in Colour for b in Band)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,7 @@ class Thresholds:
 
 
 def step(colour: Colour, band: Band) -> Colour:
-    return _NEXT[colour * 5 + band]
+    return NEXT_COLOUR[colour * 5 + band]
 
 
 def sheds(colour: Colour, priority: int, top: int, lowest: int) -> bool:
@@ -106,7 +107,7 @@ class ColourMachine:
 
     def update(self, band: Band, now: float) -> Colour | None:
         """Apply one band; return the new colour if it changed, else None."""
-        new = _NEXT[self.colour * 5 + band]
+        new = NEXT_COLOUR[self.colour * 5 + band]
         if new is self.colour:
             return None
         self.colour = new
