@@ -23,13 +23,12 @@ routes:
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Collection, Sequence
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     PositiveFloat,
@@ -38,8 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-if TYPE_CHECKING:
-    from gateway.policy.model import Loc, Policy
+from gateway.policy.base import Loc, PolicyModel
 
 ASYMMETRIC_ALGORITHMS = (
     "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
@@ -71,11 +69,7 @@ ClaimName = Annotated[str, Field(min_length=1, max_length=128, description="a cl
 ClaimValue = str | int | bool
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class JwksSource(_Model):
+class JwksSource(PolicyModel):
     """Where a provider's public keys come from, and how they are cached."""
 
     file: str | None = Field(default=None, description="a JWKS JSON file (re-read like a URL)")
@@ -131,7 +125,7 @@ def _loopback(host: str) -> bool:
         return False
 
 
-class SecretSource(_Model):
+class SecretSource(PolicyModel):
     """An HMAC secret, read when the policy is loaded (never written to logs or /admin)."""
 
     env: str | None = Field(default=None, description="environment variable holding it")
@@ -147,7 +141,7 @@ class SecretSource(_Model):
         return self
 
 
-class AuthProvider(_Model):
+class AuthProvider(PolicyModel):
     """One token issuer. A token is matched to the provider whose `issuer` equals its `iss`."""
 
     name: str = Field(
@@ -210,7 +204,7 @@ def _yaml_words(v: Any) -> Any:
     return v
 
 
-class RouteAuth(_Model):
+class RouteAuth(PolicyModel):
     """A route's requirement, long form."""
 
     required: bool = Field(
@@ -249,7 +243,7 @@ RouteAuthSetting = Annotated[
 ]
 
 
-class Auth(_Model):
+class Auth(PolicyModel):
     """JWT authentication: providers, and the requirement of routes that set none."""
 
     providers: list[AuthProvider] = Field(min_length=1, max_length=64, description="token issuers")
@@ -280,13 +274,15 @@ class Auth(_Model):
     )
 
 
-def auth_reference_errors(p: Policy) -> list[tuple[Loc, str]]:
-    """Auth problems that span the document, each at the field at fault."""
+def auth_reference_errors(
+    a: Auth | None, route_auth: Sequence[RouteAuthSetting | None], filters: Collection[str]
+) -> list[tuple[Loc, str]]:
+    """Auth problems that span the document, each at the field at fault: the `auth` section,
+    each route's `auth` setting (in the order of `routes`) and the `filters` list."""
     errors: list[tuple[Loc, str]] = []
-    a = p.auth
     if a is None:
-        for i, r in enumerate(p.routes):
-            if r.auth is not None and r.auth != "off":
+        for i, setting in enumerate(route_auth):
+            if setting is not None and setting != "off":
                 errors.append((("routes", i, "auth"), "needs an `auth` section with providers"))
         return errors
     names: set[str] = set()
@@ -304,13 +300,13 @@ def auth_reference_errors(p: Policy) -> list[tuple[Loc, str]]:
             )
         issuers.setdefault(prov.issuer, prov.name)
     settings: list[tuple[Loc, RouteAuthSetting]] = [(("auth", "default"), a.default)]
-    settings += [(("routes", i, "auth"), r.auth) for i, r in enumerate(p.routes) if r.auth]
+    settings += [(("routes", i, "auth"), r) for i, r in enumerate(route_auth) if r]
     for loc, setting in settings:
         if isinstance(setting, RouteAuth):
             for k, name in enumerate(setting.providers):
                 if name not in names:
                     known = ", ".join(sorted(names))
                     errors.append(((*loc, "providers", k), f"unknown provider {name!r} ({known})"))
-    if "auth" not in p.filters:
+    if "auth" not in filters:
         errors.append((("filters",), "`auth` is configured but 'auth' is not in `filters`"))
     return errors

@@ -15,10 +15,10 @@ from pydantic import (
 )
 
 from gateway.policy.auth import RouteAuthSetting
-from gateway.policy.base import HostPort, RedisUrl, Timeouts, _Model
+from gateway.policy.base import HostPort, PolicyModel, RedisUrl, Timeouts
 
 
-class Endpoint(_Model):
+class Endpoint(PolicyModel):
     address: HostPort = Field(description="host:port of one backend instance")
     weight: int = Field(
         default=1, ge=0, le=10000, description="relative share; 0 = out of rotation"
@@ -37,7 +37,7 @@ GrpcMethod = Annotated[
 ]
 
 
-class Registry(_Model):
+class Registry(PolicyModel):
     """Members published by heartbeats in Redis (`sluice heartbeat` beside each model server)."""
 
     redis: RedisUrl = Field(description="the registry's Redis")
@@ -62,11 +62,11 @@ class Registry(_Model):
     )
 
 
-class Discovery(_Model):
+class Discovery(PolicyModel):
     registry: Registry = Field(description="members from Redis heartbeats")
 
 
-class HealthCheck(_Model):
+class HealthCheck(PolicyModel):
     """Active checks: HTTP `GET path` (2xx = pass) or gRPC `grpc.health.v1` (SERVING = pass)."""
 
     path: str = Field(
@@ -88,7 +88,7 @@ class HealthCheck(_Model):
     healthy_after: PositiveInt = Field(default=2, description="passing checks in a row → back")
 
 
-class CircuitBreaker(_Model):
+class CircuitBreaker(PolicyModel):
     """Per member: trips on consecutive failures, error ratio or slow-call ratio; see README."""
 
     consecutive_failures: int = Field(
@@ -119,7 +119,7 @@ class CircuitBreaker(_Model):
     )
 
 
-class OutlierDetection(_Model):
+class OutlierDetection(PolicyModel):
     timeout_ratio: float = Field(
         default=0.15, gt=0, le=1, description="timeout share over the window that ejects"
     )
@@ -134,7 +134,7 @@ class OutlierDetection(_Model):
     max_ejection_s: PositiveFloat = Field(default=300.0, description="ejection time cap")
 
 
-class Backend(_Model):
+class Backend(PolicyModel):
     name: str = Field(
         min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
     )
@@ -179,14 +179,14 @@ class Backend(_Model):
         return v
 
 
-class HeaderMatch(_Model):
+class HeaderMatch(PolicyModel):
     name: str = Field(min_length=1, description="header (HTTP) or metadata key (gRPC)")
     value: str | None = Field(
         default=None, description="exact value; null = present with any value"
     )
 
 
-class RouteMatch(_Model):
+class RouteMatch(PolicyModel):
     protocol: Literal["http", "grpc", "any"] = Field(default="any", description="which listener")
     path_prefix: str = Field(
         default="/", description="HTTP path prefix, or gRPC '/pkg.Service/' prefix"
@@ -197,14 +197,14 @@ class RouteMatch(_Model):
     headers: list[HeaderMatch] = Field(default_factory=list, description="all must match")
 
 
-class WeightedBackend(_Model):
+class WeightedBackend(PolicyModel):
     backend: str = Field(description="backend name")
     weight: int = Field(
         default=1, ge=0, le=10000, description="relative share of this route's traffic"
     )
 
 
-class Canary(_Model):
+class Canary(PolicyModel):
     """The canary's p95 and error ratio against the stable version's; a breach sets its weight
     to 0 until a policy change to this route's canary or weights."""
 
@@ -228,7 +228,7 @@ RetryOn = Literal["connect_failure", "unavailable"]
 RETRY_ON: tuple[RetryOn, ...] = ("connect_failure", "unavailable")
 
 
-class Retries(_Model):
+class Retries(PolicyModel):
     """Retry where safe: connect failures, or 503 / UNAVAILABLE before any byte reached the
     client; never once a response started; bounded by a budget."""
 
@@ -248,7 +248,7 @@ class Retries(_Model):
     )
 
 
-class Sticky(_Model):
+class Sticky(PolicyModel):
     header: str = Field(
         min_length=1,
         max_length=128,
@@ -258,7 +258,7 @@ class Sticky(_Model):
     )
 
 
-class Route(_Model):
+class Route(PolicyModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="metrics label")
     match: RouteMatch = Field(
         default_factory=RouteMatch, description="first route that matches wins"

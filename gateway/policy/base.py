@@ -35,12 +35,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class _Model(BaseModel):
+class PolicyModel(BaseModel):
+    """The base of every model in the policy document: unknown fields are errors, values are
+    frozen."""
+
     # inf/nan would pass PositiveFloat (`.inf` is valid YAML) and disable a timeout by accident.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class Listener(_Model):
+class Listener(PolicyModel):
     host: str = Field(default="0.0.0.0", description="address to bind")
     port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")
     engine: Literal["aiohttp", "native"] = Field(
@@ -51,7 +54,7 @@ class Listener(_Model):
     )
 
 
-class Listeners(_Model):
+class Listeners(PolicyModel):
     http: Listener | None = Field(
         default_factory=lambda: Listener(port=8080), description="HTTP/1.1 ingress (null = off)"
     )
@@ -64,7 +67,7 @@ class Listeners(_Model):
     )
 
 
-class Limits(_Model):
+class Limits(PolicyModel):
     """Size and concurrency bounds of the ingress."""
 
     max_header_bytes: PositiveInt = Field(
@@ -124,7 +127,7 @@ class Limits(_Model):
     )
 
 
-class Timeouts(_Model):
+class Timeouts(PolicyModel):
     connect_s: PositiveFloat = Field(default=2.0, description="TCP connect to a backend (504)")
     first_byte_s: PositiveFloat = Field(
         default=30.0,

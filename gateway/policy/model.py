@@ -35,8 +35,8 @@ from gateway.policy.backends import Sticky as Sticky
 from gateway.policy.base import Limits as Limits
 from gateway.policy.base import Listeners as Listeners
 from gateway.policy.base import Loc as Loc
+from gateway.policy.base import PolicyModel
 from gateway.policy.base import Timeouts as Timeouts
-from gateway.policy.base import _Model
 from gateway.policy.base import is_loopback as is_loopback
 from gateway.policy.ratelimits import RateLimits
 from gateway.policy.sections import AccessLog as AccessLog
@@ -53,7 +53,7 @@ DEFAULT_FILTERS: tuple[FilterName, ...] = (
 )  # fmt: skip
 
 
-class Policy(_Model):
+class Policy(PolicyModel):
     version: Literal[1] = Field(default=1, description="schema version")
     listeners: Listeners = Field(default_factory=Listeners, description="where Sluice listens")
     limits: Limits = Field(default_factory=Limits, description="size/concurrency bounds")
@@ -173,7 +173,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
         errors += _route_errors(i, r)
-    errors += auth_reference_errors(p)
+    errors += auth_reference_errors(p.auth, [r.auth for r in p.routes], p.filters)
     hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
     if p.datapath.enabled and hb and hb < 2 * cap:  # HPACK output stays below the metadata size
         errors.append(

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from gateway.policy.base import _Model
+from gateway.policy.base import PolicyModel
 
 KEY_PART = re.compile(
     r"^(claim:[A-Za-z0-9_.\-]{1,64}|header:[A-Za-z0-9_\-]{1,64}|source_ip|route|model)$"
@@ -29,7 +29,7 @@ KeyPart = Annotated[
 ]
 
 
-class RedisStoreOptions(_Model):
+class RedisStoreOptions(PolicyModel):
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         pattern=r"^rediss?://",
@@ -64,11 +64,11 @@ class RedisStoreOptions(_Model):
     )
 
 
-class RedisStore(_Model):
+class RedisStore(PolicyModel):
     redis: RedisStoreOptions = Field(description="share limits between replicas through Redis")
 
 
-class Priority(_Model):
+class Priority(PolicyModel):
     """Where a request's priority class comes from. 0 is the highest; the highest number in
     `classes` is the lowest class (shed first in yellow)."""
 
@@ -87,7 +87,7 @@ class Priority(_Model):
     default: int = Field(ge=0, le=100, description="priority of a request without a known class")
 
 
-class Weights(_Model):
+class Weights(PolicyModel):
     qps: float = Field(default=0.6, ge=0, le=1, description="weight of QPS utilisation")
     tokens: float = Field(default=0.4, ge=0, le=1, description="weight of token utilisation")
 
@@ -98,7 +98,7 @@ class Weights(_Model):
         return self
 
 
-class Overload(_Model):
+class Overload(PolicyModel):
     """The overload colour of each key (and of each backend pool), with hysteresis."""
 
     green_below: float = Field(
@@ -139,7 +139,7 @@ class Overload(_Model):
         return self
 
 
-class Concurrency(_Model):
+class Concurrency(PolicyModel):
     """Adaptive concurrency limit per backend pool: a latency gradient anchored to the SLO
     (no probing windows). Its utilisation (in flight / limit) is the pool's overload signal."""
 
@@ -160,7 +160,7 @@ class Concurrency(_Model):
         return self
 
 
-class RateRule(_Model):
+class RateRule(PolicyModel):
     name: str = Field(
         min_length=1,
         max_length=64,
@@ -209,7 +209,7 @@ class RateRule(_Model):
         return self
 
 
-class RateLimits(_Model):
+class RateLimits(PolicyModel):
     store: Literal["memory"] | RedisStore = Field(
         default="memory",
         description="memory (one process; with --workers N each process gets 1/N of every "

@@ -12,10 +12,10 @@ from pydantic import (
     field_validator,
 )
 
-from gateway.policy.base import HostPort, _Model, is_loopback
+from gateway.policy.base import HostPort, PolicyModel, is_loopback
 
 
-class AccessLog(_Model):
+class AccessLog(PolicyModel):
     enabled: bool = Field(default=True, description="one JSON line per request on stderr")
     headers: list[str] = Field(
         default_factory=list,
@@ -23,7 +23,7 @@ class AccessLog(_Model):
     )
 
 
-class MockBackend(_Model):
+class MockBackend(PolicyModel):
     """The built-in simulated inference server, started in-process (for `make run` and demos)."""
 
     enabled: bool = Field(
@@ -48,7 +48,7 @@ class MockBackend(_Model):
         return v
 
 
-class DatapathBudget(_Model):
+class DatapathBudget(PolicyModel):
     """A token bucket: `rate` per second, up to `burst` at once; rate 0 means unlimited."""
 
     rate: int = Field(
@@ -59,7 +59,7 @@ class DatapathBudget(_Model):
     )
 
 
-class Datapath(_Model):
+class Datapath(PolicyModel):
     """eBPF TC classifier: per-flow counters, per-source admission, deny list, rapid reset."""
 
     enabled: bool = Field(default=False, description="attach the TC classifier")
@@ -130,7 +130,7 @@ class Datapath(_Model):
     )
 
 
-class TracingExporter(_Model):
+class TracingExporter(PolicyModel):
     """Where kept traces go. Unset fields come from the standard OpenTelemetry environment
     variables (OTEL_EXPORTER_OTLP_TRACES_* or OTEL_EXPORTER_OTLP_*: endpoint, protocol,
     headers, timeout, certificates), then from the OTLP defaults."""
@@ -157,7 +157,7 @@ class TracingExporter(_Model):
     )
 
 
-class Tracing(_Model):
+class Tracing(PolicyModel):
     """OpenTelemetry traces with tail sampling decided in the process when a request ends.
 
     Errors, refusals and slow requests are always kept; of the rest, `sample_ratio` of the
@@ -208,7 +208,7 @@ class Tracing(_Model):
     )
 
 
-class Guard(_Model):
+class Guard(PolicyModel):
     """The change guard: a reload that would break most recent traffic is held, not applied."""
 
     enabled: bool = Field(
@@ -237,7 +237,7 @@ def _default_stages() -> list[RolloutStage]:
     return ["shadow", 5.0, 25.0, 100.0]
 
 
-class Rollout(_Model):
+class Rollout(PolicyModel):
     """Staged rollout of this policy when it replaces a running one (not at boot)."""
 
     stages: list[RolloutStage] = Field(
