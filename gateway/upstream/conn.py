@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import httptools
 
 from gateway.errors import UpstreamProtocolError, UpstreamTimeout
-
-if TYPE_CHECKING:
-    from gateway.upstream.pool import UpstreamHost
 
 HIGH_WATER = 256 * 1024  # unread response bytes before pause_reading()
 LOW_WATER = 64 * 1024  # resume_reading() once the consumer is back under this
@@ -31,6 +28,18 @@ SEND, FIRST_BYTE, IDLE = "send", "first_byte", "idle"
 
 class Stale(Exception):
     """A reused connection died before any response byte: the caller may retry."""
+
+
+class ConnOwner(Protocol):
+    """Who keeps a connection's books (`gateway.upstream.pool.UpstreamHost`): it takes the
+    connection back after a response and forgets it once the transport is lost."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def put(self, conn: UpstreamConn) -> None: ...
+
+    def forget(self, conn: UpstreamConn) -> None: ...
 
 
 class UpstreamConn(asyncio.Protocol):
@@ -44,7 +53,7 @@ class UpstreamConn(asyncio.Protocol):
         "gone", "timer_cancelled",
     )  # fmt: skip
 
-    def __init__(self, host: UpstreamHost) -> None:
+    def __init__(self, host: ConnOwner) -> None:
         self.host = host
         self.loop = host.loop
         self.transport: asyncio.Transport | None = None
@@ -63,9 +72,9 @@ class UpstreamConn(asyncio.Protocol):
         # llhttp starts over after each complete message: one parser per connection suffices.
         self.parser = httptools.HttpResponseParser(self)
         self.chunks: deque[bytes] = deque()
-        self._reset(65536)
+        self.reset(65536)
 
-    def _reset(self, max_head: int) -> None:
+    def reset(self, max_head: int) -> None:
         """Fresh response state for the next request (only clean connections are reused)."""
         self.head_done = False
         self.status = 0
@@ -87,10 +96,11 @@ class UpstreamConn(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._attach(transport)
+        self.attach(transport)
 
-    def _attach(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop may call connection_made after create_connection() returned: attach from both.
+    def attach(self, transport: asyncio.BaseTransport) -> None:
+        """Take the transport (once). uvloop may call connection_made after
+        create_connection() returned: the pool attaches too, so both orders work."""
         if self.transport is None:
             self.transport = cast(asyncio.Transport, transport)
             sock = transport.get_extra_info("socket")

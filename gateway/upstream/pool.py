@@ -8,11 +8,11 @@ by chunk (`read_chunk` / `iter_chunks`) with backpressure: past `HIGH_WATER` unr
 transport stops reading until the consumer drains below `LOW_WATER`.
 
 Modules: this one owns the connections per endpoint and the retry decision; one connection and
-its timer live in `upstream_conn`, request writing in `upstream_request`, the response reader in
-`upstream_response`.
+its timer live in `gateway.upstream.conn`, request writing in `gateway.upstream.request`, the
+response reader in `gateway.upstream.response`.
 
 Timeouts need no per-request `wait_for`: each connection owns one lazily moved timer (see
-`upstream_conn`). Only opening a new connection, or waiting for a free one, uses
+`gateway.upstream.conn`). Only opening a new connection, or waiting for a free one, uses
 `asyncio.timeout_at` (connect_s). The total deadline belongs to the
 adapter. Cancelling the awaiting task aborts the connection at once (the backend sees the
 disconnect); so does releasing a response that was not read to its end.
@@ -111,7 +111,7 @@ class UpstreamHost:
                     continue
                 conn.busy = True
                 conn.reused = True
-                conn._reset(max_head)
+                conn.reset(max_head)
                 return conn
             if self.total < self.pool.limits().max_connections_per_backend:
                 return await self._connect(deadline, max_head)
@@ -129,7 +129,7 @@ class UpstreamHost:
                 raise
             if got is not None and not got.closed:
                 got.reused = True
-                got._reset(max_head)
+                got.reset(max_head)
                 return got
 
     def _abandon(self, fut: asyncio.Future[UpstreamConn | None]) -> None:
@@ -165,7 +165,7 @@ class UpstreamHost:
             self._slot_freed()
             raise
         conn = proto
-        conn._attach(transport)
+        conn.attach(transport)
         conn.max_head = max_head
         return conn
 
@@ -338,7 +338,7 @@ class UpstreamPool:
                     await send_bytes(conn, head, body, timeouts)  # type: ignore[arg-type]
                 else:
                     await send_stream(conn, head, stream, chunked, timeouts)
-                return await wait_head(conn, host, timeouts)
+                return await wait_head(conn, host.fb, timeouts)
             except asyncio.CancelledError:
                 conn.abort()
                 task = asyncio.current_task(conn.loop)

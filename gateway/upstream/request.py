@@ -16,8 +16,9 @@ from gateway.upstream.conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
 from gateway.upstream.response import UpstreamResponse
 
 if TYPE_CHECKING:
+    from prometheus_client import Histogram
+
     from gateway.policy.model import Timeouts
-    from gateway.upstream.pool import UpstreamHost
 
 REPLAY_LIMIT = 64 * 1024  # streamed request bytes kept for a stale-connection retry
 
@@ -138,7 +139,9 @@ async def drain(conn: UpstreamConn) -> None:
         raise conn.exc
 
 
-async def wait_head(conn: UpstreamConn, host: UpstreamHost, t: Timeouts) -> UpstreamResponse:
+async def wait_head(conn: UpstreamConn, first_byte: Histogram, t: Timeouts) -> UpstreamResponse:
+    """Wait for the response head (first-byte timeout), observe the wait in `first_byte`, and
+    arm the idle timer for the body."""
     loop = conn.loop
     sent_at = loop.time()
     if not conn.head_done and conn.exc is None:
@@ -148,7 +151,7 @@ async def wait_head(conn: UpstreamConn, host: UpstreamHost, t: Timeouts) -> Upst
     if not conn.head_done:
         assert conn.exc is not None
         raise conn.exc
-    host.fb.observe(loop.time() - sent_at)
+    first_byte.observe(loop.time() - sent_at)
     if not conn.complete:
         conn.arm(IDLE, t.idle_s)
     return UpstreamResponse(conn)
