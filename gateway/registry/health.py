@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.registry.member import HealthBox
-    from gateway.registry.pool import BackendPool
+    from gateway.registry.member import HealthBox, MemberBooks
     from gateway.services import Services
 
 log = logging.getLogger("sluice.backends")
@@ -75,7 +74,7 @@ async def check_grpc(channel: Any, service: str, timeout: float) -> tuple[bool, 
     return False, health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-async def _loop(pool: BackendPool, box: HealthBox) -> None:
+async def _loop(pool: MemberBooks, box: HealthBox) -> None:
     hc = box.check
     rng = pool.random
     channel: Any = None
@@ -117,6 +116,6 @@ async def _loop(pool: BackendPool, box: HealthBox) -> None:
             await channel.close(None)
 
 
-def start_checker(services: Services, pool: BackendPool, box: HealthBox) -> None:
+def start_checker(services: Services, pool: MemberBooks, box: HealthBox) -> None:
     box.poke = asyncio.Event()
     box.checker = services.spawn(_loop(pool, box), f"health:{box.backend}:{box.host}:{box.port}")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from gateway.policy.model import Registry
-    from gateway.registry.pool import BackendPool
+    from gateway.registry.member import MemberBooks
     from gateway.services import Services
 
 log = logging.getLogger("sluice.registry")
@@ -139,7 +139,7 @@ class Watcher:
     `fresh_until` (address → monotonic deadline) are what the backend's views read. Shared by
     every view with the same `discovery.registry` section."""
 
-    def __init__(self, services: Services, pool: BackendPool, backend: str, reg: Registry) -> None:
+    def __init__(self, services: Services, pool: MemberBooks, backend: str, reg: Registry) -> None:
         self.services = services
         self.pool = pool
         self.backend = backend

@@ -7,6 +7,8 @@
   parameters), `HealthBox` (per health-check settings, with its check loop): unchanged
   parameters find the state where it was; changed ones start fresh.
 - `Member`: one policy's view of a member (its weight and priority from that policy) over those.
+- `MemberBooks`: where that state is kept, as the views, health checks and registry pollers
+  reach it (`gateway.registry.pool.BackendPool` keeps it).
 
 Also the rule that turns a try's end into a result for breakers and outlier detection.
 """
@@ -15,18 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.core.balancer import hash_key
 from gateway.core.breaker import Breaker, State
 from gateway.core.health import HealthState
 from gateway.core.outcome import Outcome
-from gateway.core.outlier import Outlier
+from gateway.core.outlier import Outlier, OutlierParams
 from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED
 
 if TYPE_CHECKING:
+    from gateway.core.breaker import BreakerParams
+    from gateway.core.health import HealthParams
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import HealthCheck
+    from gateway.services import Services
 
 # gRPC codes that blame the backend (the others are answers about the request).
 GRPC_FAILURES = frozenset({2, 4, 13, 14, 15})  # UNKNOWN DEADLINE INTERNAL UNAVAILABLE DATA_LOSS
@@ -108,6 +114,30 @@ class HealthBox:
             self.checker.cancel()
             self.checker = None
             self.poke = None
+
+
+class MemberBooks(Protocol):
+    """The member state every policy shares, found by key and created on first use. `changed()`
+    says some of it changed: each view rebuilds its plan at its next pick (`epoch` counts)."""
+
+    @property
+    def services(self) -> Services: ...
+
+    @property
+    def random(self) -> Callable[[], float]: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    def changed(self) -> None: ...
+
+    def core(self, backend: str, address: str) -> Core: ...
+
+    def box(self, backend: str, address: str, p: BreakerParams) -> BreakerBox: ...
+
+    def outlier(self, backend: str, address: str, p: OutlierParams) -> Outlier: ...
+
+    def health(self, backend: str, ep: Endpoint, p: HealthParams, check: Any) -> HealthBox: ...
 
 
 class Member:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.core.balancer import MemberStatus, Plan, build_plan, pick, pick_excluding, pick_sticky
 from gateway.core.breaker import BreakerParams, Change, State
@@ -20,14 +20,13 @@ from gateway.core.health import HealthParams
 from gateway.core.outcome import Outcome
 from gateway.core.outlier import Outlier, OutlierParams, max_ejected
 from gateway.policy.compiled import endpoint_of
-from gateway.registry.member import Attempt, Member, Result, classify, timed_out
+from gateway.registry.member import Attempt, Member, MemberBooks, Result, classify, timed_out
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import Backend
     from gateway.registry.heartbeats import Watcher
-    from gateway.registry.pool import BackendPool
 
 log = logging.getLogger("sluice.backends")
 
@@ -71,10 +70,25 @@ def health_params(b: Backend) -> HealthParams | None:
     )  # fmt: skip
 
 
+class ViewPool(MemberBooks, Protocol):
+    """What a view needs from the pool that made it (`gateway.registry.pool.BackendPool`): the
+    shared member state, the registry poller of its `discovery.registry` section, and whether
+    it is one of the views whose background work runs."""
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def latest(self) -> Mapping[str, BackendView]:
+        """The views of the policy activated last, by backend name."""
+
+    def watcher(self, backend: str, reg: Any) -> Watcher: ...
+
+
 class BackendView:
     """One backend section of one policy: its members over the pool's shared state, its plan."""
 
-    def __init__(self, pool: BackendPool, cfg: Backend, key: tuple[str, str]) -> None:
+    def __init__(self, pool: ViewPool, cfg: Backend, key: tuple[str, str]) -> None:
         self.pool = pool
         self.cfg = cfg
         self.key = key
