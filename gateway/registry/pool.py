@@ -37,13 +37,13 @@ from gateway.core.canary import CanaryGuard, CanaryParams
 from gateway.core.health import HealthParams, HealthState
 from gateway.core.outlier import Outlier, OutlierParams
 from gateway.core.retry import RetryBudget
+from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.view import BackendView
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import Backend, Canary
-    from gateway.registry.heartbeats import Watcher
     from gateway.services import Services
 
 log = logging.getLogger("sluice.backends")
@@ -112,8 +112,6 @@ class BackendPool:
         return h
 
     def watcher(self, backend: str, reg: Any) -> Watcher:
-        from gateway.registry.heartbeats import Watcher
-
         key = (backend, reg.model_dump_json())
         w = self.watchers.get(key)
         if w is None:

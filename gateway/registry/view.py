@@ -20,6 +20,7 @@ from gateway.core.health import HealthParams
 from gateway.core.outcome import Outcome
 from gateway.core.outlier import Outlier, OutlierParams, max_ejected
 from gateway.policy.compiled import endpoint_of
+from gateway.registry.health import start_checker
 from gateway.registry.member import Attempt, Member, MemberBooks, Result, classify, timed_out
 from gateway.telemetry import metrics
 
@@ -320,8 +321,6 @@ class BackendView:
     # --- background work and state --------------------------------------------------------------
     def start_work(self) -> None:
         """Health check loops of its members and its registry poller (idempotent)."""
-        from gateway.registry.health import start_checker
-
         services = self.pool.services
         for m in self.members.values():
             if m.hbox is not None and m.hbox.checker is None:
