@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -17,12 +18,45 @@ from gateway.core.request import Protocol, RequestInfo
 from gateway.forward.exchange import BodyTooLarge
 
 if TYPE_CHECKING:
-    from gateway.adapters.h1 import H1Conn
     from gateway.forward.http import HttpForward
 
 log = logging.getLogger(__name__)
 
 _LAST_CHUNK = b"0\r\n\r\n"
+
+
+class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol enum)
+    """What an exchange uses of its client connection (`gateway.adapters.h1.H1Conn`)."""
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def stopping(self) -> bool:
+        """Close once the current request is answered."""
+
+    @property
+    def read_paused(self) -> bool: ...
+
+    @property
+    def write_paused(self) -> bool: ...
+
+    def flow(self) -> None:
+        """Resume (or pause) reading by what waits unread."""
+
+    async def wait(self) -> None:
+        """Until the request gets more body bytes, its end, an error or a disconnect."""
+
+    async def drain(self) -> None: ...
+
+    def request_done(self, req: Req) -> None:
+        """The request task ends: next queued request, idle timer, or close."""
 
 
 class H1Exchange:
@@ -31,7 +65,7 @@ class H1Exchange:
         "sse", "framed", "draining", "close_after",
     )  # fmt: skip
 
-    def __init__(self, conn: H1Conn, req: Req, draining: bool) -> None:
+    def __init__(self, conn: ClientConn, req: Req, draining: bool) -> None:
         self.conn = conn
         self.req = req
         raw = req.headers
@@ -188,7 +222,7 @@ class H1Handler:
     def __init__(self, forward: HttpForward) -> None:
         self.forward = forward
 
-    async def handle(self, conn: H1Conn, req: Req) -> None:
+    async def handle(self, conn: ClientConn, req: Req) -> None:
         req.started = True
         ex = H1Exchange(conn, req, self.forward.gateway.draining)
         try:
