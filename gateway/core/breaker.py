@@ -148,7 +148,7 @@ class Breaker:
             if not failed and not slow and not self.window.sums[1] and not self.window.sums[2]:
                 # A success with no failure or slow call in the window: nothing can trip.
                 w = self.window
-                w._advance(now)[0] += 1
+                w.advance(now)[0] += 1
                 w.sums[0] += 1
                 self.consecutive = 0
                 return None
@@ -176,7 +176,7 @@ class Breaker:
     def _record_closed(self, now: float, failed: bool, slow: bool) -> Change | None:
         p = self.p
         w = self.window
-        row = w._advance(now)
+        row = w.advance(now)
         sums = w.sums
         row[0] += 1
         sums[0] += 1

@@ -79,7 +79,7 @@ class CanaryGuard:
     def record(self, now: float, canary: bool, latency_s: float, failed: bool) -> bool:
         """Count one finished request; True when this call tripped the guard."""
         counts = self._canary if canary else self._stable
-        row = counts._advance(now)
+        row = counts.advance(now)
         sums = counts.sums
         k = _OFFSET + bisect.bisect_left(BOUNDS, latency_s)
         row[0] += 1

@@ -123,7 +123,7 @@ class KeyState:
         pos = now / w.size
         idx = int(pos)
         if idx != w.idx:
-            w._roll(now)
+            w.roll(now)
         f = 1.0 - (pos - idx)
         w.ocur += 1.0
         self.off_since += 1.0
@@ -289,7 +289,7 @@ def strict_seen(
     and move the colour from the global picture the store returned."""
     ks.last = now
     w = ks.win
-    w._roll(now)
+    w.roll(now)
     w.ocur += 1.0
     if admitted:
         w.cur += 1.0

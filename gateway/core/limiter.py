@@ -32,7 +32,7 @@ class Window:
         self.ocur = 0.0  # offered, current
         self.oprev = 0.0  # offered, previous
 
-    def _roll(self, now: float) -> float:
+    def roll(self, now: float) -> float:
         """Move to the fixed window holding `now`; return how far into it `now` is (0..1)."""
         pos = now / self.size
         idx = math.floor(pos)
@@ -46,19 +46,19 @@ class Window:
         return pos - idx
 
     def admitted(self, now: float) -> float:
-        f = self._roll(now)
+        f = self.roll(now)
         return self.prev * (1.0 - f) + self.cur
 
     def offered(self, now: float) -> float:
-        f = self._roll(now)
+        f = self.roll(now)
         return self.oprev * (1.0 - f) + self.ocur
 
     def offer(self, now: float) -> None:
-        self._roll(now)
+        self.roll(now)
         self.ocur += 1.0
 
     def admit(self, now: float, n: float = 1.0) -> None:
-        self._roll(now)
+        self.roll(now)
         self.cur += n
 
     def unadmit(self, n: float = 1.0) -> None:
@@ -70,7 +70,7 @@ class Window:
 
     def retry_after(self, now: float, limit: float) -> float:
         """Seconds until one more request fits under `limit` (0 if it fits now)."""
-        f = self._roll(now)
+        f = self.roll(now)
         est = self.prev * (1.0 - f) + self.cur
         if est + 1.0 <= limit:
             return 0.0

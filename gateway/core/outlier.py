@@ -48,7 +48,7 @@ class Outlier:
     def record(self, now: float, timed_out: bool) -> bool:
         """Count one result; True when the member now qualifies for ejection."""
         w = self.window
-        row = w._advance(now)
+        row = w.advance(now)
         row[0] += 1
         w.sums[0] += 1
         if not timed_out:

@@ -22,8 +22,10 @@ class SlidingCounts:
         self._head = -1  # newest absolute bucket number seen
         self.sums = [0] * width
 
-    def _advance(self, now: float) -> list[int]:
-        """The row of the bucket `now` falls in (expired buckets cleared first)."""
+    def advance(self, now: float) -> list[int]:
+        """The row of the bucket `now` falls in (expired buckets cleared first). A caller that
+        adds to the row adds the same to `sums` (the breaker and outlier records count
+        several columns at once this way)."""
         b = int(now // self._span)
         if b == self._head:
             return self._ring[b % self._n]
@@ -49,11 +51,11 @@ class SlidingCounts:
         return self._ring[slot]
 
     def add(self, now: float, k: int, amount: int = 1) -> None:
-        self._advance(now)[k] += amount
+        self.advance(now)[k] += amount
         self.sums[k] += amount
 
     def add_row(self, now: float, values: tuple[int, ...]) -> None:
-        row = self._advance(now)
+        row = self.advance(now)
         sums = self.sums
         for k, v in enumerate(values):
             row[k] += v
@@ -61,7 +63,7 @@ class SlidingCounts:
 
     def totals(self, now: float) -> list[int]:
         """The sums over the window that ends at `now` (expired buckets dropped first)."""
-        self._advance(now)
+        self.advance(now)
         return self.sums
 
     def clear(self) -> None:
