@@ -6,7 +6,6 @@ GatewayError
   |   + UpstreamConnectError   could not connect (or the pool is exhausted)
   |   + UpstreamTimeout        connect / first-byte / idle / total deadline expired
   |   + UpstreamProtocolError  the backend spoke broken HTTP
-  + NoRouteError         no route matches the request (404 / UNIMPLEMENTED)
   + StoreUnavailable     Redis down/timeout: each rule says fail_open or fail_closed
   + DatapathError        BPF compile/attach failure: fatal only if the datapath is required
   + HostTuneError        a host setting could not be read, applied or rolled back
@@ -49,10 +48,6 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamProtocolError(UpstreamError):
     """The backend answered with something that is not valid HTTP/1.1."""
-
-
-class NoRouteError(GatewayError):
-    """No route of the current policy matches the request."""
 
 
 class StoreUnavailable(GatewayError):

@@ -1,12 +1,13 @@
 """Fixed-bucket histograms for latencies and sizes: a list increment per observation, quantiles
-and "how many at least X" read back at decision time. Pure, stdlib only.
+and "how many in a range" read back at decision time. Pure, stdlib only.
 
 Latency buckets grow by √2 from 100 µs to ~105 s (41 buckets): a p95 read from them is within
 a factor 1.19 of the true value after the log interpolation `quantile` does. Size buckets are
 powers of two (`int.bit_length()`), 0 bytes to 4 GiB.
 
-Both kinds answer "at least this many observations were ≥ X" conservatively: only buckets whose
-*lower* bound is ≥ X count, so a guard built on `count_at_least` never overstates a share.
+Both kinds count the observations *certainly* inside a range (`latency_between`, `size_between`):
+only buckets that lie wholly inside it count, so the change guard built on them never overstates
+a share.
 """
 
 from __future__ import annotations
@@ -52,21 +53,6 @@ def merge(into: list[int], other: Sequence[int]) -> None:
     for i, n in enumerate(other):
         if n:
             into[i] += n
-
-
-def latency_at_least(hist: Sequence[int], seconds: float) -> int:
-    """Observations certainly ≥ `seconds` (their bucket starts at or above it)."""
-    return sum(n for i, n in enumerate(hist) if n and latency_lower(i) >= seconds)
-
-
-def latency_below(hist: Sequence[int], seconds: float) -> int:
-    """Observations certainly < `seconds` (their bucket ends at or below it)."""
-    return sum(n for i, n in enumerate(hist) if n and latency_upper(i) <= seconds)
-
-
-def size_above(hist: Sequence[int], limit: int) -> int:
-    """Observations certainly > `limit` bytes."""
-    return sum(n for i, n in enumerate(hist) if n and size_lower(i) > limit)
 
 
 def size_between(hist: Sequence[int], above: int, at_most: int) -> int:

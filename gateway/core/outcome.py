@@ -23,10 +23,6 @@ class Outcome(enum.Enum):
     INTERNAL = "internal"  # a bug of Sluice's own
 
     @property
-    def is_error(self) -> bool:
-        return self is not Outcome.OK
-
-    @property
     def upstream_failed(self) -> bool:
         """A failure the backend is to blame for (what breakers and outlier ejection count)."""
         return self in _UPSTREAM
@@ -40,15 +36,3 @@ _UPSTREAM = frozenset(
         Outcome.UPSTREAM_ERROR,
     }
 )
-
-
-# Error types used in JSON error bodies → the outcome they stand for.
-OUTCOME_OF: dict[str, Outcome] = {
-    "upstream_timeout": Outcome.UPSTREAM_TIMEOUT,
-    "upstream_connect_error": Outcome.UPSTREAM_CONNECT,
-    "upstream_protocol_error": Outcome.UPSTREAM_PROTOCOL,
-    "upstream_unavailable": Outcome.UPSTREAM_ERROR,
-    "upstream_cancelled": Outcome.UPSTREAM_ERROR,
-    "bad_request": Outcome.BAD_REQUEST,
-    "body_too_large": Outcome.REJECTED,
-}

@@ -54,13 +54,6 @@ class SlidingCounts:
         self.advance(now)[k] += amount
         self.sums[k] += amount
 
-    def add_row(self, now: float, values: tuple[int, ...]) -> None:
-        row = self.advance(now)
-        sums = self.sums
-        for k, v in enumerate(values):
-            row[k] += v
-            sums[k] += v
-
     def totals(self, now: float) -> list[int]:
         """The sums over the window that ends at `now` (expired buckets dropped first)."""
         self.advance(now)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -233,7 +233,3 @@ class Filter(Protocol):
     """Every hook but `name` is optional (see the module docstring)."""
 
     name: str
-
-
-RequestHook = Any  # Callable[[RequestContext], Status | Awaitable[Status]]
-MaybeAwaitable = Status | Awaitable[Status]

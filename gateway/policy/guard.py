@@ -38,7 +38,6 @@ from gateway.policy.model import Guard, Policy
 from gateway.policy.traffic import Shape, TrafficSnapshot
 
 REFUSAL_KINDS = ("no_route", "no_endpoint")
-KINDS = (*REFUSAL_KINDS, "body_too_large", "first_byte_timeout", "total_timeout")
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.backends")
 
-EMPTY: Plan[Member] = build_plan([], 0.0)
-
 
 def breaker_params(b: Backend) -> BreakerParams | None:
     c = b.breaker

@@ -155,9 +155,6 @@ DATAPATH_EVENTS = Counter(
     ["event"],
     registry=REGISTRY,
 )
-DATAPATH_FLOWS = Gauge(
-    "sluice_datapath_flows", "Flows in the classifier's LRU flow table.", registry=REGISTRY
-)
 DATAPATH_DENIED = Gauge(
     "sluice_datapath_denied_sources",
     "Source addresses the kernel sheds now (deny entries not yet expired).",
