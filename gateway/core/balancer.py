@@ -124,7 +124,6 @@ class Level(Generic[M]):
     cum: tuple[float, ...]  # cumulative weights of `members`
     uniform: bool  # all weights equal: draw by index
     panic: bool
-    available_share: float  # available weight / weight of the level
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +185,7 @@ def build_plan(
                 acc = accs[p]
                 assert acc.fallback is not None
                 if acc.fallback:
-                    levels.append(_level(p, acc.fallback, True, 0.0))
+                    levels.append(_level(p, acc.fallback, True))
                     loads.append(1.0)
                     break
     else:
@@ -202,7 +201,7 @@ def build_plan(
             share = acc.avail_w / acc.total_w
             panic = short and share < panic_threshold
             chosen = acc.avail + acc.fallback if panic else acc.avail
-            levels.append(_level(p, chosen, panic, share))
+            levels.append(_level(p, chosen, panic))
             loads.append(load)
     cum: list[float] = []
     run = 0.0
@@ -214,14 +213,14 @@ def build_plan(
     return Plan(tuple(levels), tuple(cum), tuple(probing), members, available)
 
 
-def _level(priority: int, chosen: list[tuple[M, float]], panic: bool, share: float) -> Level[M]:
+def _level(priority: int, chosen: list[tuple[M, float]], panic: bool) -> Level[M]:
     cum: list[float] = []
     run = 0.0
     for _, w in chosen:
         run += w
         cum.append(run)
     uniform = len({w for _, w in chosen}) <= 1
-    return Level(priority, tuple(m for m, _ in chosen), tuple(cum), uniform, panic, share)
+    return Level(priority, tuple(m for m, _ in chosen), tuple(cum), uniform, panic)
 
 
 def _choose_level(plan: Plan[M], r: float) -> Level[M]:

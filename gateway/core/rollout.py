@@ -177,11 +177,6 @@ class ShadowStats:
             if key in t or len(t) < MAX_TRANSITIONS:
                 t[key] = t.get(key, 0) + 1
 
-    @property
-    def increase(self) -> float:
-        """Share of requests the new policy would refuse beyond what the old one refuses."""
-        return (self.new_rejects - self.old_rejects) / self.count if self.count else 0.0
-
     def summary(self) -> dict[str, Any]:
         top = sorted(self.transitions.items(), key=lambda kv: -kv[1])[:10]
         return {
@@ -204,8 +199,8 @@ def _pct(x: float) -> str:
 
 
 def judge_shadow(plan: Plan, shadow: ShadowStats, elapsed: float) -> Judgement:
-    # The increase at min_requests if every further request were decided alike by both
-    # (equal to `shadow.increase` once there are min_requests).
+    # The share of requests the new policy refuses beyond the old one's, at min_requests if
+    # every further request were decided alike by both (the plain share once there are more).
     at_min = (shadow.new_rejects - shadow.old_rejects) / max(shadow.count, plan.min_requests)
     if at_min > plan.max_error_rate_increase:
         return Judgement(

@@ -9,7 +9,6 @@ or parent id, or version ff, makes the header invalid (the caller then starts a 
 from __future__ import annotations
 
 MASK64 = (1 << 64) - 1
-FLAG_SAMPLED = 0x01
 _HEX = frozenset("0123456789abcdef")
 
 

@@ -47,7 +47,6 @@ class CompiledRoute:
     endpoints: tuple[Endpoint, ...]  # the static members of its backends
     timeouts: Timeouts
     strip_prefix: str
-    backend_protocol: str
     targets: tuple[tuple[str, int], ...] = ()  # (backend name, weight) of the split
     canary: Canary | None = None
     retries: Retries | None = None
@@ -118,7 +117,6 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         for name, w in targets
         for e in backends[name].endpoints
     ]
-    protocols = {backends[name].protocol for name, _ in targets}
     timeouts = r.timeouts or p.timeouts
     try_timeouts = None
     if r.retries is not None and r.retries.per_try_timeout_s is not None:
@@ -138,7 +136,6 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         endpoints=tuple(static),
         timeouts=timeouts,
         strip_prefix=r.strip_prefix,
-        backend_protocol=protocols.pop() if len(protocols) == 1 else "mixed",
         targets=tuple(targets),
         canary=r.canary,
         retries=r.retries,
