@@ -1,35 +1,36 @@
-"""HTTP/1.1 ingress: aiohttp's low-level `web.Server` in front of the filter chain and the pool
-(`listeners.http.engine: aiohttp`; `start_http` also starts the default, native, engine).
+"""HTTP/1.1 ingress on aiohttp's low-level `web.Server` (`listeners.http.engine: aiohttp`), and
+`start_http`, which starts the engine the policy names (the default, native, engine is
+`gateway.adapters.h1_server`).
+
+The engine moves bytes only: each request is wrapped in an `AiohttpExchange`
+(`gateway.adapters.http_exchange`) and handed to `HttpForward.serve` (`gateway.forward.http`),
+which owns everything else: the chain, the header-total and body bounds (431, 413), the upstream
+call through the pool, deadlines, the response phase and the bookkeeping.
+
+What this module adds to aiohttp's server, so that both engines answer the same bytes the same
+way (`tests/adapters/test_differential.py` checks it):
+- parser refusals: a header line over `max_line_bytes` (aiohttp's `max_line_size` /
+  `max_field_size`, and `_refusal`'s exact per-line bound) or more than `max_header_count`
+  headers (aiohttp's `max_headers`) → 431 with a JSON body, connection closed; a request line
+  over `max_line_bytes` gets the same 431 (aiohttp raises the same LineTooLong; 414 would need a
+  guess). What the native parser refuses and aiohttp's accepts (CONNECT, a Transfer-Encoding
+  other than one `chunked`, an upgrade request with a body) → 400. These are counted in
+  `REJECTED` and never reach the forwarding path: no chain, no `finish`.
+- a body found malformed after its request was handed on: the read fails (the forwarding path
+  answers 400 `incomplete body`) and the connection closes, as on the native engine.
+- header-read deadline: aiohttp 3.14 has none, so the handler class closes a connection that has
+  not completed a request head within `header_read_s`, from accept and, on a keep-alive
+  connection, from the first byte of each next head; aiohttp's `keepalive_timeout`
+  (`keepalive_s`) closes connections idle between requests.
+- client disconnect: `handler_cancellation=True` makes aiohttp cancel the handler task; the
+  forwarding path then aborts the upstream request and records the request as cancelled.
+- keep-alive timeout and parser limits are read from the policy when the listener starts; a
+  reload changes them only for the next start.
 
 Known aiohttp parser limits the native engine does not share (`tests/adapters/test_differential`):
 a malformed request, or data after `Connection: close` or after a non-websocket upgrade, loses
 the requests read together with it; a connection closed with input unread is reset (no lingering
 close); the last trailer of a chunked body is added to the next request's headers.
-
-Per request: RequestInfo → chain → (verdict answer | stream to the endpoint through
-`gateway.http_pool` and stream the answer back). The adapter translates and does nothing else:
-decisions live in filters, connections in the pool.
-
-Limits and what the client sees:
-- a header line over `max_line_bytes` (aiohttp's `max_line_size` / `max_field_size`) and more
-  than `max_header_count` headers (aiohttp's `max_headers`) are refused by aiohttp's parser; our
-  handler class maps those parser errors from 400 to 431 with a JSON body (connection closed).
-  A request line over `max_line_bytes` gets the same 431 (aiohttp raises the same LineTooLong;
-  414 would need a guess). These never reach the handler: no chain, no `finish`, no metric.
-  The total of `max_header_bytes` is checked in the handler → 431 (aiohttp has no such limit);
-  the chain is skipped, `finish` still runs.
-- body: Content-Length over `max_body_bytes` → 413 before any backend is contacted; a chunked body
-  that grows past it aborts the upstream request → 413 (or a cut if the answer had begun).
-- header-read deadline: aiohttp 3.14 has none, so the handler class closes a connection that has
-  not completed a request head within `header_read_s`, from accept and, on a keep-alive
-  connection, from the first byte of each next head; aiohttp's `keepalive_timeout`
-  (`keepalive_s`) closes connections idle between requests.
-- client disconnect: `handler_cancellation=True` makes aiohttp cancel the handler task; the pool
-  then aborts the upstream connection and the request is recorded with `ctx.cancelled = True`.
-- total deadline (`route.timeouts.total_s`): 504 before the response head, a cut after it;
-  enforced by `Deadlines` (one ticker, ±50 ms) instead of a timer per request.
-- keep-alive timeout and parser limits are read from the policy when the listener starts; a
-  reload changes them only for the next start (everything else is read per request).
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""JWT authentication: token verification (`jwt`), key sets (`keys`) and their caches (`jwks`)."""
+"""JWT authentication: token verification (`jwt`), key sets (`keys`), their caches (`jwks`) and
+the verified-token cache (`tokens`)."""

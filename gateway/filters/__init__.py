@@ -1,1 +1,2 @@
-"""The filter chain: one protocol for every filter, one chain for both adapters."""
+"""The filter chain: one protocol for every filter, one chain for HTTP and gRPC,
+built per policy (`registry`)."""

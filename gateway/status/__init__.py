@@ -6,7 +6,7 @@ first, worst first, a unit on every number. `sluice status` prints the same docu
 terminal. Under `--workers N` each answer comes from one worker (its `gateway.pid`); counters
 (rejections, upstream errors) are summed over all workers.
 
-The document (`gateway.status.state.build_state`). Keys a feature does not provide are absent,
+The document (`gateway.status.state.StatusBoard.state`). Keys a feature does not provide are absent,
 and the page renders a section only when its key is there. Every number carries its unit in
 its key: `_s` seconds, `_ms` milliseconds, `_bytes` bytes, `_util` / `pressure` / `load` a
 fraction of capacity (0..1, shown as %), counts are plain (`in_flight`, `connections`,
