@@ -101,7 +101,8 @@ class Datapath(_Model):
         ge=0,
         le=1 << 30,
         description="bytes of one HTTP/2 header block (HEADERS + CONTINUATION) before the flow "
-        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes; 0 = off",
+        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes "
+        "(default max(65536, twice it)); 0 = off",
     )
     ping_flood_max: int = Field(
         default=1000,
