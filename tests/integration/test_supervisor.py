@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Backend, Gateway, free_port, policy_yaml, start_gateway
-from tests.support import Proc
+from tests.integration.conftest import Backend, Gateway, policy_yaml, start_gateway
+from tests.support import Proc, free_port
 
 pytestmark = pytest.mark.integration
 
