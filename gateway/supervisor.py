@@ -15,7 +15,7 @@ are stopped and the supervisor exits with that status, as a single process would
 
 The simulated backend (if the policy enables it) runs once, in its own child, stopped after
 every worker has drained. Metrics are aggregated across workers through the multiprocess
-directory the supervisor creates and removes.
+directory the supervisor creates and removes; a dead worker's gauges leave it with the worker.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,7 +108,7 @@ class Supervisor:
         rfd, wfd = os.pipe()
         os.set_blocking(rfd, False)
         os.set_blocking(wfd, False)
-        pending: list[int] = []
+        pending: deque[int] = deque()  # append and popleft are safe against a handler
 
         def note(signum: int, _frame: object) -> None:
             pending.append(signum)  # handled in the loop; the wake-up fd ends its wait
@@ -118,18 +119,13 @@ class Supervisor:
             self.slots = [Slot(i) for i in range(self.workers)]
             for slot in self.slots:
                 self._start(slot)
-            while True:
-                self._wait(rfd)
-                signals, pending[:] = list(pending), []
-                for signum in signals:
-                    self._on_signal(signum)
-                self._reap()
-                if self.stopping:
-                    if all(s.proc is None for s in self.slots):
-                        break
-                    self._kill_late()
-                    continue
-                self._start_due()
+            self._loop(pending, rfd)
+        except BaseException:
+            for slot in self.slots:  # never leave a worker behind
+                if slot.proc is not None and slot.proc.poll() is None:
+                    slot.proc.kill()
+                    slot.proc.wait(KILL_GRACE_S)
+            raise
         finally:
             signal.set_wakeup_fd(old_fd)
             for s, handler in previous.items():
@@ -139,6 +135,19 @@ class Supervisor:
         if self.failed_start is not None:
             return self.failed_start
         return 0 if all(c == 0 for c in self.final_codes) else 1
+
+    def _loop(self, pending: deque[int], rfd: int) -> None:
+        while True:
+            self._wait(rfd)
+            while pending:
+                self._on_signal(pending.popleft())
+            self._reap()
+            if self.stopping:
+                if all(s.proc is None for s in self.slots):
+                    return
+                self._kill_late()
+                continue
+            self._start_due()
 
     def _wait(self, rfd: int) -> None:
         now = time.monotonic()
@@ -155,12 +164,18 @@ class Supervisor:
         if signum == signal.SIGCHLD:
             return  # only a wake-up: _reap looks at every worker
         if signum in (signal.SIGTERM, signal.SIGINT) and not self.stopping:
-            log.info("%s: draining %d workers", signal.Signals(signum).name, self.workers)
-            self.stopping = True
-            self.stop_signal = signum
-            self.kill_at = time.monotonic() + self.kill_after_s
-            for slot in self.slots:
-                slot.restart_at = None
+            self._stop(signal.Signals(signum).name, signum)
+            return
+        self._forward(signum)
+
+    def _stop(self, why: str, signum: int) -> None:
+        """Drain every worker (`signum` forwarded) and start none from now on."""
+        log.info("%s: draining %d workers", why, self.workers)
+        self.stopping = True
+        self.stop_signal = signum
+        self.kill_at = time.monotonic() + self.kill_after_s
+        for slot in self.slots:
+            slot.restart_at = None
         self._forward(signum)
 
     def _forward(self, signum: int) -> None:
@@ -198,12 +213,9 @@ class Supervisor:
                     )
                 continue
             if slot.generation == 0 and code > 0 and up_s < SETTLE_S:
-                log.error(
-                    "worker %d (pid %d) %s at start: stopping the others",
-                    slot.index, pid, ended(code),
-                )  # fmt: skip
+                log.error("worker %d (pid %d) %s at start", slot.index, pid, ended(code))
                 self.failed_start = code
-                self._on_signal(signal.SIGTERM)
+                self._stop("a worker could not start", signal.SIGTERM)
                 continue
             slot.backoff_s = next_backoff(slot.backoff_s, up_s)
             slot.restart_at = now + slot.backoff_s
@@ -231,11 +243,11 @@ class Supervisor:
             log.info("worker %d started again (pid %d)", slot.index, slot.proc.pid)
 
     def _forget_metrics(self, pid: int) -> None:
-        # A dead worker's live gauges (in flight, pending traces) must stop counting; its
-        # counters stay, as prometheus-client's multiprocess mode intends.
-        from prometheus_client import multiprocess
-
-        multiprocess.mark_process_dead(pid, self.metrics_dir)  # type: ignore[no-untyped-call]
+        # A dead worker's gauges are no longer true (its `sluice_ready` 1, its in-flight count):
+        # drop them, as prometheus-client's mark_process_dead does for the live* modes only.
+        # Its counters and histograms stay: they are totals that include its work.
+        for f in Path(self.metrics_dir).glob(f"gauge_*_{pid}.db"):
+            f.unlink(missing_ok=True)
 
 
 def run_workers(args: argparse.Namespace) -> int:

@@ -92,6 +92,7 @@ def test_a_killed_worker_is_logged_replaced_and_counted(backend: Backend, tmp_pa
         (new,) = children(gw.proc.popen.pid) - first
         seen.add(new)
         eventually(lambda: new in ready_pids(gw), "the new worker ready", gw)
+        assert victim not in ready_pids(gw)  # a dead worker's gauges are gone
         # Only the new worker listens while the other one is replaced in turn: all served.
         os.kill(other, signal.SIGKILL)
         eventually(lambda: not alive(other), "the second kill", gw)
@@ -165,7 +166,8 @@ def test_a_failed_start_ends_the_supervisor(backend: Backend, tmp_path: Path) ->
             proc.stop()
     output = proc.log_path.read_text()
     assert code == 1, output
-    assert "at start: stopping the others" in output
+    assert "exited with status 1 at start" in output
+    assert "a worker could not start: draining 2 workers" in output
     assert "starting a new one" not in output
 
 
