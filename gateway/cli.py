@@ -9,6 +9,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+DESCRIPTION = "Sluice: a traffic-control gateway for LLM inference backends."
+EPILOG = "Run `sluice COMMAND --help` for the options of one command."
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.server", "run the gateway"),
     "policy": ("gateway.policy.commands", "check, print the schema of, or diff policy files"),
@@ -23,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """All subcommands are listed; only the one being run (`only`) imports its module."""
-    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sluice", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

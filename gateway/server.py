@@ -3,8 +3,8 @@
 Start order: policy (fatal if invalid) → simulated backend (if the policy asks) → admin → HTTP and
 gRPC listeners → ready. SIGHUP reloads the policy; SIGTERM/SIGINT drain: not ready, stop accepting,
 let in-flight requests (streams too) finish up to `timeouts.drain_s`, then close in reverse order
-and exit 0. `--workers N` runs N such processes on the same ports (SO_REUSEPORT) under a small
-supervisor that forwards signals.
+and exit 0. `--workers N` runs N such processes on the same ports (SO_REUSEPORT) under the
+supervisor of `gateway.supervisor` (replaces a worker that dies, forwards signals).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import gc
 import logging
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     if args.workers > 1:
-        return _supervise(args)
+        from gateway.supervisor import run_workers
+
+        return run_workers(args)
+    from gateway.supervisor import count_replacement
+
+    count_replacement()
     try:
         return _run_loop(
             _serve(args.policy, reuse_port=os.environ.get("SLUICE_WORKER") is not None)
@@ -252,56 +255,3 @@ async def _serve(policy_path: Path, *, reuse_port: bool) -> int:
     await server.wait()
     await server.drain_and_close()
     return 0
-
-
-def _supervise(args: argparse.Namespace) -> int:
-    """Run `workers` serving processes on the same ports; forward TERM/INT/HUP; exit when all do.
-
-    The simulated backend (if the policy enables it) runs once, in its own child, not per worker.
-    Metrics are aggregated across workers through prometheus-client's multiprocess mode.
-    """
-    from gateway.policy.loader import load_policy
-
-    try:
-        policy = load_policy(args.policy)
-    except PolicyError as e:
-        for line in e.errors:
-            print(line, file=sys.stderr)
-        return 1
-    metrics_dir = tempfile.mkdtemp(prefix="sluice-metrics-")
-    env = {
-        **os.environ,
-        "PROMETHEUS_MULTIPROC_DIR": metrics_dir,
-        "SLUICE_NO_MOCK": "1",
-        "SLUICE_WORKERS": str(args.workers),  # memory rate limits give each worker 1/N
-    }
-    mock: subprocess.Popen[bytes] | None = None
-    m = policy.mock_backend
-    if m.enabled:
-        cmd = [sys.executable, "-m", "gateway", "mock-backend"]
-        cmd += ["--http", m.http] if m.http else ["--no-http"]
-        cmd += ["--grpc", m.grpc] if m.grpc else ["--no-grpc"]
-        cmd += ["--admin", m.admin] if m.admin else ["--no-admin"]
-        mock = subprocess.Popen(cmd, env=os.environ.copy())
-    workers = []
-    for i in range(args.workers):
-        cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(args.policy)]
-        cmd += ["--workers", "1", "--log-level", args.log_level]
-        workers.append(subprocess.Popen(cmd, env={**env, "SLUICE_WORKER": str(i)}))
-
-    def forward(signum: int, _frame: object) -> None:
-        for c in workers:
-            if c.poll() is None:
-                c.send_signal(signum)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, forward)
-    codes = [c.wait() for c in workers]
-    if mock is not None:  # the backend goes last, after every worker has drained
-        mock.terminate()
-        codes.append(0 if mock.wait() in (0, -signal.SIGTERM) else 1)
-    with contextlib.suppress(OSError):
-        for f in Path(metrics_dir).iterdir():
-            f.unlink()
-        Path(metrics_dir).rmdir()
-    return max(codes, default=0)

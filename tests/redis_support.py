@@ -1,5 +1,6 @@
 """Private redis-server processes for tests (never the machine's Redis on 6379): one server
-that can be killed and restarted on the same port, and a small Redis Cluster."""
+that can be stopped and started again on the same port (to test Redis going down), and a small
+Redis Cluster that is only handed out once every node serves every slot."""
 
 from __future__ import annotations
 
@@ -57,18 +58,40 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
+        """Kill it (as a crash would); returns once the port is free for a restart."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
         self.proc = None
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                wait_for_port(self.port, timeout=0.05)
+            except TimeoutError:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"port {self.port} still answers after redis-server stopped")
 
     def restart(self) -> None:
         self.stop()
         self.start()
 
 
-def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:
-    """`masters` cluster-enabled servers joined with `redis-cli --cluster create`."""
+def cluster_info(cli: str, port: int) -> dict[str, str]:
+    """`CLUSTER INFO` of one node as a dict ({} while it does not answer)."""
+    try:
+        out = subprocess.run(
+            [cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True, timeout=5
+        ).stdout
+    except subprocess.TimeoutExpired:
+        return {}
+    return dict(line.split(":", 1) for line in out.split() if ":" in line)
+
+
+def start_cluster(workdir: Path, masters: int = 3, timeout: float = 30.0) -> list[RedisServer]:
+    """`masters` cluster-enabled servers joined with `redis-cli --cluster create`, returned once
+    every node knows every other one and reports all 16384 slots ok (`cluster_state:ok`): a
+    node that still says CLUSTERDOWN would fail the first client that asks it."""
     cli = require_binary("redis-cli")
     nodes: list[RedisServer] = []
     try:
@@ -82,15 +105,20 @@ def start_cluster(workdir: Path, masters: int = 3) -> list[RedisServer]:
             capture_output=True,
             timeout=30,
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            out = subprocess.run(
-                [cli, "-p", str(nodes[0].port), "cluster", "info"], capture_output=True, text=True
-            ).stdout
-            if "cluster_state:ok" in out:
+        want = {
+            "cluster_state": "ok",
+            "cluster_slots_ok": "16384",
+            "cluster_known_nodes": str(masters),
+            "cluster_size": str(masters),
+        }
+        deadline = time.monotonic() + timeout
+        while True:
+            infos = [cluster_info(cli, n.port) for n in nodes]
+            if all(all(info.get(k) == v for k, v in want.items()) for info in infos):
                 return nodes
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"redis cluster not ok on every node: {infos}")
             time.sleep(0.1)
-        raise TimeoutError("redis cluster did not become ok")
     except BaseException:
         for n in nodes:
             n.stop()

@@ -19,8 +19,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-grpc", action="store_true", help="do not serve gRPC")
     parser.add_argument(
         "--admin",
-        default="127.0.0.1:18002",
-        help="admin listener host:port (/admin/knobs, /admin/stats, /admin/reset); loopback only",
+        default="127.0.0.1:0",
+        help="admin listener host:port (/admin/knobs, /admin/stats, /admin/reset); loopback "
+        "only; default: a free loopback port, printed at start (two backends never collide)",
     )
     parser.add_argument("--no-admin", action="store_true", help="do not serve the admin API")
     parser.add_argument("--ttft-ms", type=float, default=50.0, help="time to first token (ms)")
@@ -72,6 +73,9 @@ async def _serve(args: argparse.Namespace) -> int:
             handle.grpc_port,
             handle.admin_port,
         )
+        if handle.admin_port is not None:
+            host = args.admin.rpartition(":")[0]
+            log.info("mock backend admin API: http://%s:%s/admin/knobs", host, handle.admin_port)
         await stop.wait()
         log.info("mock backend stopping")
     finally:

@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.policy.base import Loc, PolicyModel
+from gateway.policy.base import Loc, PolicyModel, fill_unset
 
 ASYMMETRIC_ALGORITHMS = (
     "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
@@ -85,7 +85,8 @@ class JwksSource(PolicyModel):
     max_stale_s: PositiveFloat = Field(
         default=86400.0,
         description="while refreshes fail, keep using the last good set this long after it was "
-        "fetched; then every token of the provider fails (closed)",
+        "fetched; then every token of the provider fails (closed); default max(86400, "
+        "cache_s), at least cache_s",
     )
     unknown_kid_cooldown_s: PositiveFloat = Field(
         default=30.0,
@@ -111,6 +112,7 @@ class JwksSource(PolicyModel):
                     "a plain-http JWKS URL to a non-loopback host lets anyone on the path swap "
                     "the keys; use https, or set `allow_http: true`"
                 )
+        fill_unset(self, max_stale_s=max(86400.0, self.cache_s))
         if self.max_stale_s < self.cache_s:
             raise ValueError("`max_stale_s` must be at least `cache_s`")
         return self

@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from gateway.policy.auth import RouteAuthSetting
-from gateway.policy.base import HostPort, PolicyModel, RedisUrl, Timeouts
+from gateway.policy.base import HostPort, PolicyModel, RedisUrl, Timeouts, fill_unset
 
 
 class Endpoint(PolicyModel):
@@ -80,12 +80,19 @@ class HealthCheck(PolicyModel):
     )
     interval_s: PositiveFloat = Field(default=30.0, description="between checks while passing")
     failing_interval_s: PositiveFloat = Field(
-        default=2.0, description="between checks while failing (faster)"
+        default=2.0,
+        description="between checks while failing (faster; default min(2, interval_s), at most "
+        "interval_s)",
     )
     jitter: float = Field(default=0.1, ge=0, le=0.5, description="± spread of each interval")
     timeout_s: PositiveFloat = Field(default=2.0, description="a check slower than this fails")
     unhealthy_after: PositiveInt = Field(default=3, description="failed checks in a row → out")
     healthy_after: PositiveInt = Field(default=2, description="passing checks in a row → back")
+
+    @model_validator(mode="after")
+    def _derived(self) -> HealthCheck:
+        fill_unset(self, failing_interval_s=min(2.0, self.interval_s))
+        return self
 
 
 class CircuitBreaker(PolicyModel):
@@ -110,13 +117,20 @@ class CircuitBreaker(PolicyModel):
     open_s: PositiveFloat = Field(
         default=5.0, description="first open time; doubles at each re-open, ±20 % jitter"
     )
-    max_open_s: PositiveFloat = Field(default=60.0, description="open time cap")
+    max_open_s: PositiveFloat = Field(
+        default=60.0, description="open time cap (default max(60, open_s), at least open_s)"
+    )
     half_open_probes: int = Field(
         default=3, ge=1, le=100, description="probes admitted half-open; all must succeed"
     )
     probe_timeout_s: PositiveFloat | None = Field(
         default=None, description="a probe without a first byte by then fails (default slow_call_s)"
     )
+
+    @model_validator(mode="after")
+    def _derived(self) -> CircuitBreaker:
+        fill_unset(self, max_open_s=max(60.0, self.open_s))
+        return self
 
 
 class OutlierDetection(PolicyModel):
@@ -131,7 +145,15 @@ class OutlierDetection(PolicyModel):
     ejection_s: PositiveFloat = Field(
         default=30.0, description="ejection time × times ejected, up to max_ejection_s"
     )
-    max_ejection_s: PositiveFloat = Field(default=300.0, description="ejection time cap")
+    max_ejection_s: PositiveFloat = Field(
+        default=300.0,
+        description="ejection time cap (default max(300, ejection_s), at least ejection_s)",
+    )
+
+    @model_validator(mode="after")
+    def _derived(self) -> OutlierDetection:
+        fill_unset(self, max_ejection_s=max(300.0, self.ejection_s))
+        return self
 
 
 class Backend(PolicyModel):

@@ -43,6 +43,37 @@ class PolicyModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def fill_unset(model: BaseModel, **values: object) -> None:
+    """Give each named field the value derived from its siblings, unless the user wrote it.
+
+    A default must never conflict with a valid value of another field: a field whose
+    documented default depends on another one is filled here, after validation (the model
+    is frozen, and `model_fields_set` keeps saying the user did not write it)."""
+    for name, value in values.items():
+        if name not in model.model_fields_set:
+            object.__setattr__(model, name, value)
+
+
+def fill_ordered(model: BaseModel, names: tuple[str, ...]) -> None:
+    """Fields that must not decrease in the order of `names`: each one the user left unset
+    takes its default clamped between the values written before and after it, so that
+    writing one field alone never makes the defaults of the others invalid."""
+    written = model.model_fields_set
+    values: dict[str, object] = {}
+    for i, name in enumerate(names):
+        if name in written:
+            continue
+        lower = [getattr(model, n) for n in names[:i] if n in written]
+        upper = [getattr(model, n) for n in names[i + 1 :] if n in written]
+        value = getattr(model, name)
+        if lower:
+            value = max(value, *lower)
+        if upper:
+            value = min(value, *upper)
+        values[name] = value
+    fill_unset(model, **values)
+
+
 class Listener(PolicyModel):
     host: str = Field(default="0.0.0.0", description="address to bind")
     port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")

@@ -38,28 +38,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from gateway.policy.remote import DEFAULT_ADMIN
 
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
-    check = sub.add_parser("check", help="validate policy files")
+
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text)  # listed and on its own --help
+
+    check = action("check", "validate policy files")
     check.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     check.add_argument(
         "--against", metavar="ADMIN_URL", help="also run the change guard of this gateway"
     )
-    sub.add_parser("schema", help="print the JSON Schema of the policy document")
-    diff = sub.add_parser("diff", help="show what reloading NEW over OLD would change")
+    action("schema", "print the JSON Schema of the policy document")
+    diff = action("diff", "show what reloading NEW over OLD would change")
     diff.add_argument("files", nargs="+", type=Path, metavar="[OLD] NEW")
     diff.add_argument(
         "--against", metavar="ADMIN_URL", help="judge on this gateway's traffic (OLD: its policy)"
     )
-    apply = sub.add_parser("apply", help="reload a running gateway's policy file now")
+    apply = action("apply", "reload a running gateway's policy file now")
     apply.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL")
     apply.add_argument("--force", action="store_true", help="apply even if the guard holds it")
     apply.add_argument(
         "--rollout", metavar="STAGES", help="stages, e.g. shadow,5,25,100 (none: all at once)"
     )
     apply.add_argument("--hold-s", type=float, metavar="SECONDS", help="seconds per stage")
-    ro = sub.add_parser("rollout", help="show or drive a staged rollout")
+    ro = action("rollout", "show or drive a staged rollout")
     ro.add_argument("action", choices=["status", "promote", "abort"])
     ro.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL")
-    cs = sub.add_parser("checksum", help="print (or --write) the file's checksum: line")
+    cs = action("checksum", "print (or --write) the file's checksum: line")
     cs.add_argument("path", type=Path, metavar="PATH")
     cs.add_argument("--write", action="store_true", help="write it into the file (atomically)")
 

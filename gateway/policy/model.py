@@ -35,7 +35,7 @@ from gateway.policy.backends import Sticky as Sticky
 from gateway.policy.base import Limits as Limits
 from gateway.policy.base import Listeners as Listeners
 from gateway.policy.base import Loc as Loc
-from gateway.policy.base import PolicyModel
+from gateway.policy.base import PolicyModel, fill_unset
 from gateway.policy.base import Timeouts as Timeouts
 from gateway.policy.base import is_loopback as is_loopback
 from gateway.policy.ratelimits import RateLimits
@@ -107,6 +107,13 @@ class Policy(PolicyModel):
         if "route" not in v:
             raise ValueError("the filter chain must contain 'route' (nothing is forwarded without)")
         return v
+
+    @model_validator(mode="after")
+    def _derived(self) -> Policy:
+        # Defaults that depend on another section (runs before the reference checks).
+        cap = self.limits.grpc_max_metadata_bytes
+        fill_unset(self.datapath, max_header_block_bytes=max(65536, 2 * cap))
+        return self
 
     @model_validator(mode="after")
     def _references(self, info: ValidationInfo) -> Policy:

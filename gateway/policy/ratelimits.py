@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from gateway.policy.base import PolicyModel
+from gateway.policy.base import PolicyModel, fill_ordered
 
 KEY_PART = re.compile(
     r"^(claim:[A-Za-z0-9_.\-]{1,64}|header:[A-Za-z0-9_\-]{1,64}|source_ip|route|model)$"
@@ -134,6 +134,8 @@ class Overload(PolicyModel):
 
     @model_validator(mode="after")
     def _ordered(self) -> Overload:
+        # One threshold written alone moves the defaults of the others out of its way.
+        fill_ordered(self, ("green_below", "yellow_above", "red_above"))
         if not self.green_below <= self.yellow_above <= self.red_above:
             raise ValueError("need green_below <= yellow_above <= red_above")
         return self
@@ -155,6 +157,7 @@ class Concurrency(PolicyModel):
 
     @model_validator(mode="after")
     def _bounds(self) -> Concurrency:
+        fill_ordered(self, ("min_limit", "initial_limit", "max_limit"))
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError("need min_limit <= initial_limit <= max_limit")
         return self

@@ -32,9 +32,10 @@ class MockBackend(PolicyModel):
     http: HostPort | None = Field(default="127.0.0.1:18000", description="its HTTP listener")
     grpc: HostPort | None = Field(default="127.0.0.1:18001", description="its gRPC listener")
     admin: HostPort | None = Field(
-        default="127.0.0.1:18002",
+        default="127.0.0.1:0",
         description="its admin API (/admin/knobs, /admin/stats, /admin/reset), on a listener of "
-        "its own, loopback only: never route to it (null = off)",
+        "its own, loopback only: never route to it (null = off); port 0 (the default) picks a "
+        "free one, logged at start, so that two gateways on one host never collide",
     )
     ttft_ms: float = Field(default=50.0, ge=0, description="time to first token")
     token_delay_ms: float = Field(default=10.0, ge=0, description="delay between streamed tokens")
@@ -101,7 +102,8 @@ class Datapath(PolicyModel):
         ge=0,
         le=1 << 30,
         description="bytes of one HTTP/2 header block (HEADERS + CONTINUATION) before the flow "
-        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes; 0 = off",
+        "is dropped (CONTINUATION flood); at least twice limits.grpc_max_metadata_bytes "
+        "(default max(65536, twice it)); 0 = off",
     )
     ping_flood_max: int = Field(
         default=1000,

@@ -88,6 +88,13 @@ POLICY_LAST_RELOAD_OK = Gauge(
     registry=REGISTRY,
 )
 READY = Gauge("sluice_ready", "1 when the gateway accepts traffic.", registry=REGISTRY)
+WORKER_RESTARTS = Counter(
+    "sluice_worker_restarts_total",
+    "Workers started by the `--workers` supervisor to replace one that died, by how it ended: "
+    "signal (killed: the OOM killer, a crash) or exit (exited by itself).",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 
 # Label children cached by their label values: `.labels()` costs a lock and a tuple per call.

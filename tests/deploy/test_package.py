@@ -24,7 +24,7 @@ from tests.support import ROOT, require
 pytestmark = pytest.mark.integration
 
 # The default policy's ports (policies/default.yaml): `sluice serve` with no arguments uses them.
-DEFAULT_PORTS = (8080, 8081, 9901, 18000, 18001, 18002)
+DEFAULT_PORTS = (8080, 8081, 9901, 18000, 18001)
 
 
 def _free(port: int) -> bool:

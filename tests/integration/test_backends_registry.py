@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.backends_support import Load, Sim, start_gateway, start_sims, wait_until
-from tests.registry.redis_server import RedisServer
+from tests.redis_support import RedisServer
 from tests.support import Proc
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]

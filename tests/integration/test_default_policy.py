@@ -5,6 +5,7 @@ backend, and no request header value ever comes back from any of the backend's e
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from gateway.proto import load
-from tests.integration.conftest import wait_ready
+from tests.integration.conftest import http_json, wait_ready
 from tests.support import ROOT, Proc, free_port
 
 pytestmark = pytest.mark.integration
@@ -35,8 +36,11 @@ class DefaultGateway:
     mock_admin: int
 
 
-def default_policy_on_free_ports(tmp: Path) -> tuple[str, dict[str, int]]:
-    """policies/default.yaml with every port replaced by a free one; nothing else changed."""
+def default_policy_on_free_ports(
+    tmp: Path, pin_mock_admin: bool = True
+) -> tuple[str, dict[str, int]]:
+    """policies/default.yaml with every port replaced by a free one; nothing else changed
+    (without `pin_mock_admin`, the simulated backend's admin API keeps its shipped default)."""
     doc = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
     ports = {k: free_port() for k in ("http", "grpc", "admin", "mhttp", "mgrpc", "madmin")}
     for name in ("http", "grpc", "admin"):
@@ -45,7 +49,8 @@ def default_policy_on_free_ports(tmp: Path) -> tuple[str, dict[str, int]]:
     mock = doc["mock_backend"]
     old = {mock["http"]: f"127.0.0.1:{ports['mhttp']}", mock["grpc"]: f"127.0.0.1:{ports['mgrpc']}"}
     mock["http"], mock["grpc"] = old[mock["http"]], old[mock["grpc"]]
-    mock["admin"] = f"127.0.0.1:{ports['madmin']}"
+    if pin_mock_admin:
+        mock["admin"] = f"127.0.0.1:{ports['madmin']}"
     for backend in doc["backends"]:
         for endpoint in backend["endpoints"]:
             endpoint["address"] = old[endpoint["address"]]
@@ -184,3 +189,32 @@ async def test_no_request_header_value_comes_back_from_any_backend_endpoint(
     blob = "\n".join(texts)
     leaked = [name for name, value in secrets.items() if value in blob]
     assert not leaked, leaked
+
+
+SIMULATED = re.compile(r"simulated backend on http:\d+ grpc:\d+ admin:(\d+)")
+
+
+def test_two_gateways_with_the_simulated_backend_run_at_once(tmp_path: Path) -> None:
+    """The shipped policy leaves the simulated backend's admin port to the system: two
+    gateways (other ports moved apart) both start, each with its own admin API."""
+    procs, admins = [], []
+    try:
+        for i in range(2):
+            tmp = tmp_path / str(i)
+            tmp.mkdir()
+            path, ports = default_policy_on_free_ports(tmp, pin_mock_admin=False)
+            procs.append(Proc(["serve", "--policy", path], tmp / "gateway.log"))
+            admins.append(ports["admin"])
+        for proc, admin in zip(procs, admins, strict=True):
+            wait_ready(admin, proc)
+        mock_admins = []
+        for proc in procs:
+            found = SIMULATED.search(proc.output())
+            assert found, proc.output()
+            mock_admins.append(int(found.group(1)))
+        assert len(set(mock_admins)) == 2 and 0 not in mock_admins
+        for port in mock_admins:
+            assert http_json(f"http://127.0.0.1:{port}/admin/knobs")["failure"] == "none"
+    finally:
+        codes = [proc.stop() for proc in procs]
+    assert codes == [0, 0], [proc.output() for proc in procs]

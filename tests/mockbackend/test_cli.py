@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -74,3 +76,38 @@ def test_cli_refuses_a_public_admin_listener(tmp_path: Path) -> None:
     output = proc.log_path.read_text()
     assert code == 2, output
     assert "admin listener must be on loopback" in output
+
+
+ADMIN_LINE = re.compile(r"mock backend admin API: http://127\.0\.0\.1:(\d+)/admin/knobs")
+
+
+def logged_admin_port(proc: Proc, timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = ADMIN_LINE.search(proc.output())
+        if found:
+            return int(found.group(1))
+        assert proc.popen.poll() is None, proc.output()
+        time.sleep(0.05)
+    raise AssertionError(f"no admin port logged: {proc.output()}")
+
+
+@pytest.mark.integration
+def test_two_backends_without_admin_run_at_once(tmp_path: Path) -> None:
+    """Without `--admin` each backend picks a free loopback port and says which."""
+    procs = [
+        Proc(
+            ["mock-backend", f"--http=127.0.0.1:{free_port()}", "--no-grpc"], tmp_path / f"{i}.log"
+        )
+        for i in range(2)
+    ]
+    try:
+        ports = [logged_admin_port(p) for p in procs]
+        assert ports[0] != ports[1]
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/stats", timeout=5) as r:
+                assert json.load(r)["completed"] == 0
+        assert all(p.popen.poll() is None for p in procs)
+    finally:
+        codes = [p.stop() for p in procs]
+    assert codes == [0, 0], [p.log_path.read_text() for p in procs]

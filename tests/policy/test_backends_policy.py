@@ -69,8 +69,8 @@ def test_the_issue_policy_validates_and_compiles(tmp_path: Path) -> None:
          "16:25: routes[0].retries.attempts: Input should be less than or equal to 5"),
         ("error_ratio: 0.5,", "error_ratio: 0,",
          "7:53: backends[0].breaker.error_ratio: Input should be greater than 0"),
-        ("interval_s: 30,", "interval_s: 1,",
-         "6:13: backends[0].health.failing_interval_s: must not exceed interval_s"),
+        ("interval_s: 30,", "interval_s: 1, failing_interval_s: 3,",
+         "6:77: backends[0].health.failing_interval_s: must not exceed interval_s"),
     ],
 )  # fmt: skip
 def test_mistakes_point_at_their_line(tmp_path: Path, old: str, new: str, expected: str) -> None:

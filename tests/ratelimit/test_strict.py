@@ -35,8 +35,11 @@ def policy(url: str) -> CompiledPolicy:
     return compile_policy(Policy.model_validate(doc))
 
 
-async def replica(url: str) -> tuple[Services, Chain, Limiter, CompiledPolicy]:
+async def replica(
+    url: str, opened: list[Services]
+) -> tuple[Services, Chain, Limiter, CompiledPolicy]:
     services = Services()
+    opened.append(services)  # closed by the caller whatever happens
     p = policy(url)
     chain = build_chain(p, services)
     chain.activate()
@@ -58,9 +61,10 @@ async def ask(chain: Chain, p: CompiledPolicy) -> int:
 
 async def test_strict_rule_is_decided_by_redis_for_every_replica(tmp_path: Path) -> None:
     redis = RedisServer(tmp_path / "redis").start()
+    opened: list[Services] = []
     try:
-        s1, c1, l1, p = await replica(redis.url)
-        s2, c2, _, _ = await replica(redis.url)
+        _, c1, l1, p = await replica(redis.url, opened)
+        _, c2, _, _ = await replica(redis.url, opened)
         first = [await ask(c1, p) for _ in range(15)]
         second = [await ask(c2, p) for _ in range(15)]
         # 100 per 5 s window; one signal: admitted while under 95 % -> 95 across both replicas
@@ -78,7 +82,7 @@ async def test_strict_rule_is_decided_by_redis_for_every_replica(tmp_path: Path)
         assert set(answers) <= {200, 429}
         assert elapsed < 2.0  # each at most one deadline, then local without asking
         assert l1.mode == "fallback" and rs.counts[9] == 5
-        await s1.aclose()
-        await s2.aclose()
     finally:
+        for s in opened:
+            await s.aclose()
         redis.stop()

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from gateway.mockbackend import Knobs, MockBackendHandle, start_mock_backend
 from gateway.registry.agent import compute_load, parse_metrics
 from gateway.registry.heartbeats import member_key, read
-from tests.registry.redis_server import RedisServer
+from tests.redis_support import RedisServer
 from tests.support import ROOT, free_port
 
 pytestmark = pytest.mark.redis

@@ -81,9 +81,8 @@ def cfg(port: int, protocol: str = "http", **health: Any) -> Backend:
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 async def test_checker_marks_unhealthy_then_healthy(
-    backend: MockBackendHandle, protocol: str
+    backend: MockBackendHandle, protocol: str, services: Services
 ) -> None:
-    services = Services()
     pool = services.get("backends", lambda: BackendPool(services))
     port = backend.http_port if protocol == "http" else backend.grpc_port
     assert port is not None
@@ -98,12 +97,13 @@ async def test_checker_marks_unhealthy_then_healthy(
     assert st.plan(now).available == 0 and st.plan(now).levels[0].panic  # sidecar: panic
     await backend.update_knobs({"healthy": True})
     await eventually(lambda: m.health is not None and m.health.healthy)
-    await services.aclose()
+    await services.aclose()  # again at teardown: closing twice is harmless
     assert m.hbox is not None and (m.hbox.checker is None or m.hbox.checker.done())
 
 
-async def test_passive_health_checks_at_once(backend: MockBackendHandle) -> None:
-    services = Services()
+async def test_passive_health_checks_at_once(
+    backend: MockBackendHandle, services: Services
+) -> None:
     pool = services.get("backends", lambda: BackendPool(services))
     assert backend.http_port is not None
     st = pool.view(cfg(backend.http_port, interval_s=60, failing_interval_s=60, unhealthy_after=1))
@@ -119,4 +119,3 @@ async def test_passive_health_checks_at_once(backend: MockBackendHandle) -> None
     m.core.in_flight += 1
     st.report(Attempt(None, m, got[1], now, 0), now, Outcome.UPSTREAM_CONNECT, 0, None, None)
     await eventually(lambda: m.health is not None and not m.health.healthy, timeout=3)
-    await services.aclose()

@@ -24,7 +24,7 @@ from gateway.registry.heartbeats import (
 from gateway.registry.pool import BackendPool
 from gateway.registry.view import BackendView
 from gateway.services import Services
-from tests.registry.redis_server import RedisServer
+from tests.redis_support import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -32,8 +32,10 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 async def client(redis_server: RedisServer) -> AsyncIterator[Redis]:
     c = Redis.from_url(redis_server.url, socket_timeout=1, socket_connect_timeout=1)
-    yield c
-    await c.aclose()
+    try:
+        yield c
+    finally:
+        await c.aclose()
 
 
 def beat(sid: str, port: int, load: float = 0.0, ver: str = "v1") -> Heartbeat:
@@ -99,9 +101,8 @@ def view_of(services: Services, cfg: Backend) -> BackendView:
 
 
 async def test_watcher_follows_members_and_survives_redis_going_down(
-    client: Redis, redis_server: RedisServer
+    client: Redis, redis_server: RedisServer, services: Services
 ) -> None:
-    services = Services()
     st = view_of(services, backend(redis_server.url))
     w = st.watcher
     assert w is not None
@@ -143,13 +144,11 @@ async def test_watcher_follows_members_and_survives_redis_going_down(
     assert w.up is True
     assert rotation(st) == {"127.0.0.1:9100", "127.0.0.1:9102"}
     assert "127.0.0.1:9101" not in st.members  # gone from the registry: gone from the pool
-    await services.aclose()
 
 
 async def test_version_filter_and_first_sight_of_a_stale_heartbeat(
-    client: Redis, redis_server: RedisServer
+    client: Redis, redis_server: RedisServer, services: Services
 ) -> None:
-    services = Services()
     st = view_of(services, backend(redis_server.url, version="v2"))
     w = st.watcher
     assert w is not None
@@ -161,4 +160,3 @@ async def test_version_filter_and_first_sight_of_a_stale_heartbeat(
     assert rotation(st) == {"127.0.0.1:9201"}  # `late` is known but its heartbeat is old
     assert set(st.members) == {"127.0.0.1:9201", "127.0.0.1:9202"}
     assert rotation(st) == {"127.0.0.1:9201"}  # `late` is known but its heartbeat is old
-    await services.aclose()

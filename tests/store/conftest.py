@@ -24,8 +24,8 @@ async def redis_client(redis_server: RedisServer) -> AsyncIterator[object]:
     from redis.asyncio import Redis
 
     client = Redis.from_url(redis_server.url)
-    await client.flushall()
     try:
+        await client.flushall()
         yield client
     finally:
         await client.aclose()
@@ -41,10 +41,10 @@ async def store(
     from redis.asyncio import Redis
 
     client = Redis.from_url(redis_server.url)
-    await client.flushall()
-    s = RedisStore(client, prefix="t", deadline_s=1.0)  # generous: CI machines are busy
-    await s.connect(5.0)
     try:
+        await client.flushall()
+        s = RedisStore(client, prefix="t", deadline_s=1.0)  # generous: CI machines are busy
+        await s.connect(5.0)
         yield s
     finally:
         await client.aclose()

@@ -28,19 +28,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisServ
 
 async def test_cluster_sync_take_and_announce(cluster: list[RedisServer]) -> None:
     clients = RedisClients()
-    client = clients.get(cluster[0].url.removesuffix("/0"), cluster=True)
-    store = RedisStore(client, prefix="c", deadline_s=2.0)
-    await store.connect(10.0)
-    keys = [key_name("c", "rule", P, f"tenant-{i}") for i in range(300)]
-    res = await store.sync([SyncOp(k, P, want_req=5, want_tok=10, offered=1) for k in keys])
-    assert all(r.granted_req == 5 and r.granted_tok == 10 for r in res)
-    # Both epochs of a key share a hash tag; the keys spread over every master.
-    slots = {await client.cluster_keyslot(k) for k in keys[:50]}
-    owners = {client.get_node_from_key(k).name for k in keys}
-    assert len(slots) > 10 and len(owners) == 3
-    again = await store.sync([SyncOp(k, P, want_req=100) for k in keys[:10]])
-    assert all(r.granted_req == 45 for r in again)  # the first 5 still count
-    taken = [await store.take(SyncOp(keys[0], P, want_req=1, strict=True)) for _ in range(3)]
-    assert sum(int(t.granted_req) for t in taken) == 0  # the window is full
-    assert await store.announce("r1", 5) == 1
-    await clients.aclose()
+    try:
+        client = clients.get(cluster[0].url.removesuffix("/0"), cluster=True)
+        store = RedisStore(client, prefix="c", deadline_s=2.0)
+        await store.connect(10.0)
+        keys = [key_name("c", "rule", P, f"tenant-{i}") for i in range(300)]
+        res = await store.sync([SyncOp(k, P, want_req=5, want_tok=10, offered=1) for k in keys])
+        assert all(r.granted_req == 5 and r.granted_tok == 10 for r in res)
+        # Both epochs of a key share a hash tag; the keys spread over every master.
+        slots = {await client.cluster_keyslot(k) for k in keys[:50]}
+        owners = {client.get_node_from_key(k).name for k in keys}
+        assert len(slots) > 10 and len(owners) == 3
+        again = await store.sync([SyncOp(k, P, want_req=100) for k in keys[:10]])
+        assert all(r.granted_req == 45 for r in again)  # the first 5 still count
+        taken = [await store.take(SyncOp(keys[0], P, want_req=1, strict=True)) for _ in range(3)]
+        assert sum(int(t.granted_req) for t in taken) == 0  # the window is full
+        assert await store.announce("r1", 5) == 1
+    finally:
+        await clients.aclose()  # a leaked cluster client warns later, in another test

@@ -60,12 +60,14 @@ async def test_unreachable_redis_fails_within_the_deadline() -> None:
     from tests.support import free_port
 
     client = Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=2)
-    store = RedisStore(client, prefix="t", deadline_s=0.02)
-    t0 = time.perf_counter()
-    with pytest.raises(StoreUnavailable):
-        await store.sync([SyncOp(key_name("t", "r", P, "z"), P, want_req=1)])
-    assert time.perf_counter() - t0 < 0.5
-    await client.aclose()
+    try:
+        store = RedisStore(client, prefix="t", deadline_s=0.02)
+        t0 = time.perf_counter()
+        with pytest.raises(StoreUnavailable):
+            await store.sync([SyncOp(key_name("t", "r", P, "z"), P, want_req=1)])
+        assert time.perf_counter() - t0 < 0.5
+    finally:
+        await client.aclose()
 
 
 async def test_blackholed_redis_hits_the_deadline() -> None:
@@ -87,15 +89,17 @@ async def test_blackholed_redis_hits_the_deadline() -> None:
     from redis.asyncio import Redis
 
     client = Redis(host="127.0.0.1", port=port, socket_timeout=5)
-    store = RedisStore(client, prefix="t", deadline_s=0.05)
-    t0 = time.perf_counter()
-    with pytest.raises(StoreUnavailable):
-        await store.sync([SyncOp(key_name("t", "r", P, "z"), P, want_req=1)])
-    assert time.perf_counter() - t0 < 1.0
-    await client.aclose()
-    gone.set()
-    srv.close()
-    for w in writers:
-        w.close()
-        await w.wait_closed()
-    await srv.wait_closed()
+    try:
+        store = RedisStore(client, prefix="t", deadline_s=0.05)
+        t0 = time.perf_counter()
+        with pytest.raises(StoreUnavailable):
+            await store.sync([SyncOp(key_name("t", "r", P, "z"), P, want_req=1)])
+        assert time.perf_counter() - t0 < 1.0
+    finally:
+        await client.aclose()
+        gone.set()
+        srv.close()
+        for w in writers:
+            w.close()
+            await w.wait_closed()
+        await srv.wait_closed()
