@@ -119,7 +119,7 @@ class RateLimitFilter:
                 if self.lim.pools:
                     pool = self.lim.pools.get(c.pool_of_route.get(route, ""))
         if pool is None and self.simple:
-            return self._fast(ctx, prio, claims, route)
+            return self._rules(ctx, None, self.early, 0, claims, route)  # nothing to hold
         t = Ticket(prio, claims, route)
         if pool is not None:
             colour = pool.machine.colour
@@ -130,21 +130,44 @@ class RateLimitFilter:
                 ctx.decide(NAME, "shed", f"pool:{pool.name}:concurrency")
                 return ctx.stop(CONCURRENCY)
             t.pool = pool
-        return self._rules(ctx, t, self.early, 0)
+        return self._rules(ctx, t, self.early, 0, claims, route)
 
-    def _fast(
-        self, ctx: RequestContext, prio: int, claims: Any, route: str | None
+    def _rules(
+        self,
+        ctx: RequestContext,
+        t: Ticket | None,
+        rules: tuple[Rule, ...],
+        start: int,
+        claims: Any,
+        route: str | None,
     ) -> Status | Awaitable[Status]:
-        """QPS-only rules, no pool: nothing to hold for later phases, so no Ticket unless a
-        rule refuses or sheds (then `_rules` takes over from there). Same steps as `_rules`."""
+        """One step per rule of `rules` from `start`: find the key, count the arrival, move its
+        colour and the peaks, mark it for the next sync (and wake the sync when a share it
+        holds runs low); admit (the common case, inline), else `_judge`. `strict` rules wait
+        for Redis while it is up (decided after the local ones, in `strict`).
+
+        `t` None: the request holds nothing for the later phases (`simple`: QPS rules decided
+        locally, no pool), so no Ticket is made unless a rule does not simply admit; until then
+        only the keys a later rule may need to undo are kept."""
         lim = self.lim
         now = self.now()
         info = ctx.info
         shared = lim.store is not None
-        rules = self.early
+        redis_up = lim.mode == "redis"
         done: list[tuple[RuleState, str, KeyState]] | None = None
-        for i in range(len(rules)):
+        last = len(rules) - 1
+        for i in range(start, last + 1):
             rule, rs = rules[i]
+            if rule.strict:
+                if redis_up:
+                    if t is None:
+                        t = self._hold(ctx, claims, route, done)
+                    if t.strict is None:
+                        t.strict = []
+                    t.strict.append((rule, rs))
+                    continue
+                if shared:
+                    rs.counts[STRICT_FALLBACK] += 1  # Redis away: decided here instead
             k = rule.key(info, claims, route, None)
             keys = rs.keys
             ks = keys.get(k)
@@ -161,73 +184,44 @@ class RateLimitFilter:
                 self._recoloured(rs, k, ks)
             if shared:
                 rs.dirty[k] = ks
-                if ks.leased and ks.req_share < 1.0:
+                # The share runs low: sync now (a token share only where the rule has tokens).
+                if ks.leased and (ks.req_share < 1.0 or (rule.has_t and ks.tok_share <= 0.0)):
                     lim.wake.set()
-            if code is _ADMIT and not ks.colour:
+            if code is _ADMIT and not ks.colour:  # the common case, inline
                 rs.counts[ADMIT] += 1
-                if i + 1 < len(rules):
+                if t is not None:
+                    t.entries.append((rs, k, ks))
+                elif i < last:  # kept only to be undone if a later rule stops the request
                     if done is None:
                         done = []
                     done.append((rs, k, ks))
                 continue
-            t = Ticket(prio, claims, route)
-            if done:
-                t.entries = done
+            if t is None:
+                t = self._hold(ctx, claims, route, done)
             status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
             if status is not None:
                 return status
-            return self._rules(ctx, t, rules, i + 1)
-        return _CONTINUE
-
-    def _rules(
-        self, ctx: RequestContext, t: Ticket, rules: tuple[Rule, ...], start: int
-    ) -> Status | Awaitable[Status]:
-        lim = self.lim
-        now = self.now()
-        info = ctx.info
-        shared = lim.store is not None
-        redis_up = lim.mode == "redis"
-        for i in range(start, len(rules)):
-            rule, rs = rules[i]
-            if rule.strict:
-                if redis_up:
-                    if t.strict is None:
-                        t.strict = []
-                    t.strict.append((rule, rs))
-                    continue
-                if shared:
-                    rs.counts[STRICT_FALLBACK] += 1  # Redis away: decided here instead
-            k = rule.key(info, t.claims, t.route, None)
-            keys = rs.keys
-            ks = keys.get(k)
-            if ks is None:
-                ks = rs.key(k, now)
-            else:
-                keys.move_to_end(k)
-            code = ks.request(rule.math, rs.scale, now)
-            if ks.q > rs.peak_q:
-                rs.peak_q = ks.q
-            if ks.t > rs.peak_t:
-                rs.peak_t = ks.t
-            if ks.changed is not None:
-                self._recoloured(rs, k, ks)
-            if shared:
-                rs.dirty[k] = ks
-                if ks.leased and (ks.req_share < 1.0 or ks.tok_share <= 0.0):
-                    lim.wake.set()  # the share runs low: sync now
-            if code is _ADMIT and not ks.colour:  # the common case, inline
-                rs.counts[ADMIT] += 1
-                t.entries.append((rs, k, ks))
-                continue
-            status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
-            if status is not None:
-                return status
+        if t is None:
+            return _CONTINUE  # every rule admitted it and nothing is held
         if t.strict:
             return strict(self, ctx, t)
         if t.pool is None and not self.grpc_tokens:
             ctx.reservation = t
             return _CONTINUE
         return self._admitted(ctx, t)
+
+    def _hold(
+        self,
+        ctx: RequestContext,
+        claims: Any,
+        route: str | None,
+        done: list[tuple[RuleState, str, KeyState]] | None,
+    ) -> Ticket:
+        """The Ticket of a request that had none yet, holding the keys that admitted it."""
+        t = Ticket(ctx.priority or 0, claims, route)
+        if done:
+            t.entries = done
+        return t
 
     def _judge(
         self,

@@ -53,7 +53,7 @@ async def queued(
         lim.waiting -= 1
     status = f._judge(ctx, t, rule, rs, ks, code, now, rules, i)
     if status is None:
-        status = f._rules(ctx, t, rules, i + 1)
+        status = f._rules(ctx, t, rules, i + 1, t.claims, t.route)
     if not isinstance(status, Status):
         status = await status
     return status
