@@ -13,8 +13,8 @@ from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.base import EventKind, Principal, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
-from gateway.filters.ratelimit import RateLimitFilter, Ticket, build
-from gateway.filters.ratelimit_tokens import TokenRateLimitFilter
+from gateway.filters.ratelimit import RateLimitFilter, TokenRateLimitFilter, build
+from gateway.filters.ratelimit_steps import Ticket
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy, reference_errors
