@@ -131,8 +131,8 @@ class RateLimitFilter:
     ) -> Status | Awaitable[Status]:
         """One step per rule of `rules` from `start`: find the key, count the arrival, move its
         colour and the peaks, mark it for the next sync (and wake the sync when a share it
-        holds runs low); admit (the common case, inline), else `_judge`. `strict` rules wait
-        for Redis while it is up (decided after the local ones, in `strict`).
+        holds runs low); admit (the common case, inline), else `judge`. `strict` rules wait
+        for Redis while it is up (decided after the local ones, `ratelimit_wait.strict`).
 
         `t` None: the request holds nothing for the later phases (`simple`: QPS rules decided
         locally, no pool), so no Ticket is made unless a rule does not simply admit; until then
@@ -149,7 +149,7 @@ class RateLimitFilter:
             if rule.strict:
                 if redis_up:
                     if t is None:
-                        t = self._hold(ctx, claims, route, done)
+                        t = Ticket(ctx.priority or 0, claims, route, done)
                     if t.strict is None:
                         t.strict = []
                     t.strict.append((rule, rs))
@@ -185,7 +185,7 @@ class RateLimitFilter:
                     done.append((rs, k, ks))
                 continue
             if t is None:
-                t = self._hold(ctx, claims, route, done)
+                t = Ticket(ctx.priority or 0, claims, route, done)
             status = self.judge(ctx, t, rule, rs, ks, code, now, rules, i)
             if status is not None:
                 return status
@@ -197,18 +197,6 @@ class RateLimitFilter:
             ctx.reservation = t
             return _CONTINUE
         return self.admitted(ctx, t)
-
-    def _hold(
-        self,
-        ctx: RequestContext,
-        claims: Any,
-        route: str | None,
-        done: list[tuple[RuleState, str, KeyState]] | None,
-    ) -> Ticket:
-        """The Ticket of a request that had none yet, holding the keys that admitted it."""
-        t = Ticket(ctx.priority or 0, claims, route)
-        t.entries = done or t.entries
-        return t
 
     def judge(
         self,

@@ -23,8 +23,14 @@ class Ticket:
 
     __slots__ = ("entries", "tokens", "pool", "prio", "claims", "route", "strict")
 
-    def __init__(self, prio: int, claims: Any, route: str | None) -> None:
-        self.entries: list[tuple[RuleState, str, KeyState]] = []  # rules that admitted it
+    def __init__(
+        self,
+        prio: int,
+        claims: Any,
+        route: str | None,
+        entries: list[tuple[RuleState, str, KeyState]] | None = None,
+    ) -> None:
+        self.entries = entries if entries is not None else []  # keys of the rules that admitted it
         self.tokens: Reservation | None = None
         self.pool: PoolState | None = None
         self.prio = prio
