@@ -141,13 +141,12 @@ class RateLimitFilter:
         now = self.now()
         info = ctx.info
         shared = lim.store is not None
-        redis_up = lim.mode == "redis"
         done: list[tuple[RuleState, str, KeyState]] | None = None
         last = len(rules) - 1
         for i in range(start, last + 1):
             rule, rs = rules[i]
             if rule.strict:
-                if redis_up:
+                if lim.mode == "redis":
                     if t is None:
                         t = Ticket(ctx.priority or 0, claims, route, done)
                     if t.strict is None:
