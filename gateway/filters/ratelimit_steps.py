@@ -59,7 +59,8 @@ class Steps(Protocol):
         claims: Any,
         route: str | None,
     ) -> Status | Awaitable[Status]:
-        """The per-rule step for `rules[start:]`, then the request's admission (or refusal)."""
+        """The per-rule step for `rules[start:]`, then the request's admission (or refusal);
+        `t` None while the request holds nothing (a Ticket is made once it must)."""
         ...
 
     def judge(
