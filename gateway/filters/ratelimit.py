@@ -5,11 +5,11 @@ response phases. Decisions are `gateway.core`'s; state is the services' `Limiter
   only a `strict` rule with Redis up, or a request waiting in the yellow queue, hands back
   an awaitable): the priority class, the backend pool's colour, then each rule's key:
   arrival counted, colour moved, admit / shed / refuse.
-- `on_body`, `on_event`: the token reservation and the stream's usage
-  (`gateway.filters.ratelimit_tokens`, built only when a rule limits tokens).
+- `on_body`, `on_event` (`TokenRateLimitFilter`, built only when a rule limits tokens or is
+  keyed by model): the token reservation and the stream's usage, in `ratelimit_tokens`.
 - `on_response`: the reservation settled from `ctx.usage`, the pool's latency sample.
-- The two paths that wait (the yellow queue, `strict` Redis decisions) are in
-  `gateway.filters.ratelimit_wait`.
+- The two paths that wait (the yellow queue, `strict` Redis decisions): `ratelimit_wait`.
+  Both go on through this filter's public steps (`ratelimit_steps.Steps`).
 
 Refusals: 429 / RESOURCE_EXHAUSTED with Retry-After and `x-ratelimit-{limit,remaining,reset}-
 {requests,tokens}` (HTTP headers; gRPC trailing metadata); shed by colour: 503 / UNAVAILABLE
@@ -22,13 +22,16 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
+from gateway.core.body import RequestBody
 from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
 from gateway.core.overload import Colour, sheds
 from gateway.core.request import Protocol
 from gateway.core.tokens import Reservation, estimate
-from gateway.filters.base import RequestContext, Status
+from gateway.filters.base import RequestContext, Status, StreamEvent
+from gateway.filters.ratelimit_steps import Rule, Ticket
+from gateway.filters.ratelimit_tokens import on_body, on_event
 from gateway.filters.ratelimit_wait import queued, strict
 from gateway.policy.compiled import CompiledPolicy
 from gateway.ratelimit.compiled import CompiledLimits, CompiledRule, compile_limits
@@ -55,25 +58,10 @@ _CONTINUE = Status.CONTINUE
 _OK = Outcome.OK
 _COUNTER = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
 
-Rule = tuple[CompiledRule, RuleState]
-
-
-class Ticket:
-    """What one request holds of the limiter (in `ctx.reservation`)."""
-
-    __slots__ = ("entries", "tokens", "pool", "prio", "claims", "route", "strict")
-
-    def __init__(self, prio: int, claims: Any, route: str | None) -> None:
-        self.entries: list[tuple[RuleState, str, KeyState]] = []  # rules that admitted it
-        self.tokens: Reservation | None = None
-        self.pool: PoolState | None = None
-        self.prio = prio
-        self.claims = claims
-        self.route = route
-        self.strict: list[Rule] | None = None
-
 
 class RateLimitFilter:
+    """The request and response phases; implements `ratelimit_steps.Steps` for the others."""
+
     name = NAME
 
     def __init__(self, c: CompiledLimits, lim: Limiter) -> None:
@@ -119,7 +107,7 @@ class RateLimitFilter:
                 if self.lim.pools:
                     pool = self.lim.pools.get(c.pool_of_route.get(route, ""))
         if pool is None and self.simple:
-            return self._fast(ctx, prio, claims, route)
+            return self.decide(ctx, None, self.early, 0, claims, route)  # nothing to hold
         t = Ticket(prio, claims, route)
         if pool is not None:
             colour = pool.machine.colour
@@ -130,21 +118,43 @@ class RateLimitFilter:
                 ctx.decide(NAME, "shed", f"pool:{pool.name}:concurrency")
                 return ctx.stop(CONCURRENCY)
             t.pool = pool
-        return self._rules(ctx, t, self.early, 0)
+        return self.decide(ctx, t, self.early, 0, claims, route)
 
-    def _fast(
-        self, ctx: RequestContext, prio: int, claims: Any, route: str | None
+    def decide(
+        self,
+        ctx: RequestContext,
+        t: Ticket | None,
+        rules: tuple[Rule, ...],
+        start: int,
+        claims: Any,
+        route: str | None,
     ) -> Status | Awaitable[Status]:
-        """QPS-only rules, no pool: nothing to hold for later phases, so no Ticket unless a
-        rule refuses or sheds (then `_rules` takes over from there). Same steps as `_rules`."""
+        """One step per rule of `rules` from `start`: find the key, count the arrival, move its
+        colour and the peaks, mark it for the next sync (and wake the sync when a share it
+        holds runs low); admit (the common case, inline), else `judge`. `strict` rules wait
+        for Redis while it is up (decided after the local ones, `ratelimit_wait.strict`).
+
+        `t` None: the request holds nothing for the later phases (`simple`: QPS rules decided
+        locally, no pool), so no Ticket is made unless a rule does not simply admit; until then
+        only the keys a later rule may need to undo are kept."""
         lim = self.lim
         now = self.now()
         info = ctx.info
         shared = lim.store is not None
-        rules = self.early
         done: list[tuple[RuleState, str, KeyState]] | None = None
-        for i in range(len(rules)):
+        last = len(rules) - 1
+        for i in range(start, last + 1):
             rule, rs = rules[i]
+            if rule.strict:
+                if lim.mode == "redis":
+                    if t is None:
+                        t = Ticket(ctx.priority or 0, claims, route, done)
+                    if t.strict is None:
+                        t.strict = []
+                    t.strict.append((rule, rs))
+                    continue
+                if shared:
+                    rs.counts[STRICT_FALLBACK] += 1  # Redis away: decided here instead
             k = rule.key(info, claims, route, None)
             keys = rs.keys
             ks = keys.get(k)
@@ -158,78 +168,36 @@ class RateLimitFilter:
             if ks.t > rs.peak_t:
                 rs.peak_t = ks.t
             if ks.changed is not None:
-                self._recoloured(rs, k, ks)
+                self.recoloured(rs, k, ks)
             if shared:
                 rs.dirty[k] = ks
-                if ks.leased and ks.req_share < 1.0:
+                # The share runs low: sync now (a token share only where the rule has tokens).
+                if ks.leased and (ks.req_share < 1.0 or (rule.has_t and ks.tok_share <= 0.0)):
                     lim.wake.set()
-            if code is _ADMIT and not ks.colour:
+            if code is _ADMIT and not ks.colour:  # the common case, inline
                 rs.counts[ADMIT] += 1
-                if i + 1 < len(rules):
+                if t is not None:
+                    t.entries.append((rs, k, ks))
+                elif i < last:  # kept only to be undone if a later rule stops the request
                     if done is None:
                         done = []
                     done.append((rs, k, ks))
                 continue
-            t = Ticket(prio, claims, route)
-            if done:
-                t.entries = done
-            status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
+            if t is None:
+                t = Ticket(ctx.priority or 0, claims, route, done)
+            status = self.judge(ctx, t, rule, rs, ks, code, now, rules, i)
             if status is not None:
                 return status
-            return self._rules(ctx, t, rules, i + 1)
-        return _CONTINUE
-
-    def _rules(
-        self, ctx: RequestContext, t: Ticket, rules: tuple[Rule, ...], start: int
-    ) -> Status | Awaitable[Status]:
-        lim = self.lim
-        now = self.now()
-        info = ctx.info
-        shared = lim.store is not None
-        redis_up = lim.mode == "redis"
-        for i in range(start, len(rules)):
-            rule, rs = rules[i]
-            if rule.strict:
-                if redis_up:
-                    if t.strict is None:
-                        t.strict = []
-                    t.strict.append((rule, rs))
-                    continue
-                if shared:
-                    rs.counts[STRICT_FALLBACK] += 1  # Redis away: decided here instead
-            k = rule.key(info, t.claims, t.route, None)
-            keys = rs.keys
-            ks = keys.get(k)
-            if ks is None:
-                ks = rs.key(k, now)
-            else:
-                keys.move_to_end(k)
-            code = ks.request(rule.math, rs.scale, now)
-            if ks.q > rs.peak_q:
-                rs.peak_q = ks.q
-            if ks.t > rs.peak_t:
-                rs.peak_t = ks.t
-            if ks.changed is not None:
-                self._recoloured(rs, k, ks)
-            if shared:
-                rs.dirty[k] = ks
-                if ks.leased and (ks.req_share < 1.0 or ks.tok_share <= 0.0):
-                    lim.wake.set()  # the share runs low: sync now
-            if code is _ADMIT and not ks.colour:  # the common case, inline
-                rs.counts[ADMIT] += 1
-                t.entries.append((rs, k, ks))
-                continue
-            status = self._judge(ctx, t, rule, rs, ks, code, now, rules, i)
-            if status is not None:
-                return status
+        if t is None:
+            return _CONTINUE  # every rule admitted it and nothing is held
         if t.strict:
             return strict(self, ctx, t)
         if t.pool is None and not self.grpc_tokens:
             ctx.reservation = t
             return _CONTINUE
-        return self._admitted(ctx, t)
+        return self.admitted(ctx, t)
 
-    def _judge(
+    def judge(
         self,
         ctx: RequestContext,
         t: Ticket,
@@ -265,16 +233,16 @@ class RateLimitFilter:
             and rules is self.early
         ):
             return queued(self, ctx, t, rule, rs, ks, code, rules, i)
-        return self._refuse(ctx, t, rule, rs, ks, code, now)
+        return self.refuse(ctx, t, rule, rs, ks, code, now)
 
-    def _admitted(self, ctx: RequestContext, t: Ticket) -> Status:
+    def admitted(self, ctx: RequestContext, t: Ticket) -> Status:
         ctx.reservation = t
         if t.pool is not None:
             t.pool.limit.start()
             self._pool_moved(t.pool)
         if self.grpc_tokens and ctx.info.protocol is Protocol.GRPC:
             # gRPC bodies are not parsed: reserve the default estimate.
-            return self._reserve(ctx, t, estimate(0, None, self.default_max), 0)
+            return self.reserve(ctx, t, estimate(0, None, self.default_max), 0)
         return Status.CONTINUE
 
     # -- refusals -----------------------------------------------------------------------------
@@ -288,7 +256,7 @@ class RateLimitFilter:
                 ks.settle(rs.math, rs.scale, float(t.tokens.reserved))
             t.tokens = None
 
-    def _refuse(
+    def refuse(
         self,
         ctx: RequestContext,
         t: Ticket,
@@ -327,7 +295,7 @@ class RateLimitFilter:
         return ctx.stop(shed(colour, ctx.priority or 0))
 
     # -- body phase: tokens -------------------------------------------------------------------
-    def _reserve(self, ctx: RequestContext, t: Ticket, cost: int, prompt: int) -> Status:
+    def reserve(self, ctx: RequestContext, t: Ticket, cost: int, prompt: int) -> Status:
         res = Reservation(cost, prompt)
         t.tokens = res
         now = self.now()
@@ -343,7 +311,7 @@ class RateLimitFilter:
                 rs.counts[SHADOW_REJECT] += 1
                 continue
             rs.counts[ADMIT] -= 1  # counted at the request phase; refused now
-            return self._refuse(ctx, t, rule, rs, ks, Code.TOKENS, now)
+            return self.refuse(ctx, t, rule, rs, ks, Code.TOKENS, now)
         if self.lim.store is not None:
             for rs, k, ks in res.entries:
                 rs.dirty[k] = ks
@@ -389,7 +357,7 @@ class RateLimitFilter:
         self._pool_moved(pool)
 
     # -- colours ------------------------------------------------------------------------------
-    def _recoloured(self, rs: RuleState, k: str, ks: KeyState) -> None:
+    def recoloured(self, rs: RuleState, k: str, ks: KeyState) -> None:
         old = ks.changed
         assert old is not None
         rs.recolour(k, ks)
@@ -402,13 +370,21 @@ class RateLimitFilter:
             self.lim.colour_changed("pool", pool.name, old, new)
 
 
+class TokenRateLimitFilter(RateLimitFilter):
+    """The same, with the body and event phases (`gateway.filters.ratelimit_tokens`)."""
+
+    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
+        return on_body(self, ctx, body)
+
+    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
+        return on_event(self, ctx, event)
+
+
 def build(section: CompiledPolicy, services: Services) -> RateLimitFilter | None:
     rl = section.policy.rate_limits
     if rl is None or (not rl.rules and rl.concurrency is None):
         return None
     c = compile_limits(rl, section)
     if c.has_tokens or c.late:
-        from gateway.filters.ratelimit_tokens import TokenRateLimitFilter
-
         return TokenRateLimitFilter(c, limiter_for(services))
     return RateLimitFilter(c, limiter_for(services))

@@ -1,6 +1,7 @@
 """The rate-limit filter's body and event phases: the token reservation, streams asked for
-their usage, overruns cut, the gRPC usage trailer. Built (instead of the plain filter) only when
-a rule limits tokens or is keyed by model, so that the others cost nothing in those phases.
+their usage, overruns cut, the gRPC usage trailer. Only the filter built when a rule limits
+tokens or is keyed by model (`TokenRateLimitFilter`) has these phases, so that the others cost
+nothing there; they go on from the request phase through its public `Steps`.
 
 - `on_body` (HTTP): model-keyed rules (decided here; they do not queue in yellow), then the
   reservation (prompt / 4 + max_tokens, or `default_max_tokens`; nothing for an empty body);
@@ -15,66 +16,64 @@ from __future__ import annotations
 from gateway.core.body import RequestBody
 from gateway.core.tokens import estimate, usage_from_trailer
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
-from gateway.filters.ratelimit import RateLimitFilter, Ticket
+from gateway.filters.ratelimit_steps import Steps, Ticket
 from gateway.ratelimit.state import TOKEN_CUT
 from gateway.ratelimit.verdicts import OVERRUN
 
 
-class TokenRateLimitFilter(RateLimitFilter):
-    """The same, with the body and event phases (built only when a rule limits tokens or a
-    rule is keyed by model, so that the others cost nothing there)."""
-
-    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
-        t = ctx.reservation
-        if not isinstance(t, Ticket):
-            return Status.CONTINUE
-        if self.late:
-            status = self._late(ctx, t, body.model)
-            if status is not Status.CONTINUE:
-                return status
-        if not self.c.has_tokens or t.tokens is not None or not body.size:
-            return Status.CONTINUE  # no body (GET /v1/models...): nothing to reserve
-        prompt = body.prompt_tokens_estimate
-        status = self._reserve(ctx, t, estimate(prompt, body.max_tokens, self.default_max), prompt)
-        if status is Status.CONTINUE and body.stream and body.parsed and not body.wants_usage:
-            body.set("stream_options", {**(body.stream_options or {}), "include_usage": True})
-            body.usage_added = True
-        return status
-
-    def _late(self, ctx: RequestContext, t: Ticket, model: str | None) -> Status:
-        now = self.now()
-        shared = self.lim.store is not None
-        for rule, rs in self.late:
-            k = rule.key(ctx.info, t.claims, t.route, model)
-            ks = rs.key(k, now)
-            code = ks.request(rule.math, rs.scale, now)
-            if ks.changed is not None:
-                self._recoloured(rs, k, ks)
-            if shared:
-                rs.dirty[k] = ks
-            status = self._judge(ctx, t, rule, rs, ks, code, now, self.late, 0)
-            if status is not None:
-                assert isinstance(status, Status)  # the late rules do not queue
-                return status
+def on_body(f: Steps, ctx: RequestContext, body: RequestBody) -> Status:
+    t = ctx.reservation
+    if not isinstance(t, Ticket):
         return Status.CONTINUE
+    if f.late:
+        status = _late(f, ctx, t, body.model)
+        if status is not Status.CONTINUE:
+            return status
+    if not f.c.has_tokens or t.tokens is not None or not body.size:
+        return Status.CONTINUE  # no body (GET /v1/models...): nothing to reserve
+    prompt = body.prompt_tokens_estimate
+    status = f.reserve(ctx, t, estimate(prompt, body.max_tokens, f.default_max), prompt)
+    if status is Status.CONTINUE and body.stream and body.parsed and not body.wants_usage:
+        body.set("stream_options", {**(body.stream_options or {}), "include_usage": True})
+        body.usage_added = True
+    return status
 
-    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
-        t = ctx.reservation
-        if not isinstance(t, Ticket) or t.tokens is None:
-            return Status.CONTINUE
-        kind = event.kind
-        if kind is EventKind.SSE:
-            if t.tokens.on_chunk(event.doc) and ctx.usage is None:
-                for rs, _, _ in t.tokens.entries:
-                    if rs.rule.cut and rs.rule.enforce:
-                        rs.counts[TOKEN_CUT] += 1
-                        self.lim.rejected(rs.rule.name, "token_overrun")
-                        return ctx.stop(OVERRUN)
-        elif kind is EventKind.TRAILERS and ctx.usage is None:
-            for k, v in event.metadata:
-                if k == self.trailer:
-                    u = usage_from_trailer(v)
-                    if u is not None:
-                        ctx.usage = u
-                    break
+
+def _late(f: Steps, ctx: RequestContext, t: Ticket, model: str | None) -> Status:
+    now = f.now()
+    shared = f.lim.store is not None
+    for rule, rs in f.late:
+        k = rule.key(ctx.info, t.claims, t.route, model)
+        ks = rs.key(k, now)
+        code = ks.request(rule.math, rs.scale, now)
+        if ks.changed is not None:
+            f.recoloured(rs, k, ks)
+        if shared:
+            rs.dirty[k] = ks
+        status = f.judge(ctx, t, rule, rs, ks, code, now, f.late, 0)
+        if status is not None:
+            assert isinstance(status, Status)  # the late rules do not queue
+            return status
+    return Status.CONTINUE
+
+
+def on_event(f: Steps, ctx: RequestContext, event: StreamEvent) -> Status:
+    t = ctx.reservation
+    if not isinstance(t, Ticket) or t.tokens is None:
         return Status.CONTINUE
+    kind = event.kind
+    if kind is EventKind.SSE:
+        if t.tokens.on_chunk(event.doc) and ctx.usage is None:
+            for rs, _, _ in t.tokens.entries:
+                if rs.rule.cut and rs.rule.enforce:
+                    rs.counts[TOKEN_CUT] += 1
+                    f.lim.rejected(rs.rule.name, "token_overrun")
+                    return ctx.stop(OVERRUN)
+    elif kind is EventKind.TRAILERS and ctx.usage is None:
+        for k, v in event.metadata:
+            if k == f.trailer:
+                u = usage_from_trailer(v)
+                if u is not None:
+                    ctx.usage = u
+                break
+    return Status.CONTINUE

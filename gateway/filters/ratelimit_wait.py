@@ -1,28 +1,26 @@
 """The two request-phase paths of the rate-limit filter that wait, for the one request that
 must: the yellow queue (a request the limits would refuse waits, bounded in time and in
 number, for room) and `strict` rules (one Redis decision each, within the store's deadline;
-local when Redis fails). The plain request phase hands back one of these coroutines."""
+local when Redis fails). The plain request phase hands back one of these coroutines; they
+go on through the filter's public `Steps`."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from gateway.core.keystate import Code, KeyState, strict_seen
 from gateway.core.request import Protocol
 from gateway.core.tokens import estimate
 from gateway.errors import StoreUnavailable
 from gateway.filters.base import RequestContext, Status
+from gateway.filters.ratelimit_steps import Rule, Steps, Ticket
 from gateway.ratelimit.compiled import CompiledRule
 from gateway.ratelimit.state import QUEUED, STRICT_FALLBACK, RuleState
 from gateway.store.base import SyncOp, key_name
 
-if TYPE_CHECKING:
-    from gateway.filters.ratelimit import RateLimitFilter, Rule, Ticket
-
 
 async def queued(
-    f: RateLimitFilter,
+    f: Steps,
     ctx: RequestContext,
     t: Ticket,
     rule: CompiledRule,
@@ -42,7 +40,7 @@ async def queued(
             now = f.now()
             wait = ks.retry_after(rule.math, rs.scale, now, code)
             if wait > deadline - now:
-                return f._refuse(ctx, t, rule, rs, ks, code, now)
+                return f.refuse(ctx, t, rule, rs, ks, code, now)
             await asyncio.sleep(max(wait, 0.001))
             now = f.now()
             ks.unoffer()
@@ -51,15 +49,15 @@ async def queued(
                 break
     finally:
         lim.waiting -= 1
-    status = f._judge(ctx, t, rule, rs, ks, code, now, rules, i)
+    status = f.judge(ctx, t, rule, rs, ks, code, now, rules, i)
     if status is None:
-        status = f._rules(ctx, t, rules, i + 1)
+        status = f.decide(ctx, t, rules, i + 1, t.claims, t.route)
     if not isinstance(status, Status):
         status = await status
     return status
 
 
-async def strict(f: RateLimitFilter, ctx: RequestContext, t: Ticket) -> Status:
+async def strict(f: Steps, ctx: RequestContext, t: Ticket) -> Status:
     """`strict` rules: one Redis decision each (deadline bound); local when Redis fails."""
     lim = f.lim
     store, cfg = lim.store, lim.store_cfg
@@ -91,11 +89,11 @@ async def strict(f: RateLimitFilter, ctx: RequestContext, t: Ticket) -> Status:
             if code is Code.ADMIT and op.want_tok:
                 ks.tok_unleased -= op.want_tok  # charged by the take itself
         if ks.changed is not None:
-            f._recoloured(rs, k, ks)
+            f.recoloured(rs, k, ks)
         rs.dirty[k] = ks
-        status = f._judge(ctx, t, rule, rs, ks, code, now, (), 0)
+        status = f.judge(ctx, t, rule, rs, ks, code, now, (), 0)
         if status is not None:
             if not isinstance(status, Status):
                 status = await status
             return status
-    return f._admitted(ctx, t)
+    return f.admitted(ctx, t)

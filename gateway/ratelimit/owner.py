@@ -34,6 +34,7 @@ from gateway.core.overload import Colour, History, Thresholds
 from gateway.policy.ratelimits import RedisStoreOptions
 from gateway.ratelimit.compiled import CompiledLimits, CompiledRule
 from gateway.ratelimit.state import DECISIONS, PoolState, RuleState
+from gateway.ratelimit.sync import run, sync_once
 from gateway.services import Services
 from gateway.store.base import LimitStore
 from gateway.telemetry import metrics
@@ -117,8 +118,6 @@ class Limiter:
                     p.limit.p, p.thresholds = params, th
         self._configure_store(compiled)
         if self.task is None or self.task.done():
-            from gateway.ratelimit.sync import run
-
             self.task = self.services.spawn(run(self), "sluice-ratelimit")
 
     def _configure_store(self, compiled: CompiledLimits) -> None:
@@ -279,8 +278,6 @@ class Limiter:
         """Give leased shares back and leave the replica set (bounded by the deadline)."""
         if self.store is None or self.mode != "redis":
             return
-        from gateway.ratelimit.sync import sync_once
-
         for rs in self.rules.values():
             for ks in rs.leased.values():
                 ks.last = -1e9  # idle: the final sync gives the share back

@@ -10,6 +10,9 @@ When a call fails or passes its deadline the limiter falls back (every rule deci
 sized by limit / live replicas), and Redis is retried in the background with a jittered
 backoff (0.25 s doubling to 5 s): a (re)connect gets its own budget (`connect_timeout_ms`),
 which no request ever waits for.
+
+The loop works on its owner (`gateway.ratelimit.owner.Limiter`, which starts and stops it)
+through `Synced`: what it reads and moves of the limiter, and nothing else.
 """
 
 from __future__ import annotations
@@ -18,17 +21,18 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
 
 from gateway.core.lease import IDLE_S, apply, report, restore
-from gateway.core.overload import Colour
+from gateway.core.overload import Colour, History
 from gateway.errors import StoreUnavailable
-from gateway.ratelimit.state import DECISIONS
-from gateway.store.base import SyncOp, key_name
+from gateway.policy.ratelimits import RedisStoreOptions
+from gateway.ratelimit.state import DECISIONS, PoolState, RuleState
+from gateway.services import Services
+from gateway.store.base import LimitStore, SyncOp, key_name
 from gateway.telemetry import metrics
-
-if TYPE_CHECKING:
-    from gateway.ratelimit.owner import Limiter
 
 log = logging.getLogger("sluice.ratelimit")
 
@@ -38,7 +42,35 @@ RETRY_MIN_S, RETRY_MAX_S = 0.25, 5.0
 IDLE_OBSERVE_S = 1.0
 
 
-async def run(lim: Limiter) -> None:
+class Synced(Protocol):
+    """The limiter as its sync loop sees it."""
+
+    services: Services  # the loop ends once they close
+    now: Callable[[], float]
+    store: LimitStore | None
+    store_cfg: RedisStoreOptions | None
+    mode: str  # "memory", "redis" or "fallback"
+    replicas: int  # live replicas (announced to Redis), the size of the local fallback
+    replica_id: str
+    last_error: str
+    wake: asyncio.Event  # set when a share runs low: sync before the interval ends
+    rules: dict[str, RuleState]
+    pools: dict[str, PoolState]
+    colour: Colour  # the gateway's: the worst backend pool's
+    history: History
+    key_history: History
+    red_sources: OrderedDict[str, int]
+
+    def set_mode(self, mode: str, reason: str = "") -> None: ...
+
+    def fallback(self, reason: str) -> None:
+        """Redis is away: every rule decides locally."""
+        ...
+
+    def colour_changed(self, scope: str, name: str, old: Colour, new: Colour) -> None: ...
+
+
+async def run(lim: Synced) -> None:
     next_flush = next_announce = retry_at = last_sync = 0.0
     backoff = RETRY_MIN_S
     # Also ends by itself once the services close: a cancellation that races a Redis call's
@@ -76,7 +108,7 @@ async def run(lim: Limiter) -> None:
             next_flush = now + 1.0
 
 
-async def reconnect(lim: Limiter) -> bool:
+async def reconnect(lim: Synced) -> bool:
     store, cfg = lim.store, lim.store_cfg
     assert store is not None and cfg is not None
     try:
@@ -92,7 +124,7 @@ async def reconnect(lim: Limiter) -> bool:
     return True
 
 
-async def announce(lim: Limiter) -> None:
+async def announce(lim: Synced) -> None:
     store, cfg = lim.store, lim.store_cfg
     assert store is not None and cfg is not None
     try:
@@ -107,7 +139,7 @@ async def announce(lim: Limiter) -> None:
     metrics.RL_REPLICAS.set(n)
 
 
-async def sync_once(lim: Limiter) -> None:
+async def sync_once(lim: Synced) -> None:
     """Report every active key and lease new shares, in one pipelined round trip."""
     store, cfg = lim.store, lim.store_cfg
     if store is None or cfg is None:
@@ -175,7 +207,7 @@ async def sync_once(lim: Limiter) -> None:
             rs.leased.pop(k, None)
 
 
-def flush(lim: Limiter, now: float) -> None:
+def flush(lim: Synced, now: float) -> None:
     """Once a second: counters and gauges to Prometheus, idle colours, the history."""
     worst_key = Colour.GREEN
     for rs in lim.rules.values():

@@ -13,8 +13,8 @@ from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.base import EventKind, Principal, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
-from gateway.filters.ratelimit import RateLimitFilter, Ticket, build
-from gateway.filters.ratelimit_tokens import TokenRateLimitFilter
+from gateway.filters.ratelimit import RateLimitFilter, TokenRateLimitFilter, build
+from gateway.filters.ratelimit_steps import Ticket
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy, reference_errors
@@ -413,3 +413,32 @@ async def test_memory_store_gives_each_worker_its_share(monkeypatch: pytest.Monk
     rig = Rig({"rules": [{"name": "w", "key": [], "qps": 40}]})
     ctxs = await rig.send(20, 0.0001)
     assert statuses(ctxs).count(200) == 10  # 40 / 4 per worker
+
+
+@pytest.mark.parametrize("pool", [False, True])
+async def test_a_leased_share_running_low_wakes_the_sync_only_for_what_the_rule_limits(
+    pool: bool,
+) -> None:
+    # Both request paths take the same per-rule step: without a token rule and a pool (the path
+    # that holds nothing) and with them (the path with a Ticket).
+    rules = [{"name": "per-ip", "key": ["source_ip"], "qps": 1000}]
+    if pool:
+        rules.append({**RULE, "qps": 1000, "tokens_per_second": 1000, "burst_tokens": 1000})
+    section: dict[str, Any] = {"rules": rules}
+    if pool:
+        section["concurrency"] = {}
+    rig = Rig(section)
+    assert rig.filter.simple is not pool
+    rig.lim.store = object()  # shared: keys are leased and synced (no loop runs here)
+    await rig.send(1, 0.001, headers={"x-tenant": "t"})
+    keys = [ks for rs in rig.lim.rules.values() for ks in rs.keys.values()]
+    for ks in keys:
+        ks.leased, ks.req_share, ks.tok_share = True, 100.0, 1000.0
+    qps_only = next(iter(rig.lim.rules.values())).keys["10.0.0.1"]
+    qps_only.tok_share = 0.0  # a QPS-only rule holds no token share
+    rig.lim.wake.clear()
+    await rig.send(1, 0.001, headers={"x-tenant": "t"})
+    assert not rig.lim.wake.is_set()
+    qps_only.req_share = 0.5  # its request share runs low: sync now
+    await rig.send(1, 0.001, headers={"x-tenant": "t"})
+    assert rig.lim.wake.is_set()
