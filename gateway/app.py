@@ -18,8 +18,9 @@ from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder, RolloutView
-from gateway.policy.traffic import TrafficBook
+from gateway.policy.holder import ROLLOUT, PolicyHolder, RolloutView
+from gateway.policy.traffic import TRAFFIC, TrafficBook
+from gateway.registry.pool import BACKENDS
 from gateway.services import Services
 from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
@@ -66,9 +67,9 @@ class Gateway:
     def __init__(self, policy_path: Path, services: Services | None = None) -> None:
         self.services = services if services is not None else Services()
         self.holder: PolicyHolder[Snapshot] = PolicyHolder(policy_path, self._build)
-        self.traffic = self.services.get("traffic", TrafficBook)
+        self.traffic = self.services.get(TRAFFIC, TrafficBook)
         self.holder.traffic = self.traffic.snapshot
-        self.services.get("rollout", lambda: RolloutView(self.holder))  # /admin/state section
+        self.services.get(ROLLOUT, lambda: RolloutView(self.holder))  # /admin/state section
         self.holder.shadow_hooks = _shadow_hooks
         self._live: list[Snapshot] = []  # snapshots whose chain was activated (the last few)
         self.holder.on_swap(self._activate)
@@ -154,7 +155,7 @@ class Gateway:
         wanted = {
             e.address for c in live for r in c.routes for e in r.endpoints if e.protocol == "grpc"
         }
-        pool = self.services.peek("backends")
+        pool = self.services.peek(BACKENDS)
         if pool is not None:  # members discovered from the registry are in use too
             wanted |= pool.addresses("grpc")
         if grace is None:

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from gateway.core import rollout as core
 from gateway.errors import PolicyError
@@ -35,6 +35,7 @@ from gateway.policy.loader import load_policy, load_policy_text
 from gateway.policy.model import Rollout
 from gateway.policy.rollout import RolloutController, ShadowHook
 from gateway.policy.traffic import TrafficSnapshot
+from gateway.services import ServiceKey
 from gateway.telemetry import metrics
 
 log = logging.getLogger("sluice.policy")
@@ -452,3 +453,6 @@ class RolloutView:
             out["colour"] = "yellow"
             out["held"] = f"{h.held['version']}: {h.held['reason']}"
         return out
+
+
+ROLLOUT: Final = ServiceKey[RolloutView]("rollout")
