@@ -18,7 +18,8 @@ from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import ROLLOUT, PolicyHolder, RolloutView
+from gateway.policy.holder import PolicyHolder
+from gateway.policy.staging import ROLLOUT, RolloutView
 from gateway.policy.traffic import TRAFFIC, TrafficBook
 from gateway.registry.pool import BACKENDS
 from gateway.services import Services
@@ -108,8 +109,10 @@ class Gateway:
         goes live before it becomes the stable policy)."""
         if any(s is snap for s in self._live):
             return
-        snap.chain.activate()
+        # Counted live before its owners are configured: if one of them fails, the holder
+        # swaps the previous snapshot back and `_activate` configures them for it again.
         self._live = [*self._live[-3:], snap]
+        snap.chain.activate()
 
     @property
     def active(self) -> Snapshot:
