@@ -190,11 +190,13 @@ class Gateway:
                 self.holder.tick()
 
     async def aclose(self) -> None:
-        if self._http_pool is not None:
-            await self._http_pool.aclose()
-        if self._channels is not None:
-            await self._channels.aclose()
-        await self.services.aclose()
+        try:
+            if self._http_pool is not None:
+                await self._http_pool.aclose()
+            if self._channels is not None:
+                await self._channels.aclose()
+        finally:  # the owners close (and their background work stops) whatever failed above
+            await self.services.aclose()
 
 
 def _shadow_hooks(snap: Snapshot) -> list[ShadowHook]:

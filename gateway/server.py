@@ -178,6 +178,9 @@ class Server:
         from gateway.policy.holder import FROM_POLICY
 
         holder = self.gateway.holder
+        if self.stopping:  # the owners are closing: a new policy would start their work again
+            log.info("policy reload ignored: the gateway is stopping")
+            return holder.status()
         holder.reload(
             force=force, rollout=None if now else FROM_POLICY, rollout_fields=rollout_fields
         )
@@ -252,6 +255,8 @@ class Server:
         for r in results:
             if isinstance(r, BaseException):
                 log.error("error while draining: %r", r)
+        for task in list(self._tasks):  # after-swap jobs still running
+            task.cancel()
         try:
             async with asyncio.timeout(CLOSE_S):
                 if self.http is not None:
