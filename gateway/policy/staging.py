@@ -201,12 +201,27 @@ class StagedRollouts(Generic[A]):
         self.unresolved = True
 
 
+class Shown(Protocol):
+    """What the /admin/state section reads of the holder."""
+
+    rollout: RolloutController[Any] | None
+    clock: Callable[[], float]
+    version: str
+    held: dict[str, Any] | None
+
+    @property
+    def last_rollout(self) -> dict[str, Any] | None: ...
+
+    @property
+    def rollback_unresolved(self) -> bool: ...
+
+
 class RolloutView:
     """The `rollout` section of `/admin/state` (a services owner over the holder): the stage of
     a running rollout and its comparison, a held change, how the last rollout ended. Yellow
     while a change is held or after a rollback (the file on disk is not what serves)."""
 
-    def __init__(self, holder: Any) -> None:
+    def __init__(self, holder: Shown) -> None:
         self._holder = holder
 
     def state(self) -> dict[str, Any]:
