@@ -183,3 +183,30 @@ def test_a_candidate_that_fails_activation_starts_no_rollout(tmp_path: Path) -> 
     assert not result.ok and not result.rollout and holder.rollout is None
     assert "cannot activate candidate" in result.errors[0]
     assert holder.version == v1 and swaps == [v1]  # the stable policy was activated again
+
+
+def test_a_rollout_whose_completion_fails_activation_is_rolled_back(tmp_path: Path) -> None:
+    holder, path = make_holder(tmp_path)
+    v1 = holder.version
+    seen: list[str] = []
+
+    def owner() -> None:
+        seen.append(holder.version)
+        if holder.version != v1:
+            raise RuntimeError("owner refused the completed policy")
+
+    holder.on_swap(owner)
+    path.write_text(POLICY.format(port=9, connect=2, prefix="/"))
+    started = holder.reload(rollout=Rollout(stages=["50", "100"], hold_s=1))
+    assert started.ok and started.rollout and holder.rollout is not None
+    v2 = holder.rollout.to_version
+    holder.promote()  # 50 % -> 100 %
+    holder.promote()  # 100 % -> complete: the swap fails, the stable policy serves again
+    assert holder.rollout is None and holder.version == v1
+    assert seen == [v2, v1]
+    last = holder.rollout_status()
+    assert last is not None and last["phase"] == "rolled_back"
+    assert "cannot activate policy" in last["stopped"]["reason"]
+    assert [e["event"] for e in holder.status()["events"]][-1] == "rolled_back"
+    again = holder.reload()  # the same change is held until forced
+    assert again.held and holder.version == v1
