@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from gateway.registry.pool import BACKENDS
 from gateway.status import ASSETS, asset
 from gateway.status.state import Served, StatusBoard
 from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY
@@ -157,7 +158,7 @@ def build_admin_app(server: AdminHost) -> web.Application:
         return _json(st)
 
     async def backends(_: web.Request) -> web.Response:
-        pool = gw.services.peek("backends")
+        pool = gw.services.peek(BACKENDS)
         return _json(pool.state() if pool is not None else {"backends": {}, "routes": {}})
 
     board = StatusBoard(server, registry)

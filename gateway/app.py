@@ -18,8 +18,10 @@ from gateway.core.request import RequestInfo
 from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder, RolloutView
-from gateway.policy.traffic import TrafficBook
+from gateway.policy.holder import PolicyHolder
+from gateway.policy.staging import ROLLOUT, RolloutView
+from gateway.policy.traffic import TRAFFIC, TrafficBook
+from gateway.registry.pool import BACKENDS
 from gateway.services import Services
 from gateway.snapshot import Snapshot
 from gateway.telemetry import metrics
@@ -65,9 +67,9 @@ class Gateway:
     def __init__(self, policy_path: Path, services: Services | None = None) -> None:
         self.services = services if services is not None else Services()
         self.holder: PolicyHolder[Snapshot] = PolicyHolder(policy_path, self._build)
-        self.traffic = self.services.get("traffic", TrafficBook)
+        self.traffic = self.services.get(TRAFFIC, TrafficBook)
         self.holder.traffic = self.traffic.snapshot
-        self.services.get("rollout", lambda: RolloutView(self.holder))  # /admin/state section
+        self.services.get(ROLLOUT, lambda: RolloutView(self.holder))  # /admin/state section
         self.holder.shadow_hooks = _shadow_hooks
         self._live: list[Snapshot] = []  # snapshots whose chain was activated (the last few)
         self.holder.on_swap(self._activate)
@@ -106,8 +108,10 @@ class Gateway:
         goes live before it becomes the stable policy)."""
         if any(s is snap for s in self._live):
             return
-        snap.chain.activate()
+        # Counted live before its owners are configured: if one of them fails, the holder
+        # swaps the previous snapshot back and `_activate` configures them for it again.
         self._live = [*self._live[-3:], snap]
+        snap.chain.activate()
 
     @property
     def active(self) -> Snapshot:
@@ -162,7 +166,7 @@ class Gateway:
         wanted = {
             e.address for c in live for r in c.routes for e in r.endpoints if e.protocol == "grpc"
         }
-        pool = self.services.peek("backends")
+        pool = self.services.peek(BACKENDS)
         if pool is not None:  # members discovered from the registry are in use too
             wanted |= pool.addresses("grpc")
         if grace is None:
@@ -194,11 +198,13 @@ class Gateway:
                 self.holder.tick()
 
     async def aclose(self) -> None:
-        if self._http_pool is not None:
-            await self._http_pool.aclose()
-        if self._channels is not None:
-            await self._channels.aclose()
-        await self.services.aclose()
+        try:
+            if self._http_pool is not None:
+                await self._http_pool.aclose()
+            if self._channels is not None:
+                await self._channels.aclose()
+        finally:  # the owners close (and their background work stops) whatever failed above
+            await self.services.aclose()
 
 
 def _shadow_hooks(snap: Snapshot) -> list[ShadowHook]:

@@ -5,6 +5,11 @@ gRPC listeners → ready. SIGHUP reloads the policy; SIGTERM/SIGINT drain: not r
 let in-flight requests (streams too) finish up to `timeouts.drain_s`, then close in reverse order
 and exit 0. `--workers N` runs N such processes on the same ports (SO_REUSEPORT) under the
 supervisor of `gateway.supervisor` (replaces a worker that dies, forwards signals).
+Every phase ends: a start that fails (a port taken, a required datapath) closes everything it
+opened and exits 1 within `drain_s`; SIGTERM/SIGINT while starting abandons the start and exits;
+a second one while draining cuts the requests still in flight. Behind these, a watchdog thread
+ends the process if stopping ever outlasts its budget (`drain_s` for a failed start, `drain_s` +
+`CLOSE_S` otherwise), so a supervisor always sees an exit.
 """
 
 from __future__ import annotations
@@ -17,14 +22,20 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError, PolicyError
 from gateway.logs import setup_logging
 from gateway.settings import Settings
 
+if TYPE_CHECKING:
+    from gateway.services import Services
+
 log = logging.getLogger("sluice.server")
+
+CLOSE_S = 5.0  # closing the listeners and owners, after the drain
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -67,14 +78,17 @@ def _run_loop(main: Any) -> int:
 class Server:
     """Owns the listeners, the admin site, the watcher and the in-process simulated backend."""
 
-    def __init__(self, policy_path: Path, *, reuse_port: bool = False) -> None:
+    def __init__(
+        self, policy_path: Path, *, reuse_port: bool = False, services: Services | None = None
+    ) -> None:
         from gateway.app import Gateway
 
-        self.gateway = Gateway(policy_path)  # raises PolicyError: fatal at boot
+        self.gateway = Gateway(policy_path, services)  # raises PolicyError: fatal at boot
         self.gateway.holder.on_swap(self.after_swap)
         self.reuse_port = reuse_port
         self._stack = contextlib.AsyncExitStack()
         self._stopping = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second stop signal while draining
         self._tasks: set[asyncio.Task[Any]] = set()
         self.http: Any = None
         self.grpc: Any = None
@@ -86,6 +100,8 @@ class Server:
     async def start(self) -> None:
         from gateway.admin import start_admin
 
+        # First on the stack, so last to run: whatever fails below, the owners close.
+        self._stack.push_async_callback(self.gateway.aclose)
         policy = self.gateway.active.policy.policy
         mock_cfg = policy.mock_backend
         if mock_cfg.enabled and os.environ.get("SLUICE_NO_MOCK") is None:
@@ -101,7 +117,6 @@ class Server:
                 self.mock.grpc_port,
                 self.mock.admin_port,
             )
-        self._stack.push_async_callback(self.gateway.aclose)
         from gateway.datapath import Datapath
 
         # Does nothing while the policy leaves the datapath off (a reload may turn it on).
@@ -165,6 +180,9 @@ class Server:
         from gateway.policy.holder import FROM_POLICY
 
         holder = self.gateway.holder
+        if self.stopping:  # the owners are closing: a new policy would start their work again
+            log.info("policy reload ignored: the gateway is stopping")
+            return holder.status()
         holder.reload(
             force=force, rollout=None if now else FROM_POLICY, rollout_fields=rollout_fields
         )
@@ -203,7 +221,14 @@ class Server:
             await asyncio.sleep(0.1 if holder.rollout is not None else 0.5)
 
     def request_stop(self) -> None:
+        if self._stopping.is_set() and self.gateway.draining:
+            log.warning("second stop signal: cutting the requests still in flight")
+            self._hurry.set()
         self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
 
     async def wait(self) -> None:
         await self._stopping.wait()
@@ -224,34 +249,89 @@ class Server:
             await self.http.stop_accepting()
         if self.grpc is not None:
             waits.append(self.grpc.stop(drain_s))
-        waits.append(self.gateway.inflight.wait_idle(drain_s))
+        waits.append(self._wait_idle(drain_s))
         results = await asyncio.gather(*waits, return_exceptions=True)
         if self.gateway.inflight.count:
             log.warning("drain timeout: %d requests cut", self.gateway.inflight.count)
         for r in results:
             if isinstance(r, BaseException):
                 log.error("error while draining: %r", r)
-        if self.http is not None:
-            await self.http.close(1.0)
-        await self._stack.aclose()
+        for task in list(self._tasks):  # after-swap jobs still running
+            task.cancel()
+        try:
+            async with asyncio.timeout(CLOSE_S):
+                if self.http is not None:
+                    await self.http.close(1.0)
+                await self._stack.aclose()
+        except TimeoutError:
+            log.error("closing took longer than %.1fs; left unfinished", CLOSE_S)
         from gateway.telemetry.accesslog import SINK
 
         SINK.flush()
         log.info("stopped")
 
+    async def _wait_idle(self, drain_s: float) -> bool:
+        """In-flight requests done, or `drain_s` passed, or a second stop signal came."""
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        idle = asyncio.ensure_future(self.gateway.inflight.wait_idle(drain_s))
+        try:
+            await asyncio.wait((hurry, idle), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+            idle.cancel()
+        return idle.done() and not idle.cancelled() and idle.result()
+
 
 async def _serve(policy_path: Path, *, reuse_port: bool) -> int:
-    server = Server(policy_path, reuse_port=reuse_port)
+    from gateway.services import Services
+
+    services = Services()
+    try:
+        server = Server(policy_path, reuse_port=reuse_port, services=services)
+    except BaseException:  # an owner built with the first policy may have started work
+        await services.aclose()
+        raise
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, server.request_stop)
     loop.add_signal_handler(signal.SIGINT, server.request_stop)
     loop.add_signal_handler(signal.SIGHUP, server.reload)
+    drain_s = server.gateway.active.policy.policy.timeouts.drain_s
+    start = loop.create_task(server.start(), name="sluice-start")
+    stop = loop.create_task(server.wait(), name="sluice-stop")
+    code = 0
     try:
-        await server.start()
-    except (GatewayError, OSError) as e:
-        log.error("start failed: %s", e)
+        await asyncio.wait((start, stop), return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # a stop signal while starting: abandon the start
+            log.info("stop requested while starting")
+            start.cancel()
+            await asyncio.wait((start,), timeout=CLOSE_S)
+        elif start.cancelled() or start.exception() is not None:
+            error = None if start.cancelled() else start.exception()
+            if isinstance(error, GatewayError | OSError):
+                log.error("start failed: %s", error)
+            else:
+                log.error("start failed", exc_info=error)
+            code = 1
+            _watchdog(drain_s, code)
+        else:
+            await stop
+    finally:
+        stop.cancel()
+        if code == 0:
+            _watchdog(drain_s + CLOSE_S, 1)
         await server.drain_and_close()
-        return 1
-    await server.wait()
-    await server.drain_and_close()
-    return 0
+    return code
+
+
+def _watchdog(budget_s: float, code: int) -> None:
+    """End the process with `code` if it is still running `budget_s` from now (a stop that
+    hangs in a library call must not leave a process that listens on nothing)."""
+
+    def fire() -> None:
+        log.error("stop did not finish within %.1fs: exiting %d", budget_s, code)
+        logging.shutdown()
+        os._exit(code)
+
+    timer = threading.Timer(budget_s, fire)
+    timer.daemon = True
+    timer.start()

@@ -24,12 +24,13 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.auth.keys import KeySet, parse_jwks
 from gateway.core import keyrefresh as kr
 from gateway.errors import JwksError, JwksInvalid
 from gateway.policy.auth import JwksSource as JwksSpec
+from gateway.services import ServiceKey
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -322,3 +323,6 @@ class JwksCaches:
             s.close()
         if self._session is not None:
             await self._session.close()
+
+
+JWKS: Final = ServiceKey[JwksCaches]("jwks")  # the JWKS sources of every provider

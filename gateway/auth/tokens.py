@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from gateway.services import ServiceKey
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -144,3 +145,6 @@ class TokenCaches:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self.flush()
+
+
+TOKENS: Final = ServiceKey[TokenCaches]("auth.tokens")  # verified-token caches

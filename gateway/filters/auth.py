@@ -25,10 +25,10 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from gateway.auth.jwks import JwksCaches, JwksSource
+from gateway.auth.jwks import JWKS, JwksCaches, JwksSource
 from gateway.auth.jwt import Failure, Inspected, Provider, Secret, Verified, Verifier
 from gateway.auth.keys import load_secret
-from gateway.auth.tokens import Entry, TokenCache, TokenCaches
+from gateway.auth.tokens import TOKENS, Entry, TokenCache, TokenCaches
 from gateway.core import jwtclaims as jc
 from gateway.core.verdict import (
     GRPC_INVALID_ARGUMENT,
@@ -288,7 +288,7 @@ def _provider(j: int, cfg: AuthProvider, services: Services) -> Provider:
         secret = Secret(load_secret(cfg.secret, f"auth.providers[{j}].secret", algs))
     else:
         assert cfg.jwks is not None
-        owner = services.get("jwks", lambda: JwksCaches(services))
+        owner = services.get(JWKS, lambda: JwksCaches(services))
         jwks = owner.source(cfg.name, cfg.jwks)
     typ = cfg.typ.lower().removeprefix("application/") if cfg.typ else None
     forward = tuple((c, h.lower()) for c, h in cfg.forward_claims.items())
@@ -305,8 +305,8 @@ def build(section: CompiledPolicy | None, services: Services) -> AuthFilter | No
     for p in providers:
         if p.secret is not None:
             digest.update(hashlib.sha256(p.secret).digest())
-    tokens = services.get("auth.tokens", lambda: TokenCaches(services))
+    tokens = services.get(TOKENS, lambda: TokenCaches(services))
     cache = tokens.for_config(digest.hexdigest(), cfg.cache_size)
-    jwks = services.peek("jwks")  # activation also closes sources no provider names any more
+    jwks = services.peek(JWKS)  # activation also closes sources no provider names any more
     cls = AuthFilter if any(p.jwks is not None for p in providers) else PlainAuthFilter
     return cls(cfg, section, providers, cache, tokens, jwks)

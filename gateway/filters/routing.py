@@ -28,7 +28,7 @@ from gateway.core.retry import RetryBudget, RetryParams, retriable
 from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
 from gateway.filters.base import RequestContext, Status
 from gateway.registry.member import Attempt, Member, Result
-from gateway.registry.pool import BackendPool
+from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.registry.view import BackendView
 from gateway.telemetry import metrics
 
@@ -295,4 +295,4 @@ def pick_retry(ctx: RequestContext) -> Endpoint | None:
 
 
 def build(section: CompiledPolicy, services: Services) -> RouteFilter:
-    return RouteFilter(section, services.get("backends", lambda: BackendPool(services)))
+    return RouteFilter(section, services.get(BACKENDS, lambda: BackendPool(services)))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any
 
 from gateway.core.body import RequestBody
 from gateway.core.sampler import Reason, TailSampler
@@ -29,7 +28,7 @@ from gateway.policy.model import Tracing as TracingSection
 from gateway.services import Services
 from gateway.telemetry import metrics
 from gateway.telemetry.spans import record_of
-from gateway.telemetry.tracing import Tracing
+from gateway.telemetry.tracing import TRACING, Tracing
 
 # Trace and span ids must be unique, not secret (W3C: random is enough): a per-process PRNG
 # seeded from the OS, as for request ids, saves a syscall per request.
@@ -101,6 +100,6 @@ class GenAITraceFilter(TraceFilter):
 def build(section: TracingSection, services: Services) -> TraceFilter | None:
     if not section.enabled:
         return None
-    owner: Any = services.get("tracing", lambda: Tracing(services))
+    owner = services.get(TRACING, lambda: Tracing(services))
     cls = GenAITraceFilter if section.genai_attributes else TraceFilter
     return cls(section, owner)

@@ -1,4 +1,5 @@
-"""PolicyHolder: the one owner of the serving policy; guards, stages and swaps each change.
+"""PolicyHolder: the one owner of the serving policy; guards and swaps each change (staged
+rollouts are orchestrated in `staging.py`, each one's split and comparison in `rollout.py`).
 
 A request takes its snapshot once at arrival (`Gateway.snapshot_for`: `holder.active`, or during
 a staged rollout the side `holder.rollout.choose` picks) and keeps it to its end, so requests in
@@ -15,6 +16,11 @@ is judged against the stable policy), and a reload of the stable version ends it
 `on_swap` subscribers run after the serving set changes: a swap, a completed rollout, and a
 rolled-back or aborted one (the candidate's upstreams can go). `on_candidate` subscribers run
 when a rollout's candidate goes live.
+
+The swap activates: a subscriber that raises (an owner that cannot take the new policy) fails
+the change. The previous policy is swapped back and the subscribers run again for it, so nothing
+half-activated serves; the reload reports `ok: false` with the error (`/admin/policy`,
+`sluice_policy_reloads_total{result="error"}`, the log).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from gateway.policy.guard import GuardReport, check_change, summarize
 from gateway.policy.loader import load_policy, load_policy_text
 from gateway.policy.model import Rollout
 from gateway.policy.rollout import RolloutController, ShadowHook
+from gateway.policy.staging import StagedRollouts
 from gateway.policy.traffic import TrafficSnapshot
 from gateway.telemetry import metrics
 
@@ -41,7 +48,6 @@ log = logging.getLogger("sluice.policy")
 
 A = TypeVar("A")  # what the gateway builds from a compiled policy (policy + chain)
 MAX_EVENTS = 50
-MAX_REMEMBERED_ROLLBACKS = 16
 
 
 class _FromPolicy:
@@ -87,17 +93,14 @@ class PolicyHolder(Generic[A]):
         self.last_errors: tuple[str, ...] = ()  # errors of the latest failed attempt
         self.last_error_at: float | None = None
         self._subscribers: list[Callable[[], None]] = []
-        self._candidate_subscribers: list[Callable[[A], None]] = []
         # Set by the gateway: the recent traffic, and each snapshot's shadow hooks.
         self.traffic: Callable[[], TrafficSnapshot] | None = None
         self.shadow_hooks: Callable[[A], Sequence[ShadowHook]] = lambda _: ()
-        self.rollout: RolloutController[A] | None = None
-        self.last_rollout: dict[str, Any] | None = None
+        self.rollout: RolloutController[A] | None = None  # read per request: a plain attribute
+        self.staged = StagedRollouts(self)
         self.last_guard: GuardReport | None = None
         self.held: dict[str, Any] | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
-        self._rolled_back: dict[str, str] = {}  # version -> why its rollout was rolled back
-        self.rollback_unresolved = False  # rolled back, and the file still holds that change
         metrics.POLICY_INFO.labels(compiled.version).set(1)
         metrics.POLICY_LAST_RELOAD_OK.set(1)
         metrics.POLICY_HELD.set(0)
@@ -118,9 +121,10 @@ class PolicyHolder(Generic[A]):
 
     def on_candidate(self, callback: Callable[[A], None]) -> None:
         """Call `callback(snapshot)` when a rollout's candidate starts taking requests."""
-        self._candidate_subscribers.append(callback)
+        self.staged.on_candidate(callback)
 
-    def _event(self, kind: str, message: str, **extra: Any) -> None:
+    def event(self, kind: str, message: str, **extra: Any) -> None:
+        """One line of the holder's recent history (`/admin/policy` events)."""
         self.events.append({"at": time.time(), "event": kind, "message": message, **extra})
 
     # --- reload --------------------------------------------------------------------------------
@@ -159,8 +163,6 @@ class PolicyHolder(Generic[A]):
             )
         metrics.POLICY_LAST_RELOAD_OK.set(1 if result.ok and not result.held else 0)
         self.last_result = result
-        if result.changed:
-            self._notify()
         return result
 
     def _consider(
@@ -169,9 +171,9 @@ class PolicyHolder(Generic[A]):
         ro = self.rollout
         if compiled.version == self.version:
             if ro is not None:
-                self._end_rollout(core.Event.ABORT, "the file is back to the serving version")
+                self.staged.end(core.Event.ABORT, "the file is back to the serving version")
             self._clear_held()
-            self.rollback_unresolved = False
+            self.staged.unresolved = False
             metrics.POLICY_RELOADS.labels("unchanged").inc()
             return ReloadResult(True, False, self.version)
         if ro is not None and compiled.version == ro.to_version:
@@ -179,7 +181,7 @@ class PolicyHolder(Generic[A]):
             return ReloadResult(True, False, self.version, rollout=True)
         report = self._guard(compiled)
         if not forced:
-            why = self._rolled_back.get(compiled.version)
+            why = self.staged.rolled_back.get(compiled.version)
             if why is not None:
                 return self._hold(compiled, report, f"its rollout was rolled back ({why})")
             if report is not None and report.held:
@@ -196,15 +198,19 @@ class PolicyHolder(Generic[A]):
         spec = compiled.policy.rollout if isinstance(rollout, _FromPolicy) else rollout
         built = self._build(compiled)
         if ro is not None:
-            self._end_rollout(core.Event.ABORT, f"superseded by version {compiled.version}")
+            self.staged.end(core.Event.ABORT, f"superseded by version {compiled.version}")
         self._clear_held()
-        self.rollback_unresolved = False
+        self.staged.unresolved = False
         if spec is None:
-            self._swap(built, compiled)
+            error = self.commit(built, compiled)
+            if error is not None:
+                raise PolicyError([f"{self.path}:1:1: {error}"])
             metrics.POLICY_RELOADS.labels("ok").inc()
-            self._event("applied", f"{compiled.version} serving", version=compiled.version)
+            self.event("applied", f"{compiled.version} serving", version=compiled.version)
             return ReloadResult(True, True, compiled.version, guard=report)
-        self._start_rollout(spec, built, compiled)
+        error = self.staged.start(spec, built, compiled)
+        if error is not None:
+            raise PolicyError([f"{self.path}:1:1: {error}"])
         metrics.POLICY_RELOADS.labels("rollout").inc()
         return ReloadResult(True, False, self.version, rollout=True, guard=report)
 
@@ -238,156 +244,86 @@ class PolicyHolder(Generic[A]):
             self.version,
             reason,
         )
-        self._event("held", reason, version=compiled.version)
+        self.event("held", reason, version=compiled.version)
         return ReloadResult(True, False, self.version, held=True, guard=report)
 
     def _clear_held(self) -> None:
         self.held = None
         metrics.POLICY_HELD.set(0)
 
+    def commit(self, active: A, compiled: CompiledPolicy) -> str | None:
+        """Swap `active` in and activate it (the `on_swap` subscribers). If one fails, swap the
+        previous policy back, activate it again, and return the error."""
+        before = (self._active, self._compiled, self.loaded_at)
+        self._swap(active, compiled)
+        error = self.notify()
+        if error is None:
+            log.info("policy reloaded: %s -> %s", before[1].version, compiled.version)
+            return None
+        log.error(
+            "policy %s could not be activated, %s keeps serving: %s",
+            compiled.version,
+            before[1].version,
+            error,
+        )
+        self._swap(before[0], before[1])
+        self.loaded_at = before[2]
+        again = self.notify()
+        if again is not None:
+            log.error("policy %s: activating it again failed too: %s", self.version, again)
+        return f"cannot activate policy {compiled.version}: {error}"
+
     def _swap(self, active: A, compiled: CompiledPolicy) -> None:
-        # Only plain assignments from here on: nothing can fail halfway through the swap.
+        # Only plain assignments here: nothing can fail halfway through the swap itself.
         self._active, self._compiled = active, compiled
         metrics.POLICY_INFO.remove(self.version)
         metrics.POLICY_INFO.labels(compiled.version).set(1)
-        log.info("policy reloaded: %s -> %s", self.version, compiled.version)
         self.version = compiled.version
         self.loaded_at = time.time()
 
-    def _notify(self) -> None:
+    def notify(self) -> str | None:
+        """Run the `on_swap` subscribers for the serving set; stop at the first that fails and
+        return its error (logged with its traceback)."""
         for callback in self._subscribers:
             try:
                 callback()
-            except Exception:  # a subscriber's bug must not undo a good reload
-                log.exception("policy swap subscriber failed")
+            except Exception as e:
+                log.exception("policy swap subscriber %s failed", _name(callback))
+                return f"{_name(callback)}: {type(e).__name__}: {e}"
+        return None
 
     def _failed(self, errors: tuple[str, ...]) -> ReloadResult:
         self.last_errors = errors
         self.last_error_at = self.last_reload_at
         metrics.POLICY_RELOADS.labels("error").inc()
         log.error("policy reload rejected, %s keeps serving:\n%s", self.version, "\n".join(errors))
-        self._event("rejected", errors[0] if errors else "rejected")
+        self.event("rejected", errors[0] if errors else "rejected")
         return ReloadResult(False, False, self.version, errors)
 
-    # --- rollout -------------------------------------------------------------------------------
-    def _start_rollout(self, spec: Rollout, built: A, compiled: CompiledPolicy) -> None:
-        hooks = (self.shadow_hooks(self._active), self.shadow_hooks(built))
-        ro = RolloutController(
-            spec, self._active, built, self._compiled, compiled, self.clock(), hooks
-        )
-        self.rollout = ro
-        stages = ", ".join(ro.status(self.clock())["stages"])
-        log.info(
-            "policy rollout %s -> %s started: stages %s, hold %gs",
-            ro.from_version,
-            ro.to_version,
-            stages,
-            spec.hold_s,
-        )
-        self._event("rollout_started", f"stages {stages}", version=ro.to_version)
-        for callback in self._candidate_subscribers:
-            try:
-                callback(built)
-            except Exception:
-                log.exception("policy candidate subscriber failed")
-
+    # --- rollout (orchestrated in staging.py) --------------------------------------------------
     def tick(self, now: float | None = None) -> None:
         """Judge the running rollout's stage (the server calls it ~10 times a second)."""
-        ro = self.rollout
-        if ro is None:
-            return
-        now = self.clock() if now is None else now
-        before = ro.stage
-        state = ro.tick(now)
-        if state is not None:
-            self._after_step(ro, before, state, now)
+        if self.rollout is not None:
+            self.staged.tick(now)
 
     def promote(self) -> dict[str, Any] | None:
         """Move the rollout to its next stage now (the last one completes it)."""
-        ro = self.rollout
-        if ro is None:
-            return None
-        now = self.clock()
-        before = ro.stage
-        state = ro.apply(core.Event.PROMOTE, now, "promoted by hand")
-        if state is not None:
-            self._after_step(ro, before, state, now)
-        return ro.status(now)
+        return self.staged.promote()
 
     def abort(self, reason: str = "aborted by hand") -> dict[str, Any] | None:
-        if self.rollout is None:
-            return None
-        ro = self.rollout
-        self._end_rollout(core.Event.ABORT, reason)
-        self._notify()
-        return ro.status(self.clock())
+        return self.staged.abort(reason)
 
-    def _end_rollout(self, event: core.Event, reason: str) -> None:
-        ro = self.rollout
-        if ro is None:
-            return
-        now = self.clock()
-        before = ro.stage
-        state = ro.apply(event, now, reason)
-        if state is not None:
-            self._after_step(ro, before, state, now, notify=False)
+    @property
+    def last_rollout(self) -> dict[str, Any] | None:
+        return self.staged.last
 
-    def _after_step(
-        self,
-        ro: RolloutController[A],
-        before: str,
-        state: core.State,
-        now: float,
-        notify: bool = True,
-    ) -> None:
-        versions = f"{ro.from_version} -> {ro.to_version}"
-        if not state.terminal:
-            log.info(
-                "policy rollout %s: stage %s passed (%s); now %s",
-                versions,
-                before,
-                state.reason,
-                ro.stage,
-            )
-            self._event("stage", f"{before} -> {ro.stage}: {state.reason}", version=ro.to_version)
-            return
-        self.rollout = None
-        self.last_rollout = ro.status(now)
-        stopped = self.last_rollout["stopped"]
-        if state.phase is core.Phase.COMPLETE:
-            self._swap(ro.candidate, ro.candidate_policy)
-            metrics.POLICY_ROLLOUTS.labels("completed").inc()
-            self._event("rollout_completed", f"{ro.to_version} serving", version=ro.to_version)
-        elif state.phase is core.Phase.ROLLED_BACK:
-            if len(self._rolled_back) >= MAX_REMEMBERED_ROLLBACKS:
-                self._rolled_back.pop(next(iter(self._rolled_back)))
-            self._rolled_back[ro.to_version] = state.reason
-            self.rollback_unresolved = True
-            metrics.POLICY_ROLLOUTS.labels("rolled_back").inc()
-            log.warning(
-                "policy rollout %s ROLLED BACK at stage %s: %s; the new policy served %d "
-                "requests, %.2fs after its first serving stage began; %s keeps serving",
-                versions,
-                before,
-                state.reason,
-                ro.chosen_new,
-                stopped["seconds_since_first_serving_stage"] or 0.0,
-                ro.from_version,
-            )
-            self._event("rolled_back", f"at {before}: {state.reason}", version=ro.to_version)
-        else:
-            metrics.POLICY_ROLLOUTS.labels("aborted").inc()
-            log.warning("policy rollout %s aborted at stage %s: %s", versions, before, state.reason)
-            self._event("rollout_aborted", f"at {before}: {state.reason}", version=ro.to_version)
-        if notify:
-            self._notify()
+    @property
+    def rollback_unresolved(self) -> bool:
+        return self.staged.unresolved
 
     # --- reporting -------------------------------------------------------------------------------
     def rollout_status(self) -> dict[str, Any] | None:
-        ro = self.rollout
-        if ro is not None:
-            return ro.status(self.clock())
-        return self.last_rollout
+        return self.staged.status()
 
     def status(self) -> dict[str, object]:
         r = self.last_result
@@ -412,43 +348,5 @@ class PolicyHolder(Generic[A]):
         }
 
 
-class RolloutView:
-    """The `rollout` section of `/admin/state` (a services owner over the holder): the stage of
-    a running rollout and its comparison, a held change, how the last rollout ended. Yellow
-    while a change is held or after a rollback (the file on disk is not what serves)."""
-
-    def __init__(self, holder: PolicyHolder[Any]) -> None:
-        self._holder = holder
-
-    def state(self) -> dict[str, Any]:
-        h = self._holder
-        ro = h.rollout
-        out: dict[str, Any] = {
-            "colour": "green",
-            "version": h.version,
-            "stage": "",
-            "candidate": "",
-        }
-        if ro is not None:
-            st = ro.status(h.clock())
-            out.update(
-                stage=st["stage"],
-                candidate=st["to_version"],
-                share_percent=st["share_percent"],
-                stage_elapsed_s=st["stage_elapsed_s"],
-                waiting=st["waiting"],
-                requests=st["requests"],
-                **st.get("comparison", {}),
-            )
-        elif h.last_rollout is not None:
-            last = h.last_rollout
-            out["last"] = (
-                f"{last['to_version']} {last['phase']} at {last['stage']}: "
-                + (last["stopped"]["reason"])
-            )
-            if h.rollback_unresolved:
-                out["colour"] = "yellow"
-        if h.held is not None:
-            out["colour"] = "yellow"
-            out["held"] = f"{h.held['version']}: {h.held['reason']}"
-        return out
+def _name(callback: Callable[..., object]) -> str:
+    return getattr(callback, "__qualname__", None) or type(callback).__name__

@@ -1,5 +1,5 @@
 """TrafficBook: what the recent traffic looked like, for the change guard. A services owner
-(`services.get("traffic", TrafficBook)`), fed once per finished request by `Gateway.finish`.
+(`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by `Gateway.finish`.
 
 Requests are counted by *shape*: protocol, method, path, the values of the headers the running
 policy's routes match on, and the route and backend that served it. Per shape it keeps a count,
@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.core.histogram import (
     latency_bucket,
@@ -39,6 +39,7 @@ from gateway.core.histogram import (
     size_bucket,
 )
 from gateway.core.request import Protocol, RequestInfo
+from gateway.services import ServiceKey
 
 if TYPE_CHECKING:
     from gateway.filters.base import RequestContext
@@ -240,3 +241,6 @@ class TrafficBook:
     def state(self) -> dict[str, Any]:
         snap = self.snapshot()
         return {"window_s": snap.window_s, "requests": snap.total, "shapes": len(snap.shapes)}
+
+
+TRAFFIC: Final = ServiceKey[TrafficBook]("traffic")  # recent traffic, for the guard

@@ -1,4 +1,4 @@
-"""The limiter's one owner in the services (key "ratelimit"): every bucket, window, colour and
+"""The limiter's one owner in the services (key `RATELIMIT`): every bucket, window, colour and
 concurrency limit, the store, the sync loop, and what /admin/state and /readyz show.
 
 What a policy reload does to the state:
@@ -26,7 +26,7 @@ import secrets
 import socket
 import time
 from collections import Counter, OrderedDict, deque
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.clock import MonotonicClock
 from gateway.core.concurrency import LimitParams
@@ -35,13 +35,12 @@ from gateway.policy.ratelimits import RedisStoreOptions
 from gateway.ratelimit.compiled import CompiledLimits, CompiledRule
 from gateway.ratelimit.state import DECISIONS, PoolState, RuleState
 from gateway.ratelimit.sync import run, sync_once
-from gateway.services import Services
+from gateway.services import ServiceKey, Services
 from gateway.store.base import LimitStore
 from gateway.telemetry import metrics
 
 log = logging.getLogger("sluice.ratelimit")
 
-SERVICE_KEY = "ratelimit"
 MAX_RECENT = 50
 MAX_SOURCES = 10_000  # sources counted while red (for the datapath deny list)
 ALERT_EVERY_S = 10.0
@@ -323,5 +322,8 @@ def _rule_state(rs: RuleState, now: float) -> dict[str, Any]:
     }
 
 
+RATELIMIT: Final = ServiceKey[Limiter]("ratelimit")
+
+
 def limiter_for(services: Services) -> Limiter:
-    return services.get(SERVICE_KEY, lambda: Limiter(services))
+    return services.get(RATELIMIT, lambda: Limiter(services))

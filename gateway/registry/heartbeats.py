@@ -160,10 +160,10 @@ class Watcher:
         return hb.ts != last
 
     async def poll_once(self) -> None:
-        from gateway.registry.redis import redis_client
+        from gateway.store.redis_client import redis_for
 
         reg = self.reg
-        client = redis_client(self.services, reg.redis)
+        client = redis_for(self.services, reg.redis)
         try:
             async with asyncio.timeout(reg.timeout_s):
                 redis_now, beats = await read(client, reg.service, reg.max_members)
@@ -221,7 +221,9 @@ class Watcher:
                 "members": len(self.found)}  # fmt: skip
 
     async def run(self) -> None:
-        while True:
+        # Also ends by itself once the services close (a cancellation can be lost inside the
+        # Redis client when it races the poll's own timeout).
+        while not self.services.closed:
             await self.poll_once()
             await asyncio.sleep(self.reg.poll_s)
 

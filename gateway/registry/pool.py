@@ -1,4 +1,4 @@
-"""The backends owner in the services (`services.get("backends", ...)`): every backend member's
+"""The backends owner in the services (`services.get(BACKENDS, ...)`): every backend member's
 live state, which outlives policy reloads, and one view of each backend per policy section.
 
 State, each kept in the pool under its own key (see `gateway.registry.member`):
@@ -30,7 +30,7 @@ import logging
 import random as _random
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.core.breaker import Breaker, BreakerParams
 from gateway.core.canary import CanaryGuard, CanaryParams
@@ -40,6 +40,7 @@ from gateway.core.retry import RetryBudget
 from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.view import BackendView
+from gateway.services import ServiceKey
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
@@ -250,3 +251,6 @@ class BackendPool:
         for w in self.watchers.values():
             w.stop()
         LIVE_POOLS.discard(self)
+
+
+BACKENDS: Final = ServiceKey[BackendPool]("backends")  # every backend member's state

@@ -1,4 +1,4 @@
-"""The tracing owner (`services.get("tracing", Tracing)`): kept traces → SDK spans → OTLP.
+"""The tracing owner (`services.get(TRACING, ...)`): kept traces → SDK spans → OTLP.
 
 Nothing here runs per request but `offer`, and only for the requests the tail sampler keeps:
 it puts a compact record into the bounded pending buffer (`gateway.core.sampler.PendingTraces`).
@@ -24,9 +24,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.core.sampler import PendingTraces
+from gateway.services import ServiceKey
 from gateway.telemetry import metrics
 from gateway.telemetry.spans import PresetIds, TraceRecord, emit
 
@@ -284,3 +285,6 @@ async def _wait(done: threading.Event, timeout: float) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
+
+
+TRACING: Final = ServiceKey[Tracing]("tracing")  # the tail sampler and exporter

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.auth.jwks import JwksCaches, JwksSource
+from gateway.auth.jwks import JWKS, JwksCaches, JwksSource
 from gateway.core import keyrefresh as kr
 from gateway.policy.auth import JwksSource as JwksSpec
 from gateway.services import Services
@@ -54,7 +54,7 @@ async def until(cond: Any, timeout: float = 10.0) -> None:
 
 
 async def loaded(services: Services, sp: JwksSpec) -> tuple[JwksCaches, JwksSource]:
-    owner = services.get("jwks", lambda: JwksCaches(services))
+    owner = services.get(JWKS, lambda: JwksCaches(services))
     src = owner.source("corp", sp)
     owner.activate([(src, "corp", sp)])
     await until(lambda: src.current() is not None)

@@ -24,7 +24,7 @@ from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
 from gateway.services import Services
 from gateway.telemetry.spans import record_of
-from gateway.telemetry.tracing import Pipeline, Tracing
+from gateway.telemetry.tracing import TRACING, Pipeline, Tracing
 
 N = 200_000
 DOC = {
@@ -116,7 +116,7 @@ def build_cost() -> float:
 async def main() -> None:
     services = Services()
     section = Policy.model_validate(DOC).tracing
-    owner = services.get("tracing", lambda: Tracing(services))
+    owner = services.get(TRACING, lambda: Tracing(services))
     f = TraceFilter(section, owner)
     base = min(per_request(None, HEADERS) for _ in range(3))
     fresh = min(per_request(f, HEADERS) for _ in range(3))

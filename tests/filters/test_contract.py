@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import pytest
@@ -16,7 +16,7 @@ from gateway.app import Gateway
 from gateway.core.body import opaque
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
-from gateway.services import Services
+from gateway.services import ServiceKey, Services
 from tests.filters.test_chain import ctx_for
 
 
@@ -115,6 +115,9 @@ class Counter:
         self.closed = True
 
 
+COUNTER: Final = ServiceKey[Counter]("counter")
+
+
 class Counting:
     name = "request_id"
 
@@ -127,7 +130,7 @@ class Counting:
 
 
 def build_counting(section: Any, services: Services) -> Counting:
-    return Counting(services.get("counter", Counter))
+    return Counting(services.get(COUNTER, Counter))
 
 
 POLICY = """
@@ -159,7 +162,7 @@ async def test_reload_under_traffic_keeps_service_state(
         path.write_text(POLICY.format(port=up.port, connect=1))
         gw = Gateway(path)
         listener = await start_http(gw, "127.0.0.1", 0, engine="native")
-        counter = gw.services.get("counter", Counter)
+        counter = gw.services.get(COUNTER, Counter)
         sent = 0
         try:
             async with aiohttp.ClientSession(f"http://127.0.0.1:{listener.port}") as c:
@@ -186,7 +189,7 @@ async def test_reload_under_traffic_keeps_service_state(
                 counts = await asyncio.gather(traffic(), traffic(), reloads())
                 sent = counts[0] + counts[1]
                 assert len(set(counts[2])) == 5
-            assert gw.services.get("counter", Counter) is counter
+            assert gw.services.get(COUNTER, Counter) is counter
             assert counter.seen == sent == 120  # one owner across six chains
         finally:
             await listener.close(1.0)

@@ -18,7 +18,7 @@ from gateway.filters.base import RequestContext, Status
 from gateway.filters.routing import RouteFilter, pick_retry
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
-from gateway.registry.pool import BackendPool
+from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.services import Services
 
 BREAKER = {"consecutive_failures": 3, "min_requests": 10, "open_s": 5, "max_open_s": 20,
@@ -47,7 +47,7 @@ class Rig:
         self.clock = ManualClock(100.0)
         self.services = Services(self.clock)
         self.pool = self.services.get(
-            "backends", lambda: BackendPool(self.services, random.Random(seed).random)
+            BACKENDS, lambda: BackendPool(self.services, random.Random(seed).random)
         )
         self.load(doc)
 

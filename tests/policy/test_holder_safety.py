@@ -234,7 +234,7 @@ def test_filters_can_take_part_in_the_shadow_stage(tmp_path: Path) -> None:
 
 
 def test_the_status_section_says_what_needs_attention(tmp_path: Path) -> None:
-    from gateway.policy.holder import RolloutView
+    from gateway.policy.staging import RolloutView
 
     holder, path, clock = make(tmp_path)
     view = RolloutView(holder)

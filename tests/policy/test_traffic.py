@@ -7,7 +7,7 @@ from pathlib import Path
 from gateway.core.clock import ManualClock
 from gateway.core.histogram import latency_bucket, size_bucket
 from gateway.core.request import Protocol
-from gateway.policy.traffic import BUCKET_S, BUCKETS, MAX_SHAPES, REDACTED, TrafficSnapshot
+from gateway.policy.traffic import BUCKET_S, BUCKETS, MAX_SHAPES, REDACTED, TRAFFIC, TrafficSnapshot
 from tests.policy.traffic_support import BASE, add, book_with, compiled, served
 
 
@@ -106,6 +106,6 @@ def test_the_book_outlives_a_reload(tmp_path: Path) -> None:
         book.record(served(gw.active.policy))
     path.write_text(BASE.replace("9001", "9002"))
     assert gw.holder.reload().changed
-    assert gw.traffic is book is gw.services.get("traffic", lambda: None)
+    assert gw.traffic is book is gw.services.peek(TRAFFIC)
     assert book.snapshot().total == 5
     assert gw.services.state()["traffic"]["requests"] == 5

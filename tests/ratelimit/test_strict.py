@@ -15,7 +15,7 @@ from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy
-from gateway.ratelimit.owner import Limiter
+from gateway.ratelimit.owner import RATELIMIT, Limiter
 from gateway.services import Services
 from tests.redis_support import RedisServer
 
@@ -43,7 +43,7 @@ async def replica(
     p = policy(url)
     chain = build_chain(p, services)
     chain.activate()
-    lim: Limiter = services.peek("ratelimit")
+    lim = services.peek(RATELIMIT)
     deadline = time.monotonic() + 15
     while lim.mode != "redis":
         assert time.monotonic() < deadline, lim.readiness()

@@ -19,7 +19,7 @@ from gateway.adapters.http import start_http
 from gateway.app import Gateway
 from gateway.mockbackend import Knobs, start_mock_backend
 from gateway.proto import load
-from gateway.ratelimit.owner import Limiter
+from gateway.ratelimit.owner import RATELIMIT
 
 BURST = 100_000
 
@@ -86,7 +86,7 @@ async def rig(
 
 
 def tokens_left(gw: Gateway, tenant: str) -> float:
-    lim: Limiter = gw.services.peek("ratelimit")
+    lim = gw.services.peek(RATELIMIT)
     (rs,) = lim.rules.values()
     return rs.keys[tenant].bucket.tokens
 
@@ -136,7 +136,7 @@ async def test_overrunning_stream_is_cut_cleanly(tmp_path: Path, engine: str) ->
         assert err["error"]["type"] == "token_overrun"
         content = [e for e in events[:-2] if '"content"' in e]
         assert len(content) == 4  # reserved 4 completion tokens: the 5th is not sent
-        lim: Limiter = gw.services.peek("ratelimit")
+        lim = gw.services.peek(RATELIMIT)
         (rs,) = lim.rules.values()
         assert rs.counts[10] == 1  # token_cut
 

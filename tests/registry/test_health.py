@@ -18,7 +18,7 @@ from gateway.mockbackend import Knobs, MockBackendHandle, start_mock_backend
 from gateway.policy.model import Backend
 from gateway.registry.health import check_grpc, check_http
 from gateway.registry.member import Attempt
-from gateway.registry.pool import BackendPool
+from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.services import Services
 from tests.support import free_port
 
@@ -83,7 +83,7 @@ def cfg(port: int, protocol: str = "http", **health: Any) -> Backend:
 async def test_checker_marks_unhealthy_then_healthy(
     backend: MockBackendHandle, protocol: str, services: Services
 ) -> None:
-    pool = services.get("backends", lambda: BackendPool(services))
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
     port = backend.http_port if protocol == "http" else backend.grpc_port
     assert port is not None
     st = pool.view(cfg(port, protocol))
@@ -104,7 +104,7 @@ async def test_checker_marks_unhealthy_then_healthy(
 async def test_passive_health_checks_at_once(
     backend: MockBackendHandle, services: Services
 ) -> None:
-    pool = services.get("backends", lambda: BackendPool(services))
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
     assert backend.http_port is not None
     st = pool.view(cfg(backend.http_port, interval_s=60, failing_interval_s=60, unhealthy_after=1))
     pool.activate([st], {})

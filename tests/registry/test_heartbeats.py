@@ -21,7 +21,7 @@ from gateway.registry.heartbeats import (
     read,
     withdraw,
 )
-from gateway.registry.pool import BackendPool
+from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.registry.view import BackendView
 from gateway.services import Services
 from tests.redis_support import RedisServer
@@ -94,7 +94,7 @@ def rotation(st: BackendView) -> set[str]:
 
 def view_of(services: Services, cfg: Backend) -> BackendView:
     """The backend's view, live (its poller not started: the test polls by hand)."""
-    pool = services.get("backends", lambda: BackendPool(services))
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
     st = pool.view(cfg)
     pool.latest = {cfg.name: st}
     return st

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.core.breaker import State
 from gateway.policy.model import Rollout as RolloutSpec
+from gateway.registry.pool import BACKENDS
 from gateway.server import Server
 from tests.support import free_port
 
@@ -50,7 +51,7 @@ async def test_each_side_of_a_rollout_keeps_its_own_members(
 ) -> None:
     srv, path, ports = server
     x, y = f"127.0.0.1:{ports['x']}", f"127.0.0.1:{ports['y']}"
-    pool = srv.gateway.services.peek("backends")
+    pool = srv.gateway.services.peek(BACKENDS)
     bx = pool.latest["pool"].members[x].breaker
     now = pool.clock.now()
     for _ in range(5):

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import pytest
 
 from gateway.policy.model import Rollout as RolloutSpec
+from gateway.registry.pool import BACKENDS
 from gateway.server import Server
+from gateway.services import ServiceKey
 from gateway.status.state import merge
 from tests.status.browser import ARGS, CHROMIUM
 from tests.support import free_port, require
@@ -76,10 +78,16 @@ class RateLimit:
         }
 
 
+# Stand-ins for feature owners whose /admin/state sections the page must render (one is the
+# shape the real limiter gives; no limiter runs in this gateway, so its key name is free).
+LIMITS: Final = ServiceKey[Limits]("limits")
+RATELIMIT: Final = ServiceKey[RateLimit]("ratelimit")
+
+
 def break_member(srv: Server, address: str) -> None:
     """The real backends owner (gateway.registry.pool): one member's breaker open, ejected as
     an outlier and failing its health checks, as real failures would leave it."""
-    pool = srv.gateway.services.peek("backends")
+    pool = srv.gateway.services.peek(BACKENDS)
     m = pool.latest["sim-http"].members[address]
     now = pool.clock.now()
     for _ in range(5):
@@ -100,14 +108,14 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[Server, int, str]]:
     srv = Server(policy)
     await srv.start()
     spare = f"127.0.0.1:{ports['spare']}"
-    srv.gateway.services.get("limits", Limits)
+    srv.gateway.services.get(LIMITS, Limits)
     break_member(srv, spare)
     # The real rollout section: a staged rollout held at its first stage.
     policy.write_text(
         POLICY.format(**ports).replace("version: 1", "version: 1\nguard: {min_requests: 7}")
     )
     srv.gateway.holder.reload(rollout=RolloutSpec(stages=[10, 100], hold_s=3600))
-    srv.gateway.services.get("ratelimit", RateLimit)
+    srv.gateway.services.get(RATELIMIT, RateLimit)
     try:
         yield srv, ports["admin"], spare
     finally:

@@ -22,7 +22,7 @@ from gateway.filters.trace import TraceFilter
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
 from gateway.services import Services
-from gateway.telemetry.tracing import Tracing
+from gateway.telemetry.tracing import TRACING, Tracing
 from tests.telemetry.otlp import CLIENT, SERVER, STATUS_ERROR, HttpReceiver, Receiver, Span
 
 
@@ -209,7 +209,7 @@ async def test_dropped_requests_leave_nothing_pending(receiver: Receiver) -> Non
     chain = build_chain(compiled, services)
     chain.activate()
     try:
-        owner = services.peek("tracing")
+        owner = services.peek(TRACING)
         assert isinstance(owner, Tracing)
         for i in range(200):
             ctx = RequestContext(request("/v1/x", trace=(i + 7) << 64 | (ONE - 1)), compiled)
@@ -228,7 +228,7 @@ async def test_reload_keeps_the_owner_and_what_is_pending(receiver: Receiver) ->
     chain = build_chain(first, services)
     chain.activate()
     try:
-        owner = services.peek("tracing")
+        owner = services.peek(TRACING)
         assert isinstance(owner, Tracing)
         for i in range(5):
             ctx = RequestContext(request("/v1/x", trace=TRACE + 100 + i), first)
@@ -240,7 +240,7 @@ async def test_reload_keeps_the_owner_and_what_is_pending(receiver: Receiver) ->
         second = policy(receiver, max_wait_ms=60_000, max_pending_traces=3, slow_ms=100)
         chain2 = build_chain(second, services)
         chain2.activate()
-        assert services.peek("tracing") is owner
+        assert services.peek(TRACING) is owner
         assert owner.pipeline is pipeline  # same exporter settings: same pipeline
         assert len(owner.pending) == 3 and owner.pending.dropped_traces == 2
         trace_filter = next(f for f in chain2.filters if isinstance(f, TraceFilter))
@@ -260,7 +260,7 @@ def test_tracing_off_builds_no_filter(receiver: Receiver) -> None:
     compiled = policy(receiver, enabled=False)
     chain = build_chain(compiled, services)
     assert not any(isinstance(f, TraceFilter) for f in chain.filters)
-    assert services.peek("tracing") is None
+    assert services.peek(TRACING) is None
 
 
 async def test_otlp_over_http(receiver: Receiver) -> None:
