@@ -44,7 +44,14 @@ class H1Exchange:
         cl_raw = headers.get("content-length")
         cl = int(cl_raw) if cl_raw is not None else None  # digits only: llhttp checked them
         self.info = RequestInfo(
-            Protocol.HTTP, req.method, path, headers, conn.peer, headers.get("host", ""), cl
+            Protocol.HTTP,
+            req.method,
+            path,
+            headers,
+            conn.peer,
+            headers.get("host", ""),
+            cl,
+            conn.client_cert,
         )
         self.raw_headers: Sequence[tuple[bytes, bytes]] = raw
         self.header_bytes = req.header_size

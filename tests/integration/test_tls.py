@@ -1,0 +1,300 @@
+"""TLS on both listeners of a live gateway, with a private CA: the openai SDK (plain and
+streaming) and curl over HTTPS, grpcio over a secure channel, certificate rotation under load
+with no failed request, a certificate file that does not load keeping the old one, on both HTTP
+engines."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gateway.proto import inference_pb2
+from tests.integration.conftest import Backend, policy_yaml, wait_ready
+from tests.support import Proc, free_port, require_binary
+from tests.tls_support import Issued, TestCA, peer_serial, replace_atomically
+
+pytestmark = pytest.mark.integration
+
+INFER = "/sluice.inference.v1.Inference/Infer"
+CHAT = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@dataclass
+class TlsGateway:
+    proc: Proc
+    policy: Path
+    http_port: int
+    grpc_port: int
+    admin_port: int
+    ca: TestCA
+    served: Issued  # the certificate the files hold now
+    cert: Path  # the paths the policy names
+    key: Path
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.admin}{path}", timeout=5) as r:
+            return r.read()
+
+    def readyz(self) -> Any:
+        return json.loads(self.get("/readyz"))
+
+
+def tls_block(cert: Path, key: Path, ca: Path | None = None, mode: str = "off") -> str:
+    extra = f", client_ca: {ca}, client_cert: {mode}" if ca is not None else ""
+    return f"{{cert: {cert}, key: {key}{extra}}}"
+
+
+def start_tls_gateway(
+    backend: Backend,
+    tmp: Path,
+    engine: str,
+    *,
+    http_tls: str | None = None,
+    grpc_tls: str | None = None,
+    tail: str = "",
+    ca: TestCA | None = None,
+) -> TlsGateway:
+    """A gateway whose HTTP and gRPC listeners serve TLS with a certificate of `ca`."""
+    ca = ca or TestCA(tmp / "ca")
+    served = ca.server()
+    cert, key = tmp / "tls.crt", tmp / "tls.key"
+    replace_atomically(served.cert, cert)
+    replace_atomically(served.key, key)
+    http, grpc_port, admin = free_port(), free_port(), free_port()
+    text = policy_yaml(
+        backend, http, grpc_port, admin, engine=engine, tail=tail,
+        timeouts="first_byte_s: 5\n  drain_s: 5\n  tls_handshake_s: 2",
+    )  # fmt: skip
+    text = text.replace(
+        f"engine: {engine}}}", f"engine: {engine}, tls: {http_tls or tls_block(cert, key)}}}"
+    ).replace(
+        f"port: {grpc_port}}}", f"port: {grpc_port}, tls: {grpc_tls or tls_block(cert, key)}}}"
+    )
+    policy = tmp / "policy.yaml"
+    policy.write_text(text)
+    proc = Proc(
+        ["serve", "--policy", str(policy)],
+        tmp / "gateway.log",
+        env={"SLUICE_WATCH_INTERVAL": "0.2", "SLUICE_TLS_WATCH_INTERVAL": "0.2"},
+    )
+    wait_ready(admin, proc)
+    return TlsGateway(proc, policy, http, grpc_port, admin, ca, served, cert, key)
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"not within {timeout}s: {what}")
+
+
+def https(gw: TlsGateway, ctx: ssl.SSLContext | None = None) -> http.client.HTTPSConnection:
+    return http.client.HTTPSConnection(
+        "localhost", gw.http_port, context=ctx or gw.ca.client_context(), timeout=5
+    )
+
+
+def post_chat(conn: http.client.HTTPConnection) -> tuple[int, bytes]:
+    headers = {"content-type": "application/json"}
+    conn.request("POST", "/v1/chat/completions", json.dumps(CHAT), headers)
+    r = conn.getresponse()
+    return r.status, r.read()
+
+
+@pytest.fixture(scope="module", params=["native", "aiohttp"])
+def gw(
+    request: pytest.FixtureRequest, backend: Backend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TlsGateway]:
+    g = start_tls_gateway(backend, tmp_path_factory.mktemp("tls"), request.param)
+    try:
+        yield g
+    finally:
+        assert g.proc.stop() == 0, g.proc.output()
+
+
+def test_openai_sdk_over_tls_plain_and_streaming(gw: TlsGateway) -> None:
+    import httpx2
+    import openai
+
+    with httpx2.Client(verify=gw.ca.client_context()) as http_client:
+        client = openai.OpenAI(
+            base_url=f"https://localhost:{gw.http_port}/v1",
+            api_key="unused",
+            http_client=http_client,
+            max_retries=0,
+            timeout=10,
+        )
+        done = client.chat.completions.create(
+            model="m", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert done.choices[0].message.content
+        chunks = list(
+            client.chat.completions.create(
+                model="m", max_tokens=3, stream=True, messages=[{"role": "user", "content": "hi"}]
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text and len(chunks) >= 3
+
+
+def test_curl_with_the_private_ca(gw: TlsGateway) -> None:
+    curl = require_binary("curl")
+    url = f"https://localhost:{gw.http_port}/v1/chat/completions"
+    args = [curl, "-sS", "--max-time", "10", "-H", "content-type: application/json"]
+    out = subprocess.run(
+        [*args, "--cacert", str(gw.ca.path), "-d", json.dumps(CHAT), url],
+        capture_output=True, timeout=15, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["choices"]
+    # Without the CA the certificate is not trusted: curl refuses it (exit 60).
+    refused = subprocess.run([*args, url], capture_output=True, timeout=15, check=False)
+    assert refused.returncode == 60, refused.stderr
+
+
+def test_plaintext_client_is_not_served(gw: TlsGateway) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", gw.http_port, timeout=5)
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected, OSError)):
+        post_chat(conn)
+    conn.close()
+
+
+def grpc_infer(port: int, ca: TestCA, client: Issued | None = None) -> Any:
+    creds = grpc.ssl_channel_credentials(
+        ca.path.read_bytes(),
+        client.key.read_bytes() if client else None,
+        client.cert.read_bytes() if client else None,
+    )
+    with grpc.secure_channel(f"localhost:{port}", creds) as ch:
+        call = ch.unary_unary(
+            INFER,
+            request_serializer=inference_pb2.InferRequest.SerializeToString,
+            response_deserializer=inference_pb2.InferResponse.FromString,
+        )
+        return call(inference_pb2.InferRequest(model="m", prompt="hi", max_tokens=2), timeout=10)
+
+
+def test_grpc_over_a_secure_channel(gw: TlsGateway) -> None:
+    reply = grpc_infer(gw.grpc_port, gw.ca)
+    assert reply.text
+
+
+def test_rotation_under_load_fails_no_request(gw: TlsGateway, tmp_path: Path) -> None:
+    old = gw.served
+    assert peer_serial("127.0.0.1", gw.http_port, gw.ca) == old.serial
+    keep = https(gw)  # an open keep-alive connection, from before the rotation
+    assert post_chat(keep)[0] == 200
+    stop = threading.Event()
+    results: list[int | str] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            conn = https(gw)  # a new connection (a new handshake) per request
+            try:
+                results.append(post_chat(conn)[0])
+            except Exception as e:  # counted, never hidden
+                results.append(repr(e))
+            finally:
+                conn.close()
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(results) >= 20, what="load running")
+        new = gw.ca.server("rotated", directory=tmp_path)
+        replace_atomically(new.cert, gw.cert)
+        replace_atomically(new.key, gw.key)
+        started = time.monotonic()
+        wait_until(
+            lambda: peer_serial("127.0.0.1", gw.http_port, gw.ca) == new.serial,
+            what="the HTTP listener serves the new certificate",
+        )
+        took = time.monotonic() - started
+        wait_until(
+            lambda: peer_serial("127.0.0.1", gw.grpc_port, gw.ca) == new.serial,
+            what="the gRPC listener serves the new certificate",
+        )
+        n = len(results)
+        wait_until(lambda: len(results) >= n + 20, what="load after the rotation")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    failed = [r for r in results if r != 200]
+    assert not failed, failed[:5]
+    assert took < 5.0
+    # The connection opened before the rotation keeps working, on the old certificate.
+    assert post_chat(keep)[0] == 200
+    sock = keep.sock
+    assert sock is not None
+    from cryptography import x509
+
+    der = sock.getpeercert(binary_form=True)
+    assert der is not None and x509.load_der_x509_certificate(der).serial_number == old.serial
+    keep.close()
+    assert grpc_infer(gw.grpc_port, gw.ca).text
+    gw.served = new
+    state = json.loads(gw.get("/admin/state"))
+    assert state["tls.http"]["serial"] == f"{new.serial:x}"
+    assert state["tls.http"]["rotations"] >= 1
+
+
+def test_a_file_that_does_not_load_keeps_the_old_certificate(
+    gw: TlsGateway, tmp_path: Path
+) -> None:
+    served = gw.served
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    replace_atomically(garbage, gw.cert)
+    wait_until(
+        lambda: all("error" in gw.readyz()[f"tls.{n}"] for n in ("http", "grpc")),
+        what="/readyz reports the bad file on both listeners",
+    )
+    ready = gw.readyz()
+    assert ready["ready"] is True  # still serving
+    assert "listeners.http.tls.cert" in ready["tls.http"]["error"]
+    assert ready["tls.http"]["serial"] == f"{served.serial:x}"
+    state = json.loads(gw.get("/admin/state"))
+    assert state["tls.http"]["stale"] is True and state["tls.grpc"]["stale"] is True
+    metrics = gw.get("/metrics").decode()
+    assert 'sluice_tls_stale{listener="http"} 1.0' in metrics
+    assert 'sluice_tls_reloads_total{listener="http",result="invalid"} 1.0' in metrics
+    assert "sluice_tls_certificate_expiry_timestamp_seconds" in metrics
+    # New connections still get the old certificate, and are served.
+    assert peer_serial("127.0.0.1", gw.http_port, gw.ca) == served.serial
+    conn = https(gw)
+    assert post_chat(conn)[0] == 200
+    conn.close()
+    assert grpc_infer(gw.grpc_port, gw.ca).text
+    time.sleep(0.6)  # three more looks at the unchanged bad file: no new log line
+    assert gw.proc.output().count("TLS files of the http listener changed but do not load") == 1
+    # A good certificate clears it.
+    good = gw.ca.server("good-again", directory=tmp_path)
+    replace_atomically(good.key, gw.key)
+    replace_atomically(good.cert, gw.cert)
+    wait_until(
+        lambda: not any("error" in gw.readyz()[f"tls.{n}"] for n in ("http", "grpc")),
+        what="the error clears",
+    )
+    assert peer_serial("127.0.0.1", gw.http_port, gw.ca) == good.serial
+    assert 'sluice_tls_stale{listener="http"} 0.0' in gw.get("/metrics").decode()
+    gw.served = good
