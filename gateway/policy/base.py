@@ -12,6 +12,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    field_validator,
     model_validator,
 )
 
@@ -70,6 +71,12 @@ class ListenerTls(_Model):
         "DNS SAN, else subject CN) is the rate-limit key part `client_cert` and the principal "
         "of a request without a JWT. The grpcio engine offers off and required only",
     )
+
+    @field_validator("client_cert", mode="before")
+    @classmethod
+    def _off(cls, v: object) -> object:
+        # YAML 1.1 reads a bare `off` as false; the issue's own example writes it so.
+        return "off" if v is False else v
 
     @model_validator(mode="after")
     def _client_ca(self) -> ListenerTls:

@@ -93,7 +93,11 @@ def start_tls_gateway(
         tmp / "gateway.log",
         env={"SLUICE_WATCH_INTERVAL": "0.2", "SLUICE_TLS_WATCH_INTERVAL": "0.2"},
     )
-    wait_ready(admin, proc)
+    try:
+        wait_ready(admin, proc)
+    except BaseException:
+        proc.stop()
+        raise
     return TlsGateway(proc, policy, http, grpc_port, admin, ca, served, cert, key)
 
 
@@ -298,3 +302,17 @@ def test_a_file_that_does_not_load_keeps_the_old_certificate(
     assert peer_serial("127.0.0.1", gw.http_port, gw.ca) == good.serial
     assert 'sluice_tls_stale{listener="http"} 0.0' in gw.get("/metrics").decode()
     gw.served = good
+
+
+def test_a_client_that_never_finishes_the_handshake_is_closed(gw: TlsGateway) -> None:
+    import socket
+
+    for port in (gw.http_port, gw.grpc_port):
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, then silence
+            try:
+                assert s.recv(1024) == b""  # closed by the gateway (timeouts.tls_handshake_s: 2)
+            except ConnectionResetError:
+                pass
+        assert 1.5 < time.monotonic() - started < 8.0
