@@ -165,3 +165,11 @@ def peer_serial(host: str, port: int, ca: TestCA, timeout: float = 5.0) -> int:
         der = tls.getpeercert(binary_form=True)
     assert der is not None
     return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+def peer_identity_of(cert: Path) -> str:
+    """The mTLS identity Sluice derives from a certificate file (as the ssl module decodes it)."""
+    from gateway.adapters.tls_material import identity
+
+    decoded = ssl._ssl._test_decode_cert(str(cert))  # type: ignore[attr-defined]
+    return identity(decoded)

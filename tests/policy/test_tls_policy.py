@@ -123,3 +123,28 @@ def test_policy_check_command(tmp_path: Path, ca: TestCA) -> None:
     )  # fmt: skip
     assert out.returncode == 1
     assert out.stdout.startswith(f"{p}:8:12: listeners.http.tls.key: cannot read ")
+
+
+def test_the_readme_steps_make_files_the_tls_example_accepts(tmp_path: Path) -> None:
+    """The README's openssl steps (run as written, in a temporary directory instead of
+    /tmp/sluice-tls) make files that `sluice policy check` accepts for the shipped example."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## TLS\n") :]
+    steps = section[section.index("```bash\n") + 8 : section.index("```\n")]
+    assert steps.startswith("mkdir -p /tmp/sluice-tls")
+    out = subprocess.run(
+        ["bash", "-euc", steps.replace("/tmp/sluice-tls", str(tmp_path))],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    example = (ROOT / "policies" / "examples" / "tls.yaml").read_text()
+    copy = tmp_path / "tls.yaml"
+    copy.write_text(example.replace("/tmp/sluice-tls/", f"{tmp_path}/"))
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "policy", "check", str(copy)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    from tests.tls_support import peer_identity_of
+
+    assert peer_identity_of(tmp_path / "client.crt") == "spiffe://example.org/client-a"
