@@ -49,6 +49,9 @@ ALPN: dict[str, tuple[str, ...]] = {
 }
 
 
+EXPIRY_WARNING_S = 7 * 86400.0  # the status page turns yellow this long before the not-after
+
+
 class TlsOwner:
     """The TLS of one listener: its context, its rotation and what it reports."""
 
@@ -195,10 +198,16 @@ class TlsOwner:
         return out
 
     def state(self) -> dict[str, Any]:
-        """/admin/state section."""
+        """/admin/state section; its colour joins the status page's: yellow while stale or
+        within `EXPIRY_WARNING_S` of the not-after, red once the served certificate expired."""
         m = self.material
+        left = m.not_after - time.time()
+        colour = (
+            "red" if left <= 0 else "yellow" if self.error or left < EXPIRY_WARNING_S else "green"
+        )
         return {
             **self.readiness(),
+            "colour": colour,
             "subject": m.subject,
             "cert": self.cfg.cert,
             "client_cert": self.cfg.client_cert,

@@ -52,6 +52,7 @@ def test_a_change_loads_after_holding_still_for_one_look(
     )
     assert expiry == owner.material.not_after
     assert owner.state()["rotations"] == 1
+    assert owner.state()["colour"] == "green"
 
 
 @pytest.mark.parametrize("fault", ["garbage", "mismatch", "expired", "missing"])
@@ -80,6 +81,7 @@ def test_files_that_do_not_load_keep_the_old_material(
     assert owner.material is served
     assert owner.error_reason == _reason(fault)
     assert owner.readiness()["stale"] is True
+    assert owner.state()["colour"] == "yellow"
     assert stale() == 1.0
     after = metrics.REGISTRY.get_sample_value(
         "sluice_tls_reloads_total", {"listener": "http", "result": _reason(fault)}

@@ -279,6 +279,7 @@ def test_a_file_that_does_not_load_keeps_the_old_certificate(
     assert ready["tls.http"]["serial"] == f"{served.serial:x}"
     state = json.loads(gw.get("/admin/state"))
     assert state["tls.http"]["stale"] is True and state["tls.grpc"]["stale"] is True
+    assert "tls.http: yellow" in state["reasons"]  # the status page says so too
     metrics = gw.get("/metrics").decode()
     assert 'sluice_tls_stale{listener="http"} 1.0' in metrics
     assert 'sluice_tls_reloads_total{listener="http",result="invalid"} 1.0' in metrics
