@@ -144,3 +144,60 @@ def test_grpc_identity() -> None:
     assert grpc_identity({"peer_dns": [b"a.x"], "x509_common_name": [b"cn"]}) == "a.x"
     assert grpc_identity({"x509_common_name": [b"cn"]}) == "cn"
     assert grpc_identity({"transport_security_type": [b"ssl"]}) == ""
+
+
+async def test_sni_callback_rotates_new_connections_on_the_stdlib_loop(
+    setup: tuple[TestCA, ListenerTls, TlsOwner], tmp_path: Path
+) -> None:
+    """The rotation mechanism itself, on asyncio's own SSL transport (the gateway runs uvloop;
+    tests/integration/test_tls.py covers that): new connections get the new certificate, an
+    open one keeps its session and keeps working."""
+    import asyncio
+
+    from cryptography import x509
+
+    ca, cfg, owner = setup
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.readline():
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(
+        echo, "127.0.0.1", 0, ssl=owner.context, ssl_handshake_timeout=5
+    )
+    port = server.sockets[0].getsockname()[1]
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+        r, w = await asyncio.wait_for(
+            asyncio.open_connection(
+                "127.0.0.1", port, ssl=ca.client_context(), server_hostname="localhost"
+            ),
+            5,
+        )
+        der = w.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        return r, w, x509.load_der_x509_certificate(der).serial_number
+
+    async def roundtrip(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bytes:
+        w.write(b"ping\n")
+        return await asyncio.wait_for(r.readline(), 5)
+
+    try:
+        r1, w1, first = await connect()
+        assert first == owner.material.serial
+        new = ca.server("second", directory=tmp_path / "new")
+        replace_atomically(new.cert, Path(cfg.cert))
+        replace_atomically(new.key, Path(cfg.key))
+        owner.poll()
+        assert owner.poll() is True
+        r2, w2, second = await connect()
+        assert second == new.serial
+        assert await roundtrip(r1, w1) == b"ping\n"  # the open connection, untouched
+        assert await roundtrip(r2, w2) == b"ping\n"
+        for w in (w1, w2):
+            w.close()
+            await w.wait_closed()
+    finally:
+        server.close()
+        await server.wait_closed()
