@@ -317,3 +317,11 @@ def test_a_client_that_never_finishes_the_handshake_is_closed(gw: TlsGateway) ->
             except ConnectionResetError:
                 pass
         assert 1.5 < time.monotonic() - started < 8.0
+
+
+def test_files_that_do_not_load_at_start_are_fatal(backend: Backend, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.crt"
+    block = tls_block(missing, tmp_path / "missing.key")
+    with pytest.raises(RuntimeError, match="gateway exited early") as e:
+        start_tls_gateway(backend, tmp_path, "native", http_tls=block, grpc_tls=block)
+    assert f"listeners.http.tls.cert: cannot read {missing}" in str(e.value)
