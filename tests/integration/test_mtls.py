@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from tests.integration.conftest import Backend
-from tests.integration.test_tls import (
+from tests.integration.tls_gateway import (
     TlsGateway,
     grpc_infer,
     post_chat,
