@@ -228,3 +228,41 @@ def test_files_that_do_not_load_at_start_are_fatal(backend: Backend, tmp_path: P
     with pytest.raises(RuntimeError, match="gateway exited early") as e:
         start_tls_gateway(backend, tmp_path, "native", http_tls=block, grpc_tls=block)
     assert f"listeners.http.tls.cert: cannot read {missing}" in str(e.value)
+
+
+def test_alpn_http_1_1_on_http_and_h2_on_grpc(gw: TlsGateway) -> None:
+    import socket
+
+    def negotiated(port: int, offer: list[str]) -> str | None:
+        ctx = gw.ca.client_context()
+        ctx.set_alpn_protocols(offer)
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            return tls.selected_alpn_protocol()
+
+    assert negotiated(gw.http_port, ["h2", "http/1.1"]) == "http/1.1"
+    assert negotiated(gw.grpc_port, ["h2"]) == "h2"
+
+
+def test_every_worker_rotates(backend: Backend, tmp_path: Path) -> None:
+    """`--workers 2`: each worker process watches the files itself; after a rotation every new
+    connection, whichever worker accepts it, gets the new certificate."""
+    gw = start_tls_gateway(backend, tmp_path, "native", workers=2)
+    try:
+        new = gw.ca.server("rotated", directory=tmp_path / "new")
+        replace_atomically(new.cert, gw.cert)
+        replace_atomically(new.key, gw.key)
+        for port in (gw.http_port, gw.grpc_port):
+            wait_until(
+                lambda p=port: all(
+                    peer_serial("127.0.0.1", p, gw.ca) == new.serial for _ in range(16)
+                ),
+                what=f"16 new connections in a row to {port} get the new certificate",
+            )
+        conn = https(gw)
+        assert post_chat(conn)[0] == 200
+        conn.close()
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()

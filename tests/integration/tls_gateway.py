@@ -62,6 +62,7 @@ def start_tls_gateway(
     grpc_tls: str | None = None,
     tail: str = "",
     ca: TestCA | None = None,
+    workers: int = 1,
 ) -> TlsGateway:
     """A gateway whose HTTP and gRPC listeners serve TLS with a certificate of `ca`."""
     ca = ca or TestCA(tmp / "ca")
@@ -82,7 +83,7 @@ def start_tls_gateway(
     policy = tmp / "policy.yaml"
     policy.write_text(text)
     proc = Proc(
-        ["serve", "--policy", str(policy)],
+        ["serve", "--policy", str(policy), "--workers", str(workers)],
         tmp / "gateway.log",
         env={"SLUICE_WATCH_INTERVAL": "0.2", "SLUICE_TLS_WATCH_INTERVAL": "0.2"},
     )
