@@ -201,3 +201,32 @@ async def test_sni_callback_rotates_new_connections_on_the_stdlib_loop(
     finally:
         server.close()
         await server.wait_closed()
+
+
+def test_a_kubernetes_secret_volume_swap_is_seen(tmp_path: Path) -> None:
+    """A secret volume: tls.crt -> ..data/tls.crt, ..data -> ..<timestamp>/; an update writes a
+    new timestamped directory and swaps the ..data symlink in one rename."""
+    import os
+
+    ca = TestCA(tmp_path / "ca")
+    vol = tmp_path / "vol"
+    vol.mkdir()
+
+    def version(name: str) -> int:
+        issued = ca.server(name, directory=vol / f"..{name}")
+        for f in ("crt", "key"):
+            (vol / f"..{name}" / f"tls.{f}").symlink_to(f"{name}.{f}")
+        tmp_link = vol / "..data_tmp"
+        tmp_link.symlink_to(f"..{name}")
+        os.replace(tmp_link, vol / "..data")
+        return issued.serial
+
+    first = version("v1")
+    for f in ("crt", "key"):
+        (vol / f"tls.{f}").symlink_to(f"..data/tls.{f}")
+    owner = TlsOwner("http", ListenerTls(cert=str(vol / "tls.crt"), key=str(vol / "tls.key")))
+    assert owner.material.serial == first
+    second = version("v2")
+    owner.poll()
+    assert owner.poll() is True
+    assert owner.material.serial == second
