@@ -12,7 +12,9 @@ GatewayError
   + AdminError           `sluice policy ... --against/--admin`: the running gateway's admin API
                          could not be reached or refused the request
   + JwksError            a JWKS fetch failed: the last good key set stays in force
-      + JwksInvalid          the document is not an acceptable key set (HTML, weak key, ...)
+  |   + JwksInvalid          the document is not an acceptable key set (HTML, weak key, ...)
+  + TlsError             a listener's certificate, key or client CA does not load: fatal at
+                         start; a changed file that does not load keeps the old one serving
 """
 
 from __future__ import annotations
@@ -82,3 +84,13 @@ class JwksInvalid(JwksError):
 
     def __init__(self, detail: str, kind: str = "invalid") -> None:
         super().__init__(kind, detail)
+
+
+class TlsError(GatewayError):
+    """A listener's TLS files do not load. `field` names the policy field at fault (cert, key,
+    client_ca), `reason` a short class for metrics (unreadable, invalid, mismatch, expired,
+    not_yet_valid)."""
+
+    def __init__(self, field: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.reason, self.message = field, reason, message

@@ -18,6 +18,7 @@ class Settings:
     log_level: str = "INFO"
     workers: int = 1
     watch_interval_s: float = 1.0  # how often the policy file is looked at for changes
+    tls_watch_interval_s: float = 2.0  # how often listeners' certificate files are looked at
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -27,4 +28,5 @@ class Settings:
             log_level=e.get("SLUICE_LOG_LEVEL", "INFO").upper(),
             workers=int(e.get("SLUICE_WORKERS", "1")),
             watch_interval_s=float(e.get("SLUICE_WATCH_INTERVAL", "1.0")),
+            tls_watch_interval_s=float(e.get("SLUICE_TLS_WATCH_INTERVAL", "2.0")),
         )

@@ -147,12 +147,21 @@ async def start_grpc(gateway: Gateway, host: str, port: int) -> GrpcListener:
     """Bind and start the gRPC listener; unary discovery runs in the background."""
     proxy = _Proxy(gateway, asyncio.get_running_loop())
     proxy.set_unary(gateway.active.policy.unary_methods)
-    server = grpc.aio.server(
-        migration_thread_pool=None,
-        handlers=[proxy],
-        options=server_options(gateway.active.policy.policy.limits),
-    )
-    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    policy = gateway.active.policy.policy
+    options = server_options(policy.limits)
+    tls_cfg = policy.listeners.grpc.tls if policy.listeners.grpc is not None else None
+    if tls_cfg is not None:
+        ms = int(policy.timeouts.tls_handshake_s * 1000)
+        options.append(("grpc.server_handshake_timeout_ms", ms))
+    server = grpc.aio.server(migration_thread_pool=None, handlers=[proxy], options=options)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls_cfg is None:
+        bound = server.add_insecure_port(address)
+    else:
+        from gateway.adapters.tls import listener_tls
+
+        tls = listener_tls(gateway.services, "grpc", tls_cfg)
+        bound = server.add_secure_port(address, tls.grpc_credentials())
     await server.start()
     listener = GrpcListener(gateway, server, bound, proxy)
     listener.start_discovery()

@@ -27,6 +27,8 @@ from gateway.adapters.grpc_status import (
     _upstream_failed,
     bounded_metadata,
 )
+from gateway.adapters.tls import TLS_KEYS
+from gateway.adapters.tls_material import grpc_identity
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import (
@@ -92,7 +94,9 @@ def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, 
         for k, v in md:
             if type(v) is str:
                 headers[k] = v if k not in headers else headers[k] + ", " + v
-    info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
+    tls = gw.services.peek(TLS_KEYS["grpc"])
+    cert = grpc_identity(context.auth_context()) if tls is not None and tls.verifies_clients else ""
+    info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer(), "", None, cert)
     return RequestContext(info, gw.active.policy), md
 
 

@@ -53,6 +53,7 @@ from gateway.adapters.h1_messages import (
     absolute,
     simple_response,
 )
+from gateway.adapters.tls_material import identity
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class H1Conn(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
+        self.client_cert = ""  # mTLS identity of the client (see gateway.adapters.tls_material)
         self.closed = False
         self.stopping = False  # close once the current request is answered
         self.ignore = False  # no more parsing (after `Connection: close`, an upgrade, an error)
@@ -126,6 +128,10 @@ class H1Conn(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if peer else ""
+        if self.server.mtls:  # the handshake is over: a certificate here was verified
+            sslobj = transport.get_extra_info("ssl_object")
+            if sslobj is not None:
+                self.client_cert = identity(sslobj.getpeercert())
         self.server.conns.add(self)
         self.arm(self.server.header_read_s)
 

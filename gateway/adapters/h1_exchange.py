@@ -38,6 +38,10 @@ class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol
     def closed(self) -> bool: ...
 
     @property
+    def client_cert(self) -> str:
+        """The verified client certificate's identity ("" without mTLS)."""
+
+    @property
     def stopping(self) -> bool:
         """Close once the current request is answered."""
 
@@ -78,7 +82,14 @@ class H1Exchange:
         cl_raw = headers.get("content-length")
         cl = int(cl_raw) if cl_raw is not None else None  # digits only: llhttp checked them
         self.info = RequestInfo(
-            Protocol.HTTP, req.method, path, headers, conn.peer, headers.get("host", ""), cl
+            Protocol.HTTP,
+            req.method,
+            path,
+            headers,
+            conn.peer,
+            headers.get("host", ""),
+            cl,
+            conn.client_cert,
         )
         self.raw_headers: Sequence[tuple[bytes, bytes]] = raw
         self.header_bytes = req.header_size

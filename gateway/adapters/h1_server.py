@@ -11,7 +11,9 @@ from gateway.adapters.h1_exchange import H1Handler
 from gateway.forward.http import HttpForward
 
 if TYPE_CHECKING:
+    from gateway.adapters.tls import TlsOwner
     from gateway.app import Gateway
+    from gateway.policy.base import Listener
 
 
 class H1Server:
@@ -25,6 +27,7 @@ class H1Server:
         self.keepalive_s = policy.timeouts.keepalive_s
         self.handler = H1Handler(HttpForward(gateway, loop))
         self.conns: set[H1Conn] = set()
+        self.mtls = False  # client certificates are verified: connections read their identity
 
     def __call__(self) -> H1Conn:
         return H1Conn(self)
@@ -65,11 +68,26 @@ async def start_native(
     """Bind the native HTTP ingress. Limits and timeouts come from the policy at start."""
     loop = asyncio.get_running_loop()
     h1 = H1Server(gateway, loop)
+    policy = gateway.active.policy.policy
+    tls = server_tls(gateway, policy.listeners.http)
+    if tls is not None:
+        h1.mtls = tls.verifies_clients
     server = await loop.create_server(
         h1,
         host,
         port,
         reuse_port=reuse_port or None,
         backlog=1024,
+        ssl=tls.context if tls is not None else None,
+        ssl_handshake_timeout=policy.timeouts.tls_handshake_s if tls is not None else None,
     )
     return NativeListener(server, h1)
+
+
+def server_tls(gateway: Gateway, listener: Listener | None) -> TlsOwner | None:
+    """The TLS owner of the HTTP listener, or None when it serves plaintext."""
+    if listener is None or listener.tls is None:
+        return None
+    from gateway.adapters.tls import listener_tls
+
+    return listener_tls(gateway.services, "http", listener.tls)

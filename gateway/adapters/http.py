@@ -45,6 +45,7 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from gateway.adapters.http_exchange import AiohttpExchange
+from gateway.adapters.tls_material import identity
 from gateway.forward.headers import JSON, error_body
 from gateway.forward.http import HttpForward
 from gateway.telemetry import metrics
@@ -66,7 +67,9 @@ class _Handle:
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         proto: Any = request.protocol
-        ex = AiohttpExchange(request, proto.sluice_peer, self.forward.gateway.draining)
+        ex = AiohttpExchange(
+            request, proto.sluice_peer, self.forward.gateway.draining, proto.sluice_cert
+        )
         await self.forward.serve(ex)
         if ex.resp is None:  # every path answers; this is a bug guard, not a code path
             return web.Response(status=500, body=error_body("internal", "gateway error"))
@@ -105,11 +108,16 @@ class _Handler(RequestHandler):
     is closed (slowloris). aiohttp itself only bounds the time between requests, by
     `keepalive_timeout`, which a client that sends a byte now and then never reaches."""
 
-    __slots__ = ("sluice_peer", "_header_deadline", "_header_timer", "_heads_before", "_max_line")
+    __slots__ = (
+        "sluice_peer", "sluice_cert", "_header_deadline", "_header_timer", "_heads_before",
+        "_max_line", "_mtls",
+    )  # fmt: skip
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.sluice_peer = ""
+        self.sluice_cert = ""  # mTLS identity of the client (gateway.adapters.tls_material)
+        self._mtls = manager.mtls
         self._header_deadline = manager.header_read_s
         self._max_line = manager.max_line_bytes
         self._header_timer: asyncio.TimerHandle | None = None
@@ -119,6 +127,10 @@ class _Handler(RequestHandler):
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self.sluice_peer = str(peer[0]) if peer else ""
+        if self._mtls:  # the handshake is over: a certificate here was verified
+            sslobj = transport.get_extra_info("ssl_object")
+            if sslobj is not None:
+                self.sluice_cert = identity(sslobj.getpeercert())
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
@@ -199,6 +211,7 @@ class _Server(web.Server):
         super().__init__(*args, **kwargs)
         self.header_read_s = header_read_s
         self.max_line_bytes: int = kwargs["max_field_size"]
+        self.mtls = False
 
     def __call__(self) -> RequestHandler:
         return _Handler(self, loop=self._loop, **self._kwargs)
@@ -261,6 +274,47 @@ async def start_http(
     )
     runner = web.ServerRunner(server, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+    from gateway.adapters.h1_server import server_tls
+
+    tls = server_tls(gateway, policy.listeners.http)
+    site: web.TCPSite
+    if tls is None:
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
+    else:
+        server.mtls = tls.verifies_clients
+        site = _TlsSite(
+            runner,
+            host,
+            port,
+            ssl_context=tls.context,
+            handshake_timeout=timeouts.tls_handshake_s,
+            reuse_port=reuse_port or None,
+        )
     await site.start()
     return HttpListener(runner, site, server)
+
+
+class _TlsSite(web.TCPSite):
+    """`TCPSite` with a TLS handshake deadline (aiohttp's site passes none to create_server)."""
+
+    __slots__ = ("_handshake_timeout",)
+
+    def __init__(self, *args: Any, handshake_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=self._handshake_timeout,
+            backlog=self._backlog,
+            reuse_port=self._reuse_port,
+        )
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]

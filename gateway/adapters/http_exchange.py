@@ -62,7 +62,9 @@ class AiohttpExchange:
         "sse", "resp", "draining", "_prefix", "close_after",
     )  # fmt: skip
 
-    def __init__(self, request: web.BaseRequest, peer: str, draining: bool) -> None:
+    def __init__(
+        self, request: web.BaseRequest, peer: str, draining: bool, client_cert: str = ""
+    ) -> None:
         self.request = request
         raw = request.raw_headers
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -80,6 +82,7 @@ class AiohttpExchange:
             peer,
             headers.get("host", ""),
             request.content_length,
+            client_cert,
         )
         self.raw_headers: Sequence[tuple[bytes, bytes]] = raw
         self.header_bytes = sum([len(n) + len(v) for n, v in raw]) + 4 * len(raw)

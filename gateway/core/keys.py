@@ -1,7 +1,8 @@
 """Limit keys, compiled once at policy load into one extractor function per rule. Pure.
 
 A rule's `key` is a list of parts: `claim:NAME` (a verified JWT claim), `header:NAME` (request
-header or gRPC metadata), `source_ip`, `route` (the matched route's name), `model` (the HTTP
+header or gRPC metadata), `source_ip`, `client_cert` (the verified mTLS client certificate's
+identity, see `RequestInfo.client_cert`), `route` (the matched route's name), `model` (the HTTP
 body's `model`). The extractor joins the parts' values with "|" (a single part is its value
 as is, the common and cheapest case). A part the request does not carry (no such claim or
 header, no body model) counts as "-": every request without it shares that one bucket,
@@ -82,6 +83,12 @@ def _source_ip(
     return source_ip(peer)
 
 
+def _client_cert(
+    info: RequestInfo, claims: Mapping[str, Any] | None, r: str | None, m: str | None
+) -> str:
+    return info.client_cert[:MAX_PART] or MISSING
+
+
 def _route(
     info: RequestInfo, claims: Mapping[str, Any] | None, r: str | None, m: str | None
 ) -> str:
@@ -108,6 +115,8 @@ def _part(spec: str) -> KeyFn:
         return _header(name)
     if spec == "source_ip":
         return _source_ip
+    if spec == "client_cert":
+        return _client_cert
     if spec == "route":
         return _route
     if spec == "model":

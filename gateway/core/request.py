@@ -27,6 +27,9 @@ class RequestInfo:
     peer: str = ""
     authority: str = ""
     content_length: int | None = None
+    # The verified client certificate's identity (mTLS: first URI SAN, else first DNS SAN, else
+    # subject CN); "" for a plaintext connection or a client without a certificate.
+    client_cert: str = ""
 
 
 def unsafe_path(path: str) -> bool:

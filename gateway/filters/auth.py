@@ -16,6 +16,12 @@ Upstream headers: every header a provider forwards a claim in is set on every re
 on, to the verified value or to "" (the upstream builders send nothing for "", and always drop the
 client's copy of a name the filters set): a client can never supply its own `x-sluice-tenant`.
 The token header itself is dropped after verification unless `forward_token` is set.
+
+mTLS: a request that carries no JWT on a connection whose client certificate was verified gets
+that certificate's identity as its principal (provider `client_cert`, subject and `sub` claim
+the identity), for the access log and rate-limit keys. The certificate identifies; it does not
+authorise: a route that requires a JWT still refuses the request without one (the listener's
+`client_cert: required` is what refuses clients without a certificate).
 """
 
 from __future__ import annotations
@@ -74,12 +80,20 @@ AMBIGUOUS = reject(
 )
 _VERDICT = {jc.CLAIMS: FORBIDDEN, jc.TOO_LARGE: TOKEN_TOO_LARGE, jc.AMBIGUOUS: AMBIGUOUS}
 
+CERT_PROVIDER = "client_cert"  # the provider name of a client-certificate principal
+
 _sha256 = hashlib.sha256
 _wall = time.time
 
 
 def _counter(provider: str, result: str) -> Any:
     return metrics.AUTH_RESULTS.labels(provider, result)
+
+
+def cert_principal(identity: str) -> Principal:
+    """The principal of a request without a JWT on a connection with a verified client
+    certificate (mTLS): provider `client_cert`, subject the certificate's identity."""
+    return Principal(CERT_PROVIDER, identity, {"sub": identity})
 
 
 def compile_requirement(setting: RouteAuthSetting) -> jc.Requirement | None:
@@ -155,6 +169,8 @@ class AuthFilter:
         value = ctx.info.headers.get(self._header)
         if req is None or value is None:
             ctx.upstream_headers.update(self._strip)
+            if value is None and ctx.info.client_cert:
+                ctx.principal = cert_principal(ctx.info.client_cert)
             if req is not None and req.required:
                 return self._fail(ctx, jc.MISSING, "")
             return Status.CONTINUE
@@ -172,6 +188,8 @@ class AuthFilter:
         if prefix and value[: len(prefix)].lower() != prefix:
             if not req.required:  # not a bearer token (Basic, ...): anonymous on optional
                 ctx.upstream_headers.update(self._strip)
+                if ctx.info.client_cert:
+                    ctx.principal = cert_principal(ctx.info.client_cert)
                 return Status.CONTINUE
             return self._fail(ctx, jc.MALFORMED, "")
         result = self._verify(value[len(prefix) :].strip(" "), req)

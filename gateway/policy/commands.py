@@ -1,10 +1,11 @@
 """`sluice policy ...`: validate policy files, print the JSON Schema, show and ship a reload.
 
 `check PATH...` prints `PATH: ok (version HASH)` or one `PATH:LINE:COL: message` line per error
-(exit 1 if any file is invalid); with `--against ADMIN_URL` it also prints what the change guard
-of that running gateway would say (exit 2 if it would hold the change). `schema` prints the JSON
-Schema of `Policy`, stable byte for byte (it is shipped as policies/schema.json). `diff OLD NEW`
-prints what reloading NEW over OLD would change, one line each: `+ added`, `- removed`,
+(exit 1 if any file is invalid; the TLS files the listeners name are loaded and checked too); with
+`--against ADMIN_URL` it also prints what the change guard of that running gateway would say (exit 2
+if it would hold the change). `schema` prints the JSON Schema of `Policy`, stable byte for byte (it
+is shipped as policies/schema.json). `diff OLD NEW` prints what reloading NEW over OLD would
+change, one line each: `+ added`, `- removed`,
 `~ changed: old -> new`, and `! ...: needs a restart` for settings that a hot reload does not
 apply, then the guard's findings (judged on a running gateway's traffic with `--against`; OLD
 may then be left out: the running policy). `apply` reloads a running gateway (`--force` past the
@@ -28,7 +29,7 @@ from gateway.policy.schema import schema_text
 
 # Applied when a listener (or the in-process mock backend) is created, so a reload cannot change
 # them: the gRPC server options are fixed at grpc.aio.server() time.
-RESTART_PREFIXES = ("listeners.", "limits.grpc_", "mock_backend.")
+RESTART_PREFIXES = ("listeners.", "limits.grpc_", "mock_backend.", "timeouts.tls_handshake_s")
 # Lists of named items are compared by name, so a reorder or an edit reads as such.
 KEYED_LISTS = ("backends", "routes")
 HELD_EXIT = 2  # the change guard would hold (or held) the change
@@ -88,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _load(path: Path) -> tuple[Policy | None, str, list[str]]:
+def _load(path: Path, check_files: bool = False) -> tuple[Policy | None, str, list[str]]:
     # Imported here so that `schema` needs no yaml.
     from gateway.policy.loader import load_policy
 
     try:
-        policy = load_policy(path)
+        policy = load_policy(path, check_files)
         return policy, compile_policy(policy).version, []
     except PolicyError as e:
         return None, "", e.errors
@@ -104,7 +105,7 @@ def check(paths: list[Path], against: str | None = None) -> int:
 
     code = 0
     for path in paths:
-        policy, version, errors = _load(path)
+        policy, version, errors = _load(path, check_files=True)
         if errors:
             code = 1
             print("\n".join(errors))

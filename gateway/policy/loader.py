@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.errors import PolicyError
+from gateway.errors import PolicyError, TlsError
 from gateway.policy.diagnose import lenient_reference_errors, suggest
 from gateway.policy.model import Loc, Policy, format_loc, reference_errors
 
@@ -190,8 +190,11 @@ def _yaml_error(name: str, text: str, e: yaml.YAMLError) -> PolicyError:
     return PolicyError([f"{name}:1:1: yaml: {e}"])
 
 
-def load_policy_text(text: str, name: str = "<policy>") -> Policy:
-    """Validate policy YAML held in memory; `name` prefixes every error line."""
+def load_policy_text(text: str, name: str = "<policy>", check_files: bool = False) -> Policy:
+    """Validate policy YAML held in memory; `name` prefixes every error line. `check_files`
+    also loads the files the policy names (listeners' TLS certificates, keys and client CAs):
+    `sluice policy check` does; `serve` finds the same problems when a listener starts (fatal),
+    and a reload does not look (listeners are bound once; their TLS owners watch the files)."""
     if len(text.encode()) > MAX_BYTES:
         raise PolicyError([f"{name}:1:1: file is larger than {MAX_BYTES} bytes (1 MiB cap)"])
     try:
@@ -228,10 +231,31 @@ def load_policy_text(text: str, name: str = "<policy>") -> Policy:
         errs += [(_position(loc, data, b, False)[1], format_loc(loc), m) for loc, m in problems]
         raise PolicyError(_format(name, _unique(errs))) from None
     problems = reference_errors(policy)
+    if check_files and not problems:
+        problems = file_errors(policy)
     errs += [(_position(loc, data, b, False)[1], format_loc(loc), m) for loc, m in problems]
     if errs:
         raise PolicyError(_format(name, _unique(errs)))
     return policy
+
+
+def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
+    """Each TLS file of a listener that does not load, at its field."""
+    from gateway.adapters.tls import ALPN
+    from gateway.adapters.tls_material import Changing, load_material
+
+    out: list[tuple[Loc, str]] = []
+    for name in ("http", "grpc"):
+        listener = getattr(policy.listeners, name)
+        if listener is None or listener.tls is None:
+            continue
+        try:
+            load_material(listener.tls, ALPN[name])
+        except TlsError as e:
+            out.append((("listeners", name, "tls", e.field), e.message))
+        except Changing:  # being replaced right now: its next state is checked at start
+            pass
+    return out
 
 
 def _unique(errors: list[tuple[Pos, str, str]]) -> list[tuple[Pos, str, str]]:
@@ -276,8 +300,9 @@ def _integrity_errors(text: str, data: dict[str, Any], b: _Builder) -> list[tupl
     return out
 
 
-def load_policy(path: Path) -> Policy:
-    """Read and validate a policy file; raises PolicyError listing every problem found."""
+def load_policy(path: Path, check_files: bool = False) -> Policy:
+    """Read and validate a policy file; raises PolicyError listing every problem found
+    (`check_files`: see `load_policy_text`)."""
     name = str(path)
     try:
         with path.open("rb") as f:
@@ -292,4 +317,4 @@ def load_policy(path: Path) -> Policy:
         line = raw[: e.start].count(b"\n") + 1
         col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise PolicyError([f"{name}:{line}:{col}: not valid UTF-8"]) from None
-    return load_policy_text(text, name)
+    return load_policy_text(text, name, check_files)

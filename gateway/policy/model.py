@@ -190,10 +190,27 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
                 f"({cap}): use at least {2 * cap}, or 0 to turn the check off",
             )
         )
+    errors += _tls_errors(p)
     if p.tracing.enabled and "trace" not in p.filters:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     if p.rate_limits is not None and "ratelimit" not in p.filters:
         errors.append((("filters",), "rate_limits is configured: list 'ratelimit' in filters"))
+    return errors
+
+
+def _tls_errors(p: Policy) -> list[tuple[Loc, str]]:
+    errors: list[tuple[Loc, str]] = []
+    lst = p.listeners
+    if lst.admin is not None and lst.admin.tls is not None:
+        errors.append((("listeners", "admin", "tls"), "the admin listener serves plaintext only"))
+    if lst.grpc is not None and lst.grpc.tls is not None and lst.grpc.tls.client_cert == "optional":
+        errors.append(
+            (
+                ("listeners", "grpc", "tls", "client_cert"),
+                "grpcio either requires a client certificate or does not ask for one: use "
+                "off or required on the gRPC listener",
+            )
+        )
     return errors
 
 

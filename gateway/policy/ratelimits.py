@@ -15,7 +15,8 @@ from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_valida
 from gateway.policy.base import PolicyModel, fill_ordered
 
 KEY_PART = re.compile(
-    r"^(claim:[A-Za-z0-9_.\-]{1,64}|header:[A-Za-z0-9_\-]{1,64}|source_ip|route|model)$"
+    r"^(claim:[A-Za-z0-9_.\-]{1,64}|header:[A-Za-z0-9_\-]{1,64}"
+    r"|source_ip|client_cert|route|model)$"
 )
 
 
@@ -24,7 +25,8 @@ KeyPart = Annotated[
     Field(
         pattern=KEY_PART.pattern,
         description="claim:NAME (a verified JWT claim), header:NAME (request header / gRPC "
-        "metadata), source_ip, route (the matched route's name), model (HTTP body `model`)",
+        "metadata), source_ip, client_cert (the verified mTLS client certificate's identity), "
+        "route (the matched route's name), model (HTTP body `model`)",
     ),
 ]
 
@@ -172,8 +174,8 @@ class RateRule(PolicyModel):
     )
     key: list[KeyPart] = Field(
         max_length=8,
-        description="what one bucket counts: claim:NAME, header:NAME, source_ip, route, model "
-        "(empty = one bucket for all requests)",
+        description="what one bucket counts: claim:NAME, header:NAME, source_ip, client_cert, "
+        "route, model (empty = one bucket for all requests)",
     )
     qps: PositiveFloat | None = Field(
         default=None, description="requests per second (sliding window); null = no request limit"

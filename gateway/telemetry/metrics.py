@@ -324,6 +324,30 @@ JWKS_LAST_SUCCESS = Gauge(
 )
 
 
+# --- TLS listeners -----------------------------------------------------------------------------
+TLS_CERT_EXPIRY = Gauge(
+    "sluice_tls_certificate_expiry_timestamp_seconds",
+    "Not-after of the certificate a TLS listener serves now (Unix time).",
+    ["listener"],
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
+TLS_RELOADS = Counter(
+    "sluice_tls_reloads_total",
+    "Changes of a TLS listener's certificate files by result: ok, or why they did not load "
+    "(unreadable, invalid, mismatch, expired, not_yet_valid); a failure keeps the old one.",
+    ["listener", "result"],
+    registry=REGISTRY,
+)
+TLS_STALE = Gauge(
+    "sluice_tls_stale",
+    "1 while a TLS listener serves its previous certificate because the changed files do not load.",
+    ["listener"],
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+
+
 # --- backends (breakers, outliers, health, registry, retries, canary) -----------------------
 # Events are counted here; member state (breaker, health, ejection, weight, load, in flight,
 # registry, retry budget, canary) is read at scrape time by gateway.registry.collector.

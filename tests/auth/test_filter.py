@@ -142,3 +142,27 @@ async def test_a_reload_with_the_same_auth_keeps_the_cache(services: Services) -
     assert same is not None and same._cache is f._cache
     changed = build(compiled([hs_provider(leeway_s=5)]), services)
     assert changed is not None and changed._cache is not f._cache
+
+
+async def test_client_certificate_is_the_principal_without_a_jwt(services: Services) -> None:
+    p = compiled([hs_provider()])
+    f = build(p, services)
+
+    async def with_cert(path: str, **headers: str) -> RequestContext:
+        info = RequestInfo(Protocol.HTTP, "GET", path, headers, client_cert="spiffe://t/a")
+        ctx = RequestContext(info, p)
+        r = f.on_request(ctx)
+        assert (r is Status.STOP) == (not ctx.verdict.allowed)
+        return ctx
+
+    anon = await with_cert("/opt/x")
+    assert anon.verdict.allowed and anon.principal is not None
+    assert (anon.principal.provider, anon.principal.subject) == ("client_cert", "spiffe://t/a")
+    basic = await with_cert("/opt/x", authorization="Basic dTpw")  # not a JWT either
+    assert basic.principal is not None and basic.principal.provider == "client_cert"
+    token = await with_cert("/opt/x", authorization=hs(sub="alice"))  # a JWT wins
+    assert token.principal is not None and token.principal.provider == "internal"
+    # The certificate identifies; it does not stand in for the token a route requires.
+    required = await with_cert("/v1/x")
+    assert required.verdict.http_status == 401
+    assert (await call(f, p, "/opt/x")).principal is None  # no certificate, no token

@@ -61,3 +61,10 @@ def test_source_ip(peer: str, ip: str) -> None:
 def test_needs() -> None:
     assert needs(["route", "claim:x", "model"]) == {"route", "model"}
     assert needs(["source_ip"]) == frozenset()
+
+
+def test_client_cert_part() -> None:
+    key = compile_key(["client_cert", "route"])
+    with_cert = RequestInfo(Protocol.GRPC, "POST", "/a.B/C", client_cert="spiffe://t/a" + "x" * 200)
+    assert key(with_cert, None, "r", None) == "spiffe://t/a" + "x" * 116 + "|r"
+    assert key(INFO, None, "r", None) == "-|r"  # no verified certificate: the shared bucket

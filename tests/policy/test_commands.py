@@ -50,10 +50,13 @@ def test_shipped_policies_are_valid(path: Path) -> None:
 
 
 def test_check_cli_ok_on_every_shipped_policy() -> None:
-    result = sluice("policy", "check", *map(str, SHIPPED))
+    # `check` loads the TLS files a policy names: tls.yaml's are made by the README's steps
+    # (tests/policy/test_tls_policy.py runs them and checks it).
+    shipped = [p for p in SHIPPED if p.name != "tls.yaml"]
+    result = sluice("policy", "check", *map(str, shipped))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) == len(SHIPPED)
+    assert len(lines) == len(shipped)
     assert all(" ok (version " in line for line in lines), lines
 
 
