@@ -24,6 +24,7 @@ import grpc.aio
 
 from gateway.adapters.grpc_relay import CALLS, _stream_call, _unary_call
 from gateway.forward.deadlines import Deadlines
+from gateway.forward.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -64,7 +65,7 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     """The generic handler: picks the unary or the stream-stream behaviour per method name."""
 
     def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
-        self._gw = gateway
+        self._lifecycle = Lifecycle(gateway)
         self.deadlines = Deadlines(loop)
         self.unary: frozenset[str] = frozenset()
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # type: ignore[type-arg]
@@ -81,11 +82,11 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         if handler is None:
             if method in self.unary:
                 handler = grpc.unary_unary_rpc_method_handler(
-                    functools.partial(_unary_call, self._gw, self.deadlines, method)
+                    functools.partial(_unary_call, self._lifecycle, self.deadlines, method)
                 )
             else:
                 handler = grpc.stream_stream_rpc_method_handler(
-                    functools.partial(_stream_call, self._gw, self.deadlines, method)
+                    functools.partial(_stream_call, self._lifecycle, self.deadlines, method)
                 )
             if len(self._handlers) < MAX_CACHED_HANDLERS:
                 self._handlers[method] = handler

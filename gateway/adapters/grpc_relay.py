@@ -35,13 +35,13 @@ from gateway.core.verdict import (
     GRPC_UNKNOWN,
 )
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
-from gateway.filters.routing import pick_retry
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
+from gateway.forward.lifecycle import Lifecycle, retry
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.snapshot import Snapshot
 
 log = logging.getLogger("sluice.grpc")
 
@@ -68,22 +68,18 @@ def _end_try(ctx: RequestContext) -> None:
 
 def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
     """A unary call that failed UNAVAILABLE (nothing reached the client yet): try another
-    member if the route's retries allow it (`gateway.filters.routing.pick_retry`)."""
+    member if the route's retries allow it (`gateway.forward.lifecycle.retry`)."""
     route = ctx.route
     if route is None or route.retries is None or e.code() is not grpc.StatusCode.UNAVAILABLE:
         return False
-    failed = ctx.endpoint
     ctx.grpc_status = GRPC_UNAVAILABLE
     ctx.outcome = Outcome.UPSTREAM_ERROR
-    _end_try(ctx)  # this try is over, retried or not
-    if pick_retry(ctx) is None:
-        return False
-    if failed is not None:
-        metrics.UPSTREAM_ERRORS.labels(failed.backend, "unavailable").inc()
-    return True
+    return retry(ctx, GRPC_UNAVAILABLE, "unavailable") is not None  # this try is over
 
 
-def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, Metadata]:
+def _begin(
+    life: Lifecycle, method: str, context: Context
+) -> tuple[Snapshot, RequestContext, Metadata]:
     CALLS.started()
     md: Metadata = context.invocation_metadata() or ()  # type: ignore[assignment]
     headers = {k: v for k, v in md if type(v) is str}
@@ -93,7 +89,8 @@ def _begin(gw: Gateway, method: str, context: Context) -> tuple[RequestContext, 
             if type(v) is str:
                 headers[k] = v if k not in headers else headers[k] + ", " + v
     info = RequestInfo(Protocol.GRPC, "POST", method, headers, context.peer())
-    return RequestContext(info, gw.active.policy), md
+    active, ctx = life.begin(info)
+    return active, ctx, md
 
 
 def _trailers(chain: Any, ctx: RequestContext, context: Context, trailing: Any) -> bool:
@@ -136,13 +133,11 @@ def _upstream(
 # Module-level functions wrapped in functools.partial (not bound methods): grpc checks each
 # behaviour with inspect.iscoroutinefunction per call, which is cheap only for plain functions.
 async def _unary_call(
-    gw: Gateway, deadlines: Deadlines, method: str, request: bytes, context: Context
+    life: Lifecycle, deadlines: Deadlines, method: str, request: bytes, context: Context
 ) -> bytes | None:
-    ctx, md = _begin(gw, method, context)
-    active = gw.snapshot_for(ctx.info)
-    ctx.policy = active.policy
+    active, ctx, md = _begin(life, method, context)
+    gw = life.gateway
     ctx.bytes_in = len(request)
-    gw.inflight.enter()
     task = asyncio.current_task()
     assert task is not None
     try:
@@ -195,25 +190,20 @@ async def _unary_call(
         return None
     finally:
         _end_try(ctx)
-        try:
-            pending = gw.finish(active, ctx)
-            if pending is not None:
-                await pending
-        finally:
-            gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
+        pending = life.finish(active, ctx)
+        if pending is not None:
+            await pending
 
 
 async def _stream_call(
-    gw: Gateway,
+    life: Lifecycle,
     deadlines: Deadlines,
     method: str,
     request_iterator: AsyncIterator[bytes],
     context: Context,
 ) -> None:
-    ctx, md = _begin(gw, method, context)
-    active = gw.snapshot_for(ctx.info)
-    ctx.policy = active.policy
-    gw.inflight.enter()
+    active, ctx, md = _begin(life, method, context)
+    gw = life.gateway
     pump: asyncio.Task[None] | None = None
     call: grpc.aio.StreamStreamCall[bytes, bytes] | None = None
     task = asyncio.current_task()
@@ -294,12 +284,9 @@ async def _stream_call(
         if call is not None and not call.done():
             call.cancel()  # client gone or we failed: the upstream must stop at once
         _end_try(ctx)
-        try:
-            pending = gw.finish(active, ctx)
-            if pending is not None:
-                await pending
-        finally:
-            gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
+        pending = life.finish(active, ctx)
+        if pending is not None:
+            await pending
 
 
 def _timed_out(
