@@ -10,12 +10,10 @@ limits; the pools never look at the policy themselves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.request import RequestInfo
-from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.holder import PolicyHolder
@@ -24,7 +22,6 @@ from gateway.policy.traffic import TRAFFIC, TrafficBook
 from gateway.registry.pool import BACKENDS
 from gateway.services import Services
 from gateway.snapshot import Snapshot
-from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from gateway.policy.rollout import ShadowHook
@@ -172,30 +169,6 @@ class Gateway:
         if grace is None:
             grace = compiled.policy.timeouts.drain_s
         return await self._channels.prune(wanted, grace)
-
-    def finish(self, snap: Snapshot, ctx: RequestContext) -> Awaitable[None] | None:
-        """Run on_response (reverse order) and record the request's metrics. Never raises.
-        Returns an awaitable only when a filter's on_response is a coroutine (await it)."""
-        chain = snap.chain
-        if chain.sync_response:
-            chain.on_response_plain(ctx)
-            self._record(snap, ctx)
-            return None
-        return self._finish(snap, ctx)
-
-    async def _finish(self, snap: Snapshot, ctx: RequestContext) -> None:
-        await snap.chain.on_response(ctx)
-        self._record(snap, ctx)
-
-    def _record(self, snap: Snapshot, ctx: RequestContext) -> None:
-        """Metrics, recent traffic (for the change guard) and the rollout's comparison."""
-        metrics.record_request(ctx)
-        self.traffic.record(ctx)
-        ro = self.holder.rollout
-        if ro is not None:
-            ro.record(snap, ctx)
-            if ro.urgent:  # a failure on the new policy: judge it at once
-                self.holder.tick()
 
     async def aclose(self) -> None:
         try:

@@ -4,8 +4,9 @@ One `GenericRpcHandler` answers every method: a unary handler for methods known 
 policy's `unary_methods` plus what the backends' server reflection lists), because a stream-stream
 handler costs ~65 % more per call; stream-stream for every other method, which carries
 unary-stream, stream-unary and stream-stream alike since messages are forwarded as they come.
-Per call the adapter only translates: metadata → RequestInfo, the chain's verdict → a status, and
-bytes, metadata, deadline, status and cancellation between the client and the upstream call.
+Per call the adapter only translates (`gateway.adapters.grpc_exchange`: the call's context as a
+`GrpcExchange`); the call's lifecycle, from the chain to the upstream call and the status, is
+`gateway.forward.grpc`.
 
 Sluice registers no grpc.health.v1 service of its own on this port: `/grpc.health.v1.Health/*`
 is proxied like any other method, so a client's health check reports the backend behind its
@@ -22,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from gateway.adapters.grpc_relay import CALLS, _stream_call, _unary_call
-from gateway.forward.deadlines import Deadlines
+from gateway.adapters.grpc_calls import CallAccounting
+from gateway.adapters.grpc_exchange import stream_call, unary_call
+from gateway.forward.grpc import GrpcForward
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -64,8 +66,9 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
     """The generic handler: picks the unary or the stream-stream behaviour per method name."""
 
     def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
-        self._gw = gateway
-        self.deadlines = Deadlines(loop)
+        self._forward = GrpcForward(gateway, loop)
+        self._calls = CallAccounting()  # calls that end between handler lookup and start
+        self.client_certs = False  # the listener verifies client certificates (mTLS)
         self.unary: frozenset[str] = frozenset()
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # type: ignore[type-arg]
 
@@ -75,17 +78,18 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
             self._handlers = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
-        CALLS.looked_up()  # runs in the call's task: a call that ends before _begin is counted
+        self._calls.looked_up()  # in the call's task: one that ends before the handler counts
         method: str = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
+            fwd, calls, certs = self._forward, self._calls, self.client_certs
             if method in self.unary:
                 handler = grpc.unary_unary_rpc_method_handler(
-                    functools.partial(_unary_call, self._gw, self.deadlines, method)
+                    functools.partial(unary_call, fwd, calls, certs, method)
                 )
             else:
                 handler = grpc.stream_stream_rpc_method_handler(
-                    functools.partial(_stream_call, self._gw, self.deadlines, method)
+                    functools.partial(stream_call, fwd, calls, certs, method)
                 )
             if len(self._handlers) < MAX_CACHED_HANDLERS:
                 self._handlers[method] = handler
@@ -162,6 +166,7 @@ async def start_grpc(gateway: Gateway, host: str, port: int) -> GrpcListener:
 
         tls = listener_tls(gateway.services, "grpc", tls_cfg)
         bound = server.add_secure_port(address, tls.grpc_credentials())
+        proxy.client_certs = tls.verifies_clients
     await server.start()
     listener = GrpcListener(gateway, server, bound, proxy)
     listener.start_discovery()

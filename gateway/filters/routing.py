@@ -4,9 +4,11 @@ balancer (`gateway.core.balancer`) over the live member state the services keep
 
 The forwarding path calls, for each request:
 - `on_request` (the chain): picks the first member (`ctx.endpoint`, `ctx.upstream_attempt`);
-- `pick_retry(ctx)` after a failed try, with `ctx.outcome` / `ctx.http_status` /
-  `ctx.grpc_status` / `ctx.first_byte_at` describing it: returns the next endpoint when a retry
-  is safe and within the route's budget (the failed try is reported first), else None;
+- `ctx.upstream_attempt.next_try(ctx)` (`gateway.registry.member.Attempt`, through
+  `gateway.forward.lifecycle.retry`) after a failed try, with `ctx.outcome` / `ctx.http_status`
+  / `ctx.grpc_status` / `ctx.first_byte_at` describing it: `RoutePicker.retry_pick` returns the
+  next endpoint when a retry is safe and within the route's budget (the failed try is reported
+  first), else None;
 - `on_response` (the chain, always): reports the last try (outcome, time to first byte) to the
   member's breaker, outlier record and passive health, and to the route's canary guard.
 
@@ -278,20 +280,6 @@ class RouteFilter:
         a = ctx.upstream_attempt
         if a is not None:
             a.picker.finish(ctx, a)
-
-
-def pick_retry(ctx: RequestContext) -> Endpoint | None:
-    """The endpoint of the next try after a failed one, or None (not safe to retry, tries or
-    budget used up, no other member). Reads the failed try from `ctx.outcome`,
-    `ctx.http_status`, `ctx.grpc_status` and `ctx.first_byte_at` (set: a byte reached the
-    client, never retried); reports it; on success sets `ctx.endpoint` and resets the outcome
-    fields for the new try. The caller counts `ctx.attempts` and applies the per-try timeout
-    (`ctx.route.retries.per_try_timeout_s`)."""
-    a = ctx.upstream_attempt
-    if a is None:
-        return None
-    endpoint: Endpoint | None = a.picker.retry_pick(ctx, a)
-    return endpoint
 
 
 def build(section: CompiledPolicy, services: Services) -> RouteFilter:

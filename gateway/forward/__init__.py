@@ -1,11 +1,13 @@
-"""The engine-neutral request lifecycle (one per process, shared by every engine).
+"""The engine-neutral request lifecycles, one per protocol family (one each per listener).
 
-`HttpForward.serve(exchange)` runs one HTTP request from admission to finish: header bounds,
-path safety, the chain, the body phase, the upstream call through the pool, the response phase
-(status, usage, SSE events) and the bookkeeping. Engines (`gateway.adapters`) only move bytes
-through the `Exchange` interface. The gRPC handler uses the same failure table
-(`failures.py`), outcomes and verdicts. Deadlines (total, body, client stall) are one coarse
-ticker (`deadlines.py`).
+`HttpForward.serve(exchange)` (http.py) runs one HTTP request from admission to finish: header
+bounds, path safety, the chain, the body phase, the upstream call through the pool, the response
+phase (relay.py: status, usage, SSE events). `GrpcForward.serve(exchange, request)` (grpc.py)
+runs one gRPC call: the chain, the upstream call on a pooled channel, retries, messages both
+ways, the TRAILERS event and the status. Both begin and finish through `lifecycle.py` (snapshot,
+context, in-flight count, on_response, metrics, traffic) and share the failure table
+(`failures.py`) and the deadline ticker (`deadlines.py`). Engines (`gateway.adapters`) only move
+bytes, through `Exchange` (exchange.py) and `GrpcExchange` (grpc_exchange.py).
 """
 
 from __future__ import annotations

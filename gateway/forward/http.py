@@ -5,7 +5,8 @@ Per request, in this order: header bounds (431), path safety (400), Expect (417)
 the body phase (a body up to `limits.max_buffered_body_bytes` is read whole within
 `timeouts.body_read_s` before any upstream connection is taken, 408 past it; JSON bodies are
 parsed and shown to `on_body`, which may rewrite them), the upstream call through the pool,
-the response phase (`gateway.forward.relay`), and `finish` (on_response in reverse, metrics).
+the response phase (`gateway.forward.relay`), and the finish (`gateway.forward.lifecycle`:
+on_response in reverse, metrics, traffic book).
 
 Failures map through the one table in `gateway.forward.failures`. Deadlines (total, body,
 client stall) are the coarse ticker of `gateway.forward.deadlines`: an overdue request task is
@@ -38,12 +39,12 @@ from gateway.core.verdict import (
 )
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.filters.base import RequestContext, Status
-from gateway.filters.routing import pick_retry
 from gateway.forward import relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
 from gateway.forward.failures import failure_for
 from gateway.forward.headers import error_body, request_headers, response_lines
+from gateway.forward.lifecycle import Lifecycle, retry
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -70,15 +71,13 @@ class HttpForward:
         self.gateway = gateway
         self.loop = loop
         self.deadlines = Deadlines(loop)
+        self.lifecycle = Lifecycle(gateway)
 
     async def serve(self, ex: Exchange) -> None:
         """Serve one request to its end. Raises CancelledError / ConnectionError only when the
         client went away; every other failure is answered."""
-        gw = self.gateway
         info = ex.info
-        snap = gw.snapshot_for(info)
-        ctx = RequestContext(info, snap.policy)
-        gw.inflight.enter()
+        snap, ctx = self.lifecycle.begin(info)
         try:
             verdict = await self._admit(ex, ctx, snap)
             if verdict is not None:
@@ -97,12 +96,9 @@ class HttpForward:
             else:
                 ex.abort()
         finally:
-            try:
-                pending = gw.finish(snap, ctx)
-                if pending is not None:
-                    await pending
-            finally:
-                gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
+            pending = self.lifecycle.finish(snap, ctx)
+            if pending is not None:
+                await pending
 
     async def _admit(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> Verdict | None:
         info = ctx.info
@@ -205,7 +201,12 @@ class HttpForward:
                 await self._upstream_failed(ex, ctx, e)
                 return
             try:
-                await relay.relay(self, ex, ctx, snap, up, task)
+                end = await relay.relay(ex, ctx, snap, up, task, deadlines, self.gateway)
+                if end is not None:  # what the response phase left to answer
+                    if isinstance(end, Verdict):
+                        await self._reject(ex, ctx, end)
+                    else:
+                        await self._upstream_failed(ex, ctx, end)
             finally:
                 up.release()
         except asyncio.CancelledError:
@@ -228,7 +229,7 @@ class HttpForward:
         timeouts: Timeouts,
     ) -> UpstreamResponse:
         """The upstream call, tried again where the route allows and it is safe
-        (`gateway.filters.routing.pick_retry`: a connection that could not be had, or a 503
+        (`gateway.forward.lifecycle.retry`: a connection that could not be had, or a 503
         before any byte reached the client; within the attempts and the route's retry budget,
         on another member). Each try's connect and first-byte timeouts are capped by the
         route's `retries.per_try_timeout_s`. The first try was begun by the caller."""
@@ -250,20 +251,16 @@ class HttpForward:
                 )
                 ctx.outcome = Outcome.UPSTREAM_CONNECT if never_sent else f.outcome
                 ctx.detail = str(e)[:200]
-                ctx.end_try(time.monotonic(), 0, ctx.outcome.value)
-                nxt = pick_retry(ctx)
+                nxt = retry(ctx, 0, f.kind)
                 if nxt is None:
                     raise
-                metrics.UPSTREAM_ERRORS.labels(endpoint.backend, f.kind).inc()
             else:
                 if up.status != 503:
                     return up
-                now = time.monotonic()
-                ctx.try_first_byte(now, 503)
-                ctx.end_try(now, 503, Outcome.UPSTREAM_ERROR.value)
+                ctx.try_first_byte(time.monotonic(), 503)
                 ctx.http_status = 503
                 ctx.outcome = Outcome.UPSTREAM_ERROR
-                nxt = pick_retry(ctx)
+                nxt = retry(ctx, 503, None)
                 if nxt is None:
                     return up  # passed on as the backend sent it
                 up.discard()

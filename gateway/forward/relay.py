@@ -13,6 +13,9 @@
   never a complete-looking truncated answer).
 - A client that stops reading stalls the writes; past `timeouts.idle_s` without progress the
   request is cut both ways (deadline STALL in `gateway.forward.http`).
+
+`relay` answers what it can itself and returns what is left to the forwarder: a filter's verdict
+on a response whose head has not gone out, or the upstream failure (the failure table).
 """
 
 from __future__ import annotations
@@ -25,14 +28,15 @@ from gateway import jsonfast
 from gateway.core.body import usage_from
 from gateway.core.outcome import Outcome
 from gateway.core.sse import SseParser, error_event
+from gateway.core.verdict import Verdict
 from gateway.errors import UpstreamError, UpstreamProtocolError
 from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
-from gateway.forward.deadlines import STALL
+from gateway.forward.deadlines import STALL, Deadlines
 from gateway.forward.headers import BadUpstreamHead, client_head
 
 if TYPE_CHECKING:
+    from gateway.app import Gateway
     from gateway.forward.exchange import Exchange
-    from gateway.forward.http import HttpForward
     from gateway.snapshot import Snapshot
     from gateway.upstream.response import UpstreamResponse
 
@@ -45,20 +49,24 @@ def may_have_body(method: str, status: int) -> bool:
 
 
 async def relay(
-    fw: HttpForward,
     ex: Exchange,
     ctx: RequestContext,
     snap: Snapshot,
     up: UpstreamResponse,
     task: asyncio.Task[Any],
-) -> None:
+    deadlines: Deadlines,
+    gateway: Gateway,
+) -> Verdict | UpstreamError | None:
+    """Relay the upstream response to the client. None: answered here (whole, streamed, or
+    ended early). A `Verdict`: a filter refused the response before anything was sent, answer
+    it. An `UpstreamError`: the upstream failed (before or after the head went out), answer it
+    by the failure table."""
     status = up.status
     try:
         head = client_head(status, up.headers, ctx)
     except BadUpstreamHead as e:
         up.discard()
-        await fw._upstream_failed(ex, ctx, UpstreamProtocolError(str(e)))
-        return
+        return UpstreamProtocolError(str(e))
     ctx.http_status = status
     if status >= 500:
         ctx.outcome = Outcome.UPSTREAM_ERROR  # passed on as the backend sent it
@@ -69,8 +77,7 @@ async def relay(
         and chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, metadata=_decoded(up.headers)))
         is Status.STOP
     ):
-        await fw._reject(ex, ctx, ctx.verdict)
-        return
+        return ctx.verdict
     bodied = may_have_body(ctx.info.method, status)
     limits = snap.policy.policy.limits
     try:
@@ -86,16 +93,15 @@ async def relay(
                     ctx.usage = u
                 ev = StreamEvent(EventKind.JSON, status, chunk, doc)
                 if chain.on_event(ctx, ev) is Status.STOP:
-                    await fw._reject(ex, ctx, ctx.verdict)
-                    return
+                    return ctx.verdict
             ctx.first_byte_at = time.monotonic()
             ctx.bytes_out = len(chunk) if bodied else 0
             # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
-            if fw.gateway.draining:
+            if gateway.draining:
                 ex.close_after = True
             length = None if bodied else head.length
             await ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
-            return
+            return None
         length = head.length
         ex.sse = bodied and length is None and head.content_type.startswith(_SSE)
         await ex.send_head(status, head.lines, length, head.date)
@@ -103,9 +109,9 @@ async def relay(
         b = ctx.body
         hide_usage = b is not None and b.usage_added
         if ex.sse and (listen or hide_usage):
-            await _relay_events(fw, ex, ctx, snap, up, task, chunk, listen, hide_usage)
-            return
-        deadlines, idle = fw.deadlines, ctx.route.timeouts.idle_s if ctx.route else 60.0
+            await _relay_events(ex, ctx, snap, up, task, deadlines, chunk, listen, hide_usage)
+            return None
+        idle = ctx.route.timeouts.idle_s if ctx.route else 60.0
         sse = ex.sse
         while chunk:
             ctx.bytes_out += len(chunk)
@@ -117,16 +123,17 @@ async def relay(
             chunk = await up.read_chunk()
         await ex.end()
     except UpstreamError as e:
-        await fw._upstream_failed(ex, ctx, e)
+        return e
+    return None
 
 
 async def _relay_events(
-    fw: HttpForward,
     ex: Exchange,
     ctx: RequestContext,
     snap: Snapshot,
     up: UpstreamResponse,
     task: asyncio.Task[Any],
+    deadlines: Deadlines,
     chunk: bytes,
     listen: bool,
     hide_usage: bool,
@@ -135,7 +142,6 @@ async def _relay_events(
     for) or the stream ended after it (a filter's STOP)."""
     chain = snap.chain
     parser = SseParser(snap.policy.policy.limits.max_event_bytes)
-    deadlines = fw.deadlines
     idle = ctx.route.timeouts.idle_s if ctx.route else 60.0
     while chunk:
         if parser.overflowed:
@@ -180,7 +186,7 @@ async def _write(
     ex: Exchange,
     ctx: RequestContext,
     task: asyncio.Task[Any],
-    deadlines: Any,
+    deadlines: Deadlines,
     idle: float,
     data: bytes,
 ) -> None:

@@ -1,5 +1,6 @@
 """TrafficBook: what the recent traffic looked like, for the change guard. A services owner
-(`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by `Gateway.finish`.
+(`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by
+`gateway.forward.lifecycle.Lifecycle.finish`.
 
 Requests are counted by *shape*: protocol, method, path, the values of the headers the running
 policy's routes match on, and the route and backend that served it. Per shape it keeps a count,

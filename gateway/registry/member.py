@@ -225,3 +225,14 @@ class Attempt:
         self.group = group  # index of the backend in the route's split
         self.tried: tuple[Member, ...] = ()  # members earlier tries of the request used
         self.ctx: Any = None
+
+    def next_try(self, ctx: Any) -> Endpoint | None:
+        """After this try failed (`ctx.outcome`, `ctx.http_status`, `ctx.grpc_status`,
+        `ctx.first_byte_at` describe it; a byte that reached the client is never retried): the
+        endpoint of the next try, or None (not safe to retry, tries or the route's retry budget
+        used up, no other member). The route's picker reports this try first; on success
+        `ctx.endpoint` and `ctx.upstream_attempt` are the new try's and the outcome fields are
+        reset for it. The caller counts `ctx.attempts` (`begin_try`) and applies the per-try
+        timeout (`ctx.route.retries.per_try_timeout_s`)."""
+        endpoint: Endpoint | None = self.picker.retry_pick(ctx, self)
+        return endpoint

@@ -106,7 +106,8 @@ _seconds_children: dict[tuple[str, str], Any] = {}
 
 
 def record_request(ctx: RequestContext) -> None:
-    """Count one finished request. Called once per request by `Gateway.finish`."""
+    """Count one finished request. Called once per request by
+    `gateway.forward.lifecycle.Lifecycle.finish`."""
     route = ctx.route.name if ctx.route is not None else "none"
     backend = ctx.endpoint.backend if ctx.endpoint is not None else "none"
     protocol = ctx.info.protocol.value

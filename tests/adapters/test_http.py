@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,9 @@ from aiohttp import web
 from gateway.adapters.h1_server import NativeListener
 from gateway.adapters.http import HttpListener, start_http
 from gateway.app import Gateway
+from gateway.filters.base import RequestContext
+from gateway.forward.lifecycle import Lifecycle
+from gateway.snapshot import Snapshot
 from tests.support import free_port
 
 
@@ -244,18 +247,18 @@ async def test_drain_closes_connections(tmp_path: Path, engine: str) -> None:
                 await fresh.get(f"http://127.0.0.1:{listener.port}/api/x")
 
 
-async def test_finish_runs_once_per_request(tmp_path: Path, engine: str) -> None:
-    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (gw, _, c):
-        calls: list[int] = []
-        real = gw.finish
+async def test_finish_runs_once_per_request(
+    tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = Lifecycle.finish
 
-        async def counting(active: object, ctx: object) -> None:
-            calls.append(getattr(ctx, "http_status", 0))
-            pending = real(active, ctx)  # type: ignore[arg-type]
-            if pending is not None:
-                await pending
+    def counting(self: Lifecycle, snap: Snapshot, ctx: RequestContext) -> Awaitable[None] | None:
+        calls.append(ctx.http_status)
+        return real(self, snap, ctx)
 
-        gw.finish = counting  # type: ignore[method-assign]
+    monkeypatch.setattr(Lifecycle, "finish", counting)
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, _, c):
         for path in ("/api/x", "/dead", "/nowhere"):
             async with c.get(path) as r:
                 await r.read()

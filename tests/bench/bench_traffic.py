@@ -2,10 +2,11 @@
 
     .venv/bin/python tests/bench/bench_traffic.py [--n 200000]
 
-- `TrafficBook.record(ctx)`: what `Gateway.finish` adds to every request for the change guard;
+- `TrafficBook.record(ctx)`: what `Lifecycle.finish` (gateway/forward/lifecycle.py) adds to every
+  request for the change guard;
 - `Gateway.snapshot_for(info)` without a rollout (every request) and during a rollout's
   percentage stage and shadow stage (only while one runs);
-- `RolloutController.record(snapshot, ctx)`: `Gateway.finish` during a rollout.
+- `RolloutController.record(snapshot, ctx)`: `Lifecycle.finish` during a rollout.
 
 Each figure is the best of 5 rounds of `--n` calls, in µs per call, on this machine.
 """

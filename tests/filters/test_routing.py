@@ -15,8 +15,8 @@ from gateway.core.clock import ManualClock
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.base import RequestContext, Status
-from gateway.filters.routing import RouteFilter, pick_retry
-from gateway.policy.compiled import compile_policy
+from gateway.filters.routing import RouteFilter
+from gateway.policy.compiled import Endpoint, compile_policy
 from gateway.policy.model import Policy
 from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.services import Services
@@ -173,6 +173,12 @@ def test_priority_failover_to_secondary() -> None:
     assert got == Counter({"10.0.1.1:80": 20})
 
 
+def next_try(ctx: RequestContext) -> Endpoint | None:
+    """What the forwarding path asks after a failed try (`gateway.forward.lifecycle.retry`)."""
+    endpoint: Endpoint | None = ctx.upstream_attempt.next_try(ctx)
+    return endpoint
+
+
 def test_retry_goes_to_another_member_and_respects_the_budget() -> None:
     rig = Rig(policy(retries={"attempts": 3, "budget_ratio": 0.2, "min_retries": 1}))
     ctx = rig.ctx()
@@ -180,7 +186,7 @@ def test_retry_goes_to_another_member_and_respects_the_budget() -> None:
     first = ctx.endpoint
     assert first is not None
     ctx.outcome = Outcome.UPSTREAM_CONNECT
-    second = pick_retry(ctx)
+    second = next_try(ctx)
     assert second is not None and second.address != first.address
     assert ctx.outcome is Outcome.OK  # reset for the next try
     budget = rig.f._pickers["chat"].budget
@@ -189,10 +195,10 @@ def test_retry_goes_to_another_member_and_respects_the_budget() -> None:
     other = rig.ctx()
     rig.f.on_request(other)
     other.outcome = Outcome.UPSTREAM_CONNECT
-    assert pick_retry(other) is None and budget.refused == 1
+    assert next_try(other) is None and budget.refused == 1
     # a failed try after a byte reached the client is never retried
     ctx.outcome, ctx.http_status, ctx.first_byte_at = Outcome.OK, 503, rig.clock.t
-    assert pick_retry(ctx) is None
+    assert next_try(ctx) is None
     for c in (ctx, other):
         rig.f.on_response(c)
     assert budget.retrying == 0 and budget.active == 0
@@ -206,7 +212,7 @@ def test_retries_stop_at_attempts_and_skip_tried_members() -> None:
     seen = [ctx.endpoint.address]  # type: ignore[union-attr]
     while True:
         ctx.outcome, ctx.http_status = Outcome.OK, 503
-        nxt = pick_retry(ctx)
+        nxt = next_try(ctx)
         if nxt is None:
             break
         seen.append(nxt.address)

@@ -1,0 +1,305 @@
+"""The gRPC call lifecycle, written once for every gRPC engine (`GrpcExchange`).
+
+Per call, in this order: begin (`gateway.forward.lifecycle`: snapshot, context, in-flight), the
+chain's `on_request` (its verdict; a route and an endpoint), the upstream call on a pooled
+channel (`gateway.upstream.channels`) with what survives of the client's metadata and its
+remaining deadline capped by the route's total timeout, retried on another member where the
+route allows it (unary calls that failed UNAVAILABLE), the response (initial metadata, messages
+with backpressure, the chain's TRAILERS event, the status), and the finish.
+
+Upstream failures map through `gateway.forward.failures` (the codes a backend sent are passed on
+as sent, details capped; `gateway.forward.grpc_status`); deadlines (first message, idle between
+messages, a client that stalls) are the coarse ticker of `gateway.forward.deadlines`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from gateway.core.outcome import Outcome
+from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNAVAILABLE, GRPC_UNKNOWN
+from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
+from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
+from gateway.forward.failures import grpc_outcome
+from gateway.forward.grpc_exchange import GrpcExchange, Metadata
+from gateway.forward.grpc_status import (
+    bounded_metadata,
+    cancelled,
+    crashed,
+    end,
+    reject,
+    upstream_failed,
+)
+from gateway.forward.lifecycle import Lifecycle, retry
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.filters.chain import Chain
+
+    StreamCall = grpc.aio.StreamStreamCall[bytes, bytes]
+
+EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+
+# Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
+# (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
+# whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
+DROPPED_METADATA = frozenset(
+    {
+        ":authority", ":path", ":method", ":scheme", "host", "te", "content-type", "user-agent",
+        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
+    }
+)  # fmt: skip
+
+
+class GrpcForward:
+    """One per listener (and loop); no per-call closures."""
+
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
+        self.gateway = gateway
+        self.loop = loop
+        self.deadlines = Deadlines(loop)
+        self.lifecycle = Lifecycle(gateway)
+
+    async def serve(self, ex: GrpcExchange, request: bytes | None) -> None:
+        """Serve one call to its end: `request` is the one request message of a method served
+        as unary (one response message), None for a streaming call (messages both ways as they
+        come). Raises CancelledError only when the client went away; every other failure is
+        answered with a status."""
+        snap, ctx = self.lifecycle.begin(ex.info)
+        if request is not None:
+            ctx.bytes_in = len(request)
+        try:
+            if await snap.chain.on_request(ctx) is Status.STOP:
+                reject(ctx, ex)
+                return
+            if request is not None:
+                await self._unary(ex, ctx, snap.chain, request)
+            else:
+                await self._stream(ex, ctx, snap.chain)
+        except asyncio.CancelledError:
+            if ctx.grpc_status is None:
+                cancelled(ctx, ex)
+            raise
+        except Exception:
+            crashed(ctx, ex)
+        finally:
+            _end_try(ctx)
+            pending = self.lifecycle.finish(snap, ctx)
+            if pending is not None:
+                await pending
+
+    async def _unary(
+        self, ex: GrpcExchange, ctx: RequestContext, chain: Chain, request: bytes
+    ) -> None:
+        assert ctx.endpoint is not None and ctx.route is not None
+        task = asyncio.current_task(self.loop)
+        assert task is not None
+        deadlines = self.deadlines
+        channels = self.gateway.channels
+        while True:  # more than one try only for UNAVAILABLE, where the route allows retries
+            ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
+            metadata, timeout = _upstream(ctx, ex)
+            call = channels.unary(ctx.endpoint, ctx.info.path)(
+                request, timeout=timeout, metadata=metadata
+            )
+            deadlines.start(task, timeout)
+            deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
+            try:
+                response: bytes = await call
+                break
+            except grpc.aio.AioRpcError as e:
+                if _retry(ctx, e):
+                    continue
+                upstream_failed(ctx, ex, e)
+                return
+            except asyncio.CancelledError:
+                call.cancel()
+                if self._timed_out(task, ctx, ex):
+                    return
+                cancelled(ctx, ex)
+                raise
+            finally:
+                deadlines.stop(task)
+        ctx.first_byte_at = now = time.monotonic()
+        ctx.try_first_byte(now)
+        await _initial(ex, ctx, await call.initial_metadata())
+        trailing = _trailers(chain, ctx, ex, await call.trailing_metadata())
+        if trailing is None:
+            return
+        ctx.grpc_status = GRPC_OK
+        ctx.bytes_out = len(response)
+        await ex.write(response)
+        ex.end(GRPC_OK, "", trailing)
+
+    async def _stream(self, ex: GrpcExchange, ctx: RequestContext, chain: Chain) -> None:
+        assert ctx.endpoint is not None and ctx.route is not None
+        task = asyncio.current_task(self.loop)
+        assert task is not None
+        deadlines = self.deadlines
+        ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
+        metadata, timeout = _upstream(ctx, ex)
+        t = ctx.route.timeouts
+        call: StreamCall = self.gateway.channels.stream(ctx.endpoint, ctx.info.path)(
+            None, timeout=timeout, metadata=metadata
+        )
+        # The one extra task of a streaming call: client → upstream, as messages come.
+        pump = self.loop.create_task(_pump(ex, call, ctx))
+        deadlines.start(task, timeout)
+        try:
+            try:
+                deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
+                initial = await call.initial_metadata()
+                ctx.first_byte_at = now = time.monotonic()
+                ctx.try_first_byte(now)
+                await _initial(ex, ctx, initial)
+                # Backpressure: the next upstream message is read only once the previous one
+                # was accepted downstream (the upstream channel's window is fixed, see
+                # channels.py). A client that reads nothing for idle_s: the upstream call is
+                # cancelled at once (a pending grpc.aio write cannot be cancelled without
+                # breaking the call); the client gets DEADLINE_EXCEEDED after the one message
+                # already queued for it.
+                while True:
+                    deadlines.tighten(task, t.idle_s, IDLE)
+                    msg = await call.read()
+                    if msg is EOF:
+                        break
+                    assert isinstance(msg, bytes)
+                    ctx.bytes_out += len(msg)
+                    ctx.stream_event(time.monotonic())
+                    deadlines.tighten(task, t.idle_s, STALL, call.cancel)
+                    await ex.write(msg)
+                    if deadlines.expired(task) == STALL:
+                        _stalled(ctx, ex, "client stalled")
+                        return
+                deadlines.relax(task)
+                code = await call.code()
+            except grpc.aio.AioRpcError as e:
+                if deadlines.expired(task) == STALL:  # we cancelled it: the client stalled
+                    _stalled(ctx, ex, "client stalled")
+                    return
+                upstream_failed(ctx, ex, e)
+                return
+            except asyncio.CancelledError:
+                if self._timed_out(task, ctx, ex):
+                    return
+                raise
+            finally:
+                deadlines.stop(task)
+            trailing = _trailers(chain, ctx, ex, await call.trailing_metadata())
+            if trailing is None:
+                return
+            if code is grpc.StatusCode.OK:
+                ctx.grpc_status = GRPC_OK
+                ex.end(GRPC_OK, "", trailing)
+            else:
+                ctx.outcome = grpc_outcome(code.value[0])
+                end(ctx, ex, code.value[0], await call.details(), trailing)
+        finally:
+            if not pump.done():
+                pump.cancel()
+            if not call.done():
+                call.cancel()  # client gone or we failed: the upstream must stop at once
+
+    def _timed_out(self, task: asyncio.Task[Any], ctx: RequestContext, ex: GrpcExchange) -> bool:
+        """The task was cancelled by one of our deadlines (not the client): answer it. True if
+        so."""
+        kind = self.deadlines.expired(task)
+        if kind is None or task.uncancel() > 0:
+            return False
+        if kind == STALL:  # the client stopped reading: nothing more will reach it
+            _stalled(ctx, ex, "client did not read in time")
+            return True
+        if ctx.endpoint is not None:
+            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, "timeout").inc()
+        ctx.outcome = Outcome.UPSTREAM_TIMEOUT
+        what = {FIRST_BYTE: "first byte", IDLE: "idle"}.get(kind, "total")
+        end(ctx, ex, GRPC_DEADLINE_EXCEEDED, f"upstream {what} timeout")
+        return True
+
+
+def _end_try(ctx: RequestContext) -> None:
+    code = ctx.grpc_status if ctx.grpc_status is not None else GRPC_UNKNOWN
+    ctx.end_try(time.monotonic(), code, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
+
+
+def _stalled(ctx: RequestContext, ex: GrpcExchange, details: str) -> None:
+    ctx.outcome = Outcome.STALLED
+    end(ctx, ex, GRPC_DEADLINE_EXCEEDED, details)
+
+
+def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
+    """A unary call that failed UNAVAILABLE (nothing reached the client yet): try another
+    member if the route's retries allow it (`gateway.forward.lifecycle.retry`)."""
+    route = ctx.route
+    if route is None or route.retries is None or e.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    ctx.grpc_status = GRPC_UNAVAILABLE
+    ctx.outcome = Outcome.UPSTREAM_ERROR
+    return retry(ctx, GRPC_UNAVAILABLE, "unavailable") is not None  # this try is over
+
+
+def _upstream(ctx: RequestContext, ex: GrpcExchange) -> tuple[list[tuple[str, str | bytes]], float]:
+    """Upstream metadata and timeout: what survives of the client's metadata plus the filters',
+    and the client's remaining deadline capped by the route's total timeout."""
+    extra = ctx.upstream_headers
+    out: list[tuple[str, str | bytes]] = [
+        (k, v)
+        for k, v in ex.metadata
+        if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
+    ]
+    out.extend((k, v) for k, v in extra.items() if v)  # "": only drop the client's copy
+    assert ctx.route is not None
+    timeout = ctx.route.timeouts.total_s
+    remaining = ex.time_remaining()
+    if remaining is not None and remaining < timeout:
+        timeout = remaining
+    return out, timeout
+
+
+async def _initial(ex: GrpcExchange, ctx: RequestContext, initial: Any) -> None:
+    """The upstream's initial metadata to the client, bounded."""
+    if initial:
+        cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
+        await ex.send_initial_metadata(bounded_metadata(tuple(initial), cap))
+
+
+def _trailers(
+    chain: Chain, ctx: RequestContext, ex: GrpcExchange, trailing: Any
+) -> Metadata | None:
+    """The trailing metadata for the client: the upstream's (bounded) plus the filters'
+    response headers, after the chain's TRAILERS event. None: a filter ended the call (its
+    verdict was answered)."""
+    md: Metadata = bounded_metadata(
+        trailing or (), ctx.policy.policy.limits.grpc_max_metadata_bytes
+    )
+    if chain.has_events:
+        text = tuple((k, v) for k, v in md if isinstance(v, str))
+        if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
+            reject(ctx, ex)
+            ctx.outcome = Outcome.STREAM_CUT
+            return None
+    if ctx.response_headers:
+        md = (*md, *ctx.response_headers)
+    return md
+
+
+async def _pump(ex: GrpcExchange, call: StreamCall, ctx: RequestContext) -> None:
+    """Forward client messages upstream until the client half-closes or either side ends."""
+    try:
+        while True:
+            msg = await ex.read()
+            if msg is None:
+                break
+            ctx.bytes_in += len(msg)
+            await call.write(msg)
+        await call.done_writing()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # the upstream finished or the client went: the call reports it
+        pass

@@ -1,0 +1,92 @@
+"""What every request and call shares, whatever its protocol: how it begins (its snapshot, its
+context, the in-flight count the drain waits on), how a failed upstream try is retried, and how
+it finishes (the filters' `on_response` in reverse, metrics, the traffic book, the rollout's
+comparison). `gateway.forward.http` and `gateway.forward.grpc` each call these once per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from gateway.filters.base import RequestContext
+from gateway.telemetry import metrics
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.core.request import RequestInfo
+    from gateway.policy.compiled import Endpoint
+    from gateway.registry.member import Attempt
+    from gateway.snapshot import Snapshot
+
+
+class Lifecycle:
+    """Begin and finish of one request; one per forwarder, over the gateway's long-lived parts
+    (policy holder, traffic book, in-flight count)."""
+
+    __slots__ = ("gateway", "_holder", "_traffic", "_inflight")
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self._holder = gateway.holder
+        self._traffic = gateway.traffic
+        self._inflight = gateway.inflight
+
+    def begin(self, info: RequestInfo) -> tuple[Snapshot, RequestContext]:
+        """The snapshot the request is served by (chosen once, at arrival) and its context; the
+        request counts as in flight until `finish` is done."""
+        snap = self.gateway.snapshot_for(info)
+        ctx = RequestContext(info, snap.policy)
+        self._inflight.enter()
+        return snap, ctx
+
+    def finish(self, snap: Snapshot, ctx: RequestContext) -> Awaitable[None] | None:
+        """Run on_response (reverse order) and record the request, then leave the in-flight
+        count (the drain waits for the bookkeeping too). Returns an awaitable only when a
+        filter's on_response is a coroutine: await it at once."""
+        chain = snap.chain
+        if not chain.sync_response:
+            return self._finish(snap, ctx)
+        try:
+            chain.on_response_plain(ctx)
+            self._record(snap, ctx)
+        finally:
+            self._inflight.leave()
+        return None
+
+    async def _finish(self, snap: Snapshot, ctx: RequestContext) -> None:
+        try:
+            await snap.chain.on_response(ctx)
+            self._record(snap, ctx)
+        finally:
+            self._inflight.leave()
+
+    def _record(self, snap: Snapshot, ctx: RequestContext) -> None:
+        """Metrics, recent traffic (for the change guard) and the rollout's comparison."""
+        metrics.record_request(ctx)
+        self._traffic.record(ctx)
+        holder = self._holder
+        ro = holder.rollout
+        if ro is not None:
+            ro.record(snap, ctx)
+            if ro.urgent:  # a failure on the new policy: judge it at once
+                holder.tick()
+
+
+def retry(ctx: RequestContext, status: int, kind: str | None) -> Endpoint | None:
+    """A try failed (`ctx.outcome`, `ctx.http_status` / `ctx.grpc_status` and
+    `ctx.first_byte_at` describe it): end it (`status`: what the backend answered, 0 if
+    nothing) and ask the route's attempt (`gateway.registry.member.Attempt.next_try`) for the
+    endpoint of the next try. None: not safe to retry, tries or budget used up, no other member.
+    When retried, the failure is counted as `sluice_upstream_errors_total{kind}` (None: not
+    counted, the answer was the backend's). The caller begins the next try."""
+    failed = ctx.endpoint
+    ctx.end_try(time.monotonic(), status, ctx.outcome.value)
+    attempt: Attempt | None = ctx.upstream_attempt
+    if attempt is None:
+        return None
+    nxt = attempt.next_try(ctx)
+    if nxt is not None and kind is not None and failed is not None:
+        metrics.UPSTREAM_ERRORS.labels(failed.backend, kind).inc()
+    return nxt
