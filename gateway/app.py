@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 from gateway.core.request import RequestInfo
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder
-from gateway.policy.staging import ROLLOUT, RolloutView
-from gateway.policy.traffic import TRAFFIC, TrafficBook
 from gateway.registry.pool import BACKENDS
+from gateway.reload.holder import PolicyHolder
+from gateway.reload.staging import ROLLOUT, RolloutView
+from gateway.reload.traffic import TRAFFIC, TrafficBook
 from gateway.services import Services
 from gateway.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from gateway.policy.rollout import ShadowHook
+    from gateway.reload.rollout import ShadowHook
     from gateway.upstream.channels import ChannelPool
     from gateway.upstream.pool import UpstreamPool
 
@@ -119,7 +119,7 @@ class Gateway:
         """The snapshot a new request is served by, chosen once at arrival (the one place the
         request path asks): the stable one, or during a staged rollout the side
         `RolloutController.choose` picks (by a hash of the request's x-request-id; see
-        gateway/policy/rollout.py)."""
+        gateway/reload/rollout.py)."""
         holder = self.holder
         ro = holder.rollout
         if ro is None:
@@ -181,5 +181,5 @@ class Gateway:
 
 
 def _shadow_hooks(snap: Snapshot) -> list[ShadowHook]:
-    """The `shadow_request` hooks of a chain's filters (see gateway/policy/rollout.py)."""
+    """The `shadow_request` hooks of a chain's filters (see gateway/reload/rollout.py)."""
     return [f.shadow_request for f in snap.chain.filters if hasattr(f, "shadow_request")]

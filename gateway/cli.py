@@ -13,7 +13,7 @@ DESCRIPTION = "Sluice: a traffic-control gateway for LLM inference backends."
 EPILOG = "Run `sluice COMMAND --help` for the options of one command."
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.server", "run the gateway"),
-    "policy": ("gateway.policy.commands", "check, print the schema of, or diff policy files"),
+    "policy": ("gateway.policyctl.commands", "check, print the schema of, or diff policy files"),
     "mock-backend": ("gateway.mockbackend.commands", "run the simulated inference backend"),
     "bench": ("gateway.bench", "measure Sluice against the backend direct"),
     "ebpf": ("gateway.datapath.commands", "attach, inspect or detach the eBPF TC classifier"),

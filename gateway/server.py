@@ -145,7 +145,7 @@ class Server:
 
             self.grpc = await start_grpc(self.gateway, lst.grpc.host, lst.grpc.port)
             self.ports["grpc"] = self.grpc.port
-        from gateway.policy.watch import PolicyWatcher
+        from gateway.reload.watch import PolicyWatcher
 
         self.watcher = PolicyWatcher(
             self.gateway.holder, interval_s=Settings.from_env().watch_interval_s
@@ -177,7 +177,7 @@ class Server:
         """SIGHUP and POST /admin/policy/reload come here (the file watcher calls the holder).
         `force`: past the change guard; `rollout_fields`: a staged rollout with these fields;
         `now`: all at once, whatever the policy's `rollout:` says."""
-        from gateway.policy.holder import FROM_POLICY
+        from gateway.reload.holder import FROM_POLICY
 
         holder = self.gateway.holder
         if self.stopping:  # the owners are closing: a new policy would start their work again

@@ -55,7 +55,7 @@ class Entry:
         tally: Tally,
     ) -> None:
         self.expires = expires  # wall clock
-        self.principal = principal  # gateway.filters.base.Principal
+        self.principal = principal  # gateway.context.Principal
         self.headers = headers  # upstream headers to set ("" = strip the client's copy)
         self.source = source  # the JwksSource whose key verified it, None for HMAC
         self.gen = gen  # source.generation at verification

@@ -9,7 +9,7 @@ import logging
 import time
 from json.encoder import encode_basestring_ascii
 
-from gateway.filters.base import RequestContext
+from gateway.context import RequestContext
 from gateway.policy.model import AccessLog
 from gateway.services import Services
 from gateway.telemetry.accesslog import SINK, AccessLogSink

@@ -35,6 +35,7 @@ from gateway.auth.jwks import JWKS, JwksCaches, JwksSource
 from gateway.auth.jwt import Failure, Inspected, Provider, Secret, Verified, Verifier
 from gateway.auth.keys import load_secret
 from gateway.auth.tokens import TOKENS, Entry, TokenCache, TokenCaches
+from gateway.context import Principal, RequestContext, Status
 from gateway.core import jwtclaims as jc
 from gateway.core.verdict import (
     GRPC_INVALID_ARGUMENT,
@@ -44,7 +45,6 @@ from gateway.core.verdict import (
     Verdict,
     reject,
 )
-from gateway.filters.base import Principal, RequestContext, Status
 from gateway.policy.auth import Auth, AuthProvider, RouteAuth, RouteAuthSetting
 from gateway.telemetry import metrics
 

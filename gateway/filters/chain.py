@@ -11,8 +11,9 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from gateway.context import RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
-from gateway.filters.base import Filter, RequestContext, Status, StreamEvent
+from gateway.filters.base import Filter
 
 log = logging.getLogger("sluice.chain")
 

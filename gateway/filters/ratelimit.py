@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
+from gateway.context import RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
@@ -29,7 +30,6 @@ from gateway.core.outcome import Outcome
 from gateway.core.overload import Colour, sheds
 from gateway.core.request import Protocol
 from gateway.core.tokens import Reservation, estimate
-from gateway.filters.base import RequestContext, Status, StreamEvent
 from gateway.filters.ratelimit_steps import Rule, Ticket
 from gateway.filters.ratelimit_tokens import on_body, on_event
 from gateway.filters.ratelimit_wait import queued, strict

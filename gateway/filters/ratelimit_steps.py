@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from gateway.context import RequestContext, Status
 from gateway.core.keystate import Code, KeyState
 from gateway.core.tokens import Reservation
-from gateway.filters.base import RequestContext, Status
 from gateway.ratelimit.compiled import CompiledLimits, CompiledRule
 from gateway.ratelimit.owner import Limiter
 from gateway.ratelimit.state import PoolState, RuleState

@@ -13,9 +13,9 @@ nothing there; they go on from the request phase through its public `Steps`.
 
 from __future__ import annotations
 
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.tokens import estimate, usage_from_trailer
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.ratelimit_steps import Steps, Ticket
 from gateway.ratelimit.state import TOKEN_CUT
 from gateway.ratelimit.verdicts import OVERRUN

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
+from gateway.context import RequestContext, Status
 from gateway.core.keystate import Code, KeyState, strict_seen
 from gateway.core.request import Protocol
 from gateway.core.tokens import estimate
 from gateway.errors import StoreUnavailable
-from gateway.filters.base import RequestContext, Status
 from gateway.filters.ratelimit_steps import Rule, Steps, Ticket
 from gateway.ratelimit.compiled import CompiledRule
 from gateway.ratelimit.state import QUEUED, STRICT_FALLBACK, RuleState

@@ -7,7 +7,7 @@ import random
 import re
 from typing import Any
 
-from gateway.filters.base import RequestContext, Status
+from gateway.context import RequestContext, Status
 from gateway.services import Services
 
 _VALID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")

@@ -23,12 +23,12 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from gateway.context import RequestContext, Status
 from gateway.core.balancer import SmoothWeightedRoundRobin, hash_key, split_sticky
 from gateway.core.canary import CanaryGuard
 from gateway.core.outcome import Outcome
 from gateway.core.retry import RetryBudget, RetryParams, retriable
 from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
-from gateway.filters.base import RequestContext, Status
 from gateway.registry.member import Attempt, Member, Result
 from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.registry.view import BackendView

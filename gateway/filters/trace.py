@@ -19,11 +19,11 @@ import os
 import random
 import time
 
+from gateway.context import RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.sampler import Reason, TailSampler
 from gateway.core.traceparent import MASK64, client_span_id
 from gateway.core.traceparent import parse as parse_traceparent
-from gateway.filters.base import RequestContext, Status, StreamEvent
 from gateway.policy.model import Tracing as TracingSection
 from gateway.services import Services
 from gateway.telemetry import metrics

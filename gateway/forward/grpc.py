@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNAVAILABLE, GRPC_UNKNOWN
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
 from gateway.forward.grpc_exchange import GrpcExchange, Metadata

@@ -11,9 +11,9 @@ from typing import cast
 import grpc
 import grpc.aio
 
+from gateway.context import RequestContext
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_INTERNAL
-from gateway.filters.base import RequestContext
 from gateway.forward.failures import grpc_outcome
 from gateway.forward.grpc_exchange import GrpcExchange, Metadata
 from gateway.forward.headers import retry_after_value

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.filters.base import RequestContext
+    from gateway.context import RequestContext
     from gateway.policy.compiled import Endpoint
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus the ones a proxy rewrites itself: framing (the pool and

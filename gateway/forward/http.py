@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gateway import jsonfast
+from gateway.context import RequestContext, Status
 from gateway.core import body as bodies
 from gateway.core.outcome import Outcome
 from gateway.core.request import unsafe_path
@@ -38,7 +39,6 @@ from gateway.core.verdict import (
     reject,
 )
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.filters.base import RequestContext, Status
 from gateway.forward import relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from gateway.filters.base import RequestContext
+from gateway.context import RequestContext
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:

@@ -25,12 +25,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway import jsonfast
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import usage_from
 from gateway.core.outcome import Outcome
 from gateway.core.sse import SseParser, error_event
 from gateway.core.verdict import Verdict
 from gateway.errors import UpstreamError, UpstreamProtocolError
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.forward.deadlines import STALL, Deadlines
 from gateway.forward.headers import BadUpstreamHead, client_head
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from gateway.filters.base import RequestContext
+    from gateway.context import RequestContext
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -252,7 +252,7 @@ def _record_llm(
         TOKENS.labels(route, backend, "output").inc(usage.completion_tokens)
 
 
-# --- policy safety: change guard and staged rollouts (gateway/policy/holder.py, rollout.py) ---
+# --- policy safety: change guard and staged rollouts (gateway/reload/) ---
 POLICY_HELD = Gauge(
     "sluice_policy_held",
     "1 while the latest policy change is held by the change guard (not applied).",

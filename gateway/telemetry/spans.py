@@ -28,7 +28,7 @@ from gateway.core.traceparent import client_span_id
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-    from gateway.filters.base import Decision, RequestContext, UpstreamTry
+    from gateway.context import Decision, RequestContext, UpstreamTry
 
 MAX_PATH = 256
 MAX_DETAIL = 256

@@ -23,9 +23,9 @@ import h2.settings
 
 from gateway.adapters.grpc import start_grpc
 from gateway.app import Gateway
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import reject
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
 from gateway.filters.routing import RouteFilter
 from gateway.snapshot import Snapshot

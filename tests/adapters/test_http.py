@@ -18,7 +18,7 @@ from aiohttp import web
 from gateway.adapters.h1_server import NativeListener
 from gateway.adapters.http import HttpListener, start_http
 from gateway.app import Gateway
-from gateway.filters.base import RequestContext
+from gateway.context import RequestContext
 from gateway.forward.lifecycle import Lifecycle
 from gateway.snapshot import Snapshot
 from tests.support import free_port

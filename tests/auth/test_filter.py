@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from gateway.context import RequestContext, Status
 from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.auth import AuthFilter, PlainAuthFilter, build
-from gateway.filters.base import RequestContext, Status
 from gateway.filters.chain import Chain
 from gateway.filters.request_id import RequestIdFilter
 from gateway.policy.compiled import CompiledPolicy, compile_policy

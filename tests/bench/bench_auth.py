@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.context import RequestContext
 from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.auth import build
-from gateway.filters.base import RequestContext
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
 from gateway.services import Services

@@ -32,9 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from gateway.context import RequestContext  # noqa: E402
 from gateway.core.keystate import KeyState, RuleMath  # noqa: E402
 from gateway.core.request import Protocol, RequestInfo  # noqa: E402
-from gateway.filters.base import RequestContext  # noqa: E402
 from gateway.filters.registry import build_chain  # noqa: E402
 from gateway.policy.compiled import compile_policy  # noqa: E402
 from gateway.policy.model import Policy  # noqa: E402

@@ -15,10 +15,10 @@ import gc
 import time
 import tracemalloc
 
+from gateway.context import RequestContext
 from gateway.core.body import Usage, from_doc
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.filters.base import RequestContext
 from gateway.filters.trace import TraceFilter
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy

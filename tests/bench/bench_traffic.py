@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gateway.app import Gateway  # noqa: E402
+from gateway.context import RequestContext  # noqa: E402
 from gateway.core.request import Protocol, RequestInfo  # noqa: E402
-from gateway.filters.base import RequestContext  # noqa: E402
 from gateway.policy.model import Rollout  # noqa: E402
-from tests.policy.traffic_support import BASE  # noqa: E402
+from tests.reload.traffic_support import BASE  # noqa: E402
 
 
 def best(fn: Callable[[], object], n: int) -> float:

@@ -5,10 +5,10 @@ import logging
 
 import pytest
 
+from gateway.context import RequestContext, Status
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.verdict import reject
 from gateway.filters.access_log import AccessLogFilter
-from gateway.filters.base import RequestContext, Status
 from gateway.filters.chain import Chain
 from gateway.filters.request_id import RequestIdFilter
 from gateway.filters.routing import RouteFilter

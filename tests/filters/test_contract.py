@@ -13,8 +13,8 @@ import pytest
 import gateway.filters.registry as registry
 from gateway.adapters.http import start_http
 from gateway.app import Gateway
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import opaque
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
 from gateway.services import ServiceKey, Services
 from tests.filters.test_chain import ctx_for

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from gateway.context import EventKind, Principal, RequestContext, Status, StreamEvent
 from gateway.core.body import Usage, from_doc
 from gateway.core.clock import ManualClock, MonotonicClock
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.filters.base import EventKind, Principal, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
 from gateway.filters.ratelimit import RateLimitFilter, TokenRateLimitFilter, build
 from gateway.filters.ratelimit_steps import Ticket

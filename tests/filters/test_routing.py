@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from gateway.context import RequestContext, Status
 from gateway.core.breaker import State
 from gateway.core.clock import ManualClock
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.filters.base import RequestContext, Status
 from gateway.filters.routing import RouteFilter
 from gateway.policy.compiled import Endpoint, compile_policy
 from gateway.policy.model import Policy

@@ -18,10 +18,10 @@ from aiohttp import web
 
 from gateway.adapters.http import start_http
 from gateway.app import Gateway
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import reject
-from gateway.filters.base import EventKind, RequestContext, Status, StreamEvent
 from gateway.filters.chain import Chain
 from gateway.filters.request_id import RequestIdFilter
 from gateway.filters.routing import RouteFilter

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gateway.policy.schema import policy_schema
-from tests.policy.test_commands import SHIPPED
+from tests.policyctl.test_commands import SHIPPED
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gateway.context import RequestContext, Status
 from gateway.core.request import Protocol, RequestInfo
-from gateway.filters.base import RequestContext, Status
 from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy

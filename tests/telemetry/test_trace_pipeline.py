@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from gateway.context import RequestContext
 from gateway.core.body import Usage, from_doc
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.core.sampler import ONE
 from gateway.core.traceparent import client_span_id, parse
-from gateway.filters.base import RequestContext
 from gateway.filters.registry import build_chain
 from gateway.filters.trace import TraceFilter
 from gateway.policy.compiled import compile_policy

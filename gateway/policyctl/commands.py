@@ -36,7 +36,7 @@ HELD_EXIT = 2  # the change guard would hold (or held) the change
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from gateway.policy.remote import DEFAULT_ADMIN
+    from gateway.policyctl.remote import DEFAULT_ADMIN
 
     sub = parser.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
 
@@ -101,7 +101,7 @@ def _load(path: Path, check_files: bool = False) -> tuple[Policy | None, str, li
 
 
 def check(paths: list[Path], against: str | None = None) -> int:
-    from gateway.policy.remote import guard_against
+    from gateway.policyctl.remote import guard_against
 
     code = 0
     for path in paths:
@@ -127,14 +127,14 @@ def diff_command(files: list[Path], against: str | None) -> int:
 
 
 def diff(old_path: Path | None, new_path: Path, against: str | None = None) -> int:
-    from gateway.policy.guard import static_warnings
+    from gateway.reload.guard import static_warnings
 
     new, new_version, new_errors = _load(new_path)
     old_errors: list[str] = []
     if old_path is not None:
         old, old_version, old_errors = _load(old_path)
     else:
-        from gateway.policy.remote import running
+        from gateway.policyctl.remote import running
 
         serving, _ = running(against or "")
         old, old_version = serving.policy, serving.version
@@ -148,7 +148,7 @@ def diff(old_path: Path | None, new_path: Path, against: str | None = None) -> i
         for w in static_warnings(new):
             print(f"warning: {w}")
         return 0
-    from gateway.policy.remote import guard_against
+    from gateway.policyctl.remote import guard_against
 
     report = guard_against(against, new, old)
     print("\n".join(report.lines()))
@@ -156,7 +156,7 @@ def diff(old_path: Path | None, new_path: Path, against: str | None = None) -> i
 
 
 def apply(admin: str, force: bool, stages: str | None, hold_s: float | None) -> int:
-    from gateway.policy.remote import call, reload_query, rollout_lines
+    from gateway.policyctl.remote import call, reload_query, rollout_lines
 
     code, st = call(admin, "/admin/policy/reload" + reload_query(force, stages, hold_s), "POST")
     if code == 400:
@@ -179,7 +179,7 @@ def apply(admin: str, force: bool, stages: str | None, hold_s: float | None) -> 
 
 
 def rollout(admin: str, action: str) -> int:
-    from gateway.policy.remote import call, rollout_lines
+    from gateway.policyctl.remote import call, rollout_lines
 
     if action == "status":
         code, st = call(admin, "/admin/policy/rollout")

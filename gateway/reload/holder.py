@@ -36,12 +36,12 @@ from typing import Any, Generic, TypeVar
 from gateway.core import rollout as core
 from gateway.errors import PolicyError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
-from gateway.policy.guard import GuardReport, check_change, summarize
 from gateway.policy.loader import load_policy, load_policy_text
 from gateway.policy.model import Rollout
-from gateway.policy.rollout import RolloutController, ShadowHook
-from gateway.policy.staging import StagedRollouts
-from gateway.policy.traffic import TrafficSnapshot
+from gateway.reload.guard import GuardReport, check_change, summarize
+from gateway.reload.rollout import RolloutController, ShadowHook
+from gateway.reload.staging import StagedRollouts
+from gateway.reload.traffic import TrafficSnapshot
 from gateway.telemetry import metrics
 
 log = logging.getLogger("sluice.policy")

@@ -13,10 +13,10 @@ import pytest
 import gateway.filters.registry as registry
 from gateway.adapters.http import start_http
 from gateway.app import Gateway
-from gateway.filters.base import RequestContext, Status
+from gateway.context import RequestContext, Status
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder
 from gateway.policy.model import Rollout
+from gateway.reload.holder import PolicyHolder
 from gateway.services import ServiceKey, Services
 from gateway.telemetry import metrics
 from tests.forward.test_phases import upstream
@@ -83,7 +83,7 @@ async def test_an_owner_that_fails_activation_fails_the_reload_under_traffic(
     monkeypatch.setitem(
         registry.FILTERS,
         "request_id",
-        registry.FilterSpec("tests.policy.test_swap_failure:build_switched", lambda c: c),
+        registry.FilterSpec("tests.reload.test_swap_failure:build_switched", lambda c: c),
     )
     async with upstream() as up:
         path = tmp_path / "policy.yaml"

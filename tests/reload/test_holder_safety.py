@@ -9,11 +9,11 @@ from pathlib import Path
 from gateway.core.clock import ManualClock
 from gateway.core.request import Protocol, RequestInfo
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder
 from gateway.policy.model import Rollout
+from gateway.reload.holder import PolicyHolder
 from gateway.telemetry import metrics
-from tests.policy.test_guard import NO_ROUTES
-from tests.policy.traffic_support import BASE, add, book_with, served
+from tests.reload.test_guard import NO_ROUTES
+from tests.reload.traffic_support import BASE, add, book_with, served
 
 FAST = "rollout: {stages: [shadow, 10, 50, 100], hold_s: 1, min_requests: 20}\n"
 MOVED = BASE.replace("9001", "9002")  # a harmless change
@@ -212,8 +212,8 @@ def test_shadow_stage_catches_a_bad_route_change_before_any_request_is_served(
 
 
 def test_filters_can_take_part_in_the_shadow_stage(tmp_path: Path) -> None:
+    from gateway.context import RequestContext, Status
     from gateway.core.verdict import reject
-    from gateway.filters.base import RequestContext, Status
 
     holder, path, clock = make(tmp_path)
     calls: list[str] = []
@@ -234,7 +234,7 @@ def test_filters_can_take_part_in_the_shadow_stage(tmp_path: Path) -> None:
 
 
 def test_the_status_section_says_what_needs_attention(tmp_path: Path) -> None:
-    from gateway.policy.staging import RolloutView
+    from gateway.reload.staging import RolloutView
 
     holder, path, clock = make(tmp_path)
     view = RolloutView(holder)

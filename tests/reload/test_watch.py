@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 from gateway.policy.compiled import CompiledPolicy, compile_policy
-from gateway.policy.holder import PolicyHolder
 from gateway.policy.loader import load_policy_text
-from gateway.policy.watch import PolicyWatcher
-from tests.policy.test_holder import V1, V2, build, holder_at
-from tests.policy.traffic_support import BASE
+from gateway.reload.holder import PolicyHolder
+from gateway.reload.watch import PolicyWatcher
+from tests.reload.test_holder import V1, V2, build, holder_at
+from tests.reload.traffic_support import BASE
 
 V3 = V1.replace("9000", "9020")
 
@@ -200,7 +200,7 @@ async def watch_slow_writer(
 ) -> tuple[list[str], PolicyHolder[CompiledPolicy]]:
     """Versions the holder swapped in while a slow writer wrote `final` over BASE."""
     from gateway.core.clock import ManualClock
-    from tests.policy.traffic_support import book_with, compiled
+    from tests.reload.traffic_support import book_with, compiled
 
     path = tmp_path / "policy.yaml"
     path.write_text(BASE)

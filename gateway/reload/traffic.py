@@ -43,7 +43,7 @@ from gateway.core.request import Protocol, RequestInfo
 from gateway.services import ServiceKey
 
 if TYPE_CHECKING:
-    from gateway.filters.base import RequestContext
+    from gateway.context import RequestContext
     from gateway.policy.compiled import CompiledPolicy
 
 BUCKET_S = 60.0

@@ -35,7 +35,7 @@ from typing import Any
 from gateway.core.histogram import latency_between, merge, quantile, size_between
 from gateway.policy.compiled import CompiledPolicy, CompiledRoute
 from gateway.policy.model import Guard, Policy
-from gateway.policy.traffic import Shape, TrafficSnapshot
+from gateway.reload.traffic import Shape, TrafficSnapshot
 
 REFUSAL_KINDS = ("no_route", "no_endpoint")
 

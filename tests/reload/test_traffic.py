@@ -7,8 +7,8 @@ from pathlib import Path
 from gateway.core.clock import ManualClock
 from gateway.core.histogram import latency_bucket, size_bucket
 from gateway.core.request import Protocol
-from gateway.policy.traffic import BUCKET_S, BUCKETS, MAX_SHAPES, REDACTED, TRAFFIC, TrafficSnapshot
-from tests.policy.traffic_support import BASE, add, book_with, compiled, served
+from gateway.reload.traffic import BUCKET_S, BUCKETS, MAX_SHAPES, REDACTED, TRAFFIC, TrafficSnapshot
+from tests.reload.traffic_support import BASE, add, book_with, compiled, served
 
 
 def test_requests_are_counted_by_shape_route_and_backend() -> None:

@@ -29,13 +29,13 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from gateway.context import RequestContext, Status
 from gateway.core import rollout as core
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
-from gateway.filters.base import RequestContext, Status
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.guard import usable_routes
 from gateway.policy.model import Rollout
+from gateway.reload.guard import usable_routes
 from gateway.telemetry import metrics
 
 A = TypeVar("A")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from gateway.context import RequestContext
 from gateway.core.clock import ManualClock
 from gateway.core.request import Protocol, RequestInfo
-from gateway.filters.base import RequestContext
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.loader import load_policy_text
-from gateway.policy.traffic import TrafficBook
+from gateway.reload.traffic import TrafficBook
 
 BASE = """\
 backends:

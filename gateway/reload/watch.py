@@ -33,8 +33,8 @@ import os
 import time
 from typing import Protocol
 
-from gateway.policy.holder import ReloadResult
 from gateway.policy.loader import MAX_BYTES
+from gateway.reload.holder import ReloadResult
 
 log = logging.getLogger("sluice.policy")
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from gateway.errors import AdminError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
-from gateway.policy.guard import GuardReport, check_change
 from gateway.policy.model import Policy
-from gateway.policy.traffic import TrafficSnapshot
+from gateway.reload.guard import GuardReport, check_change
+from gateway.reload.traffic import TrafficSnapshot
 
 DEFAULT_ADMIN = "http://127.0.0.1:9901"
 TIMEOUT_S = 10.0

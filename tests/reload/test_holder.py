@@ -8,7 +8,7 @@ import pytest
 
 from gateway.errors import PolicyError
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.holder import PolicyHolder
+from gateway.reload.holder import PolicyHolder
 from gateway.telemetry import metrics
 
 V1 = """\

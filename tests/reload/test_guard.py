@@ -7,9 +7,9 @@ import pytest
 
 from gateway.core.clock import ManualClock
 from gateway.core.request import Protocol
-from gateway.policy.guard import check_change, static_warnings
 from gateway.policy.model import Guard
-from tests.policy.traffic_support import BASE, add, book_with, compiled, served
+from gateway.reload.guard import check_change, static_warnings
+from tests.reload.traffic_support import BASE, add, book_with, compiled, served
 
 ALL_WEIGHTS_0 = BASE.replace('"127.0.0.1:9000"}', '"127.0.0.1:9000", weight: 0}').replace(
     "weight: 2}", "weight: 0}"

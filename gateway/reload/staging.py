@@ -20,7 +20,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from gateway.core import rollout as core
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.model import Rollout
-from gateway.policy.rollout import RolloutController, ShadowHook
+from gateway.reload.rollout import RolloutController, ShadowHook
 from gateway.services import ServiceKey
 from gateway.telemetry import metrics
 

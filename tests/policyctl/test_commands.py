@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.commands import diff_policies, schema_text
 from gateway.policy.loader import load_policy, load_policy_text
+from gateway.policyctl.commands import diff_policies, schema_text
 from tests.support import ROOT
 
 SHIPPED = sorted(

@@ -1,0 +1,210 @@
+"""The per-request context shared by the engines, the forwarding path, the filters, the
+policy runtime and telemetry: what one request carries from admission to its finish (typed
+slots the filters fill, how it ended, upstream tries and stream timings), and the small
+values that travel with it (the chain's `Status`, response `StreamEvent`s, the
+`Principal`). A leaf: it imports only `gateway.core` (and the compiled policy's types for
+checking)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gateway.core.body import RequestBody, Usage
+from gateway.core.outcome import Outcome
+from gateway.core.request import RequestInfo
+from gateway.core.traceparent import client_span_id
+from gateway.core.verdict import ALLOW, Verdict
+
+if TYPE_CHECKING:
+    from gateway.policy.compiled import CompiledPolicy, CompiledRoute, Endpoint
+
+
+class Status(enum.Enum):
+    CONTINUE = enum.auto()
+    STOP = enum.auto()  # ctx.verdict is set: answer now (or end the response cleanly)
+
+
+class EventKind(enum.Enum):
+    HEAD = "head"  # response status and headers are known (HTTP); initial metadata (gRPC)
+    SSE = "sse"  # one server-sent event of a streaming response
+    JSON = "json"  # the JSON body of a non-streaming response (parsed, up to a cap)
+    TRAILERS = "trailers"  # gRPC trailing metadata
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    kind: EventKind
+    status: int = 0  # HEAD: the upstream HTTP status / 0 for gRPC
+    data: bytes = b""  # SSE: the event's data
+    doc: Any = None  # SSE / JSON: the parsed JSON (None if not JSON)
+    metadata: tuple[tuple[str, str], ...] = ()  # HEAD: response headers / TRAILERS: metadata
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, as established by the auth filter."""
+
+    provider: str  # the auth provider's name
+    subject: str  # `sub` claim ("" if absent)
+    claims: Mapping[str, Any]  # verified claims (never the token itself)
+
+
+@dataclass(slots=True)
+class Decision:
+    """One filter decision, kept for the trace of the request (bounded per request)."""
+
+    at: float  # time.monotonic()
+    filter: str
+    name: str  # e.g. "auth.ok", "limit.reject", "route.pick"
+    detail: str = ""  # short, safe to log
+
+
+MAX_DECISIONS = 32
+MAX_TRIES = 8  # upstream tries remembered per request for the trace (retries beyond: counted)
+
+
+@dataclass(slots=True)
+class UpstreamTry:
+    """One upstream try of a request (a retry is another), for its trace's client span.
+
+    Recorded only while tracing is on (`ctx.trace_id` set): the forwarding path calls
+    `ctx.begin_try` when it starts sending to an endpoint and `ctx.end_try` when that try is
+    over (answered, failed, or abandoned)."""
+
+    backend: str
+    address: str
+    started: float  # time.monotonic()
+    ended: float = 0.0  # 0 until end_try
+    first_byte_at: float | None = None  # response head received (ctx.try_first_byte)
+    status: int = 0  # HTTP status / gRPC code the backend answered (0: none)
+    error: str = ""  # why the try failed, an Outcome value ("" = it answered)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Mutable state of one request. `policy` is the snapshot the request started with: a reload
+    in the middle of the request does not change what it sees."""
+
+    info: RequestInfo
+    policy: CompiledPolicy
+    request_id: str = ""
+    verdict: Verdict = ALLOW
+    route: CompiledRoute | None = None
+    endpoint: Endpoint | None = None
+    started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    # How it ended (set by the forwarding path; filters read it in on_response).
+    outcome: Outcome = Outcome.OK
+    detail: str = ""  # short safe text about the outcome, for the log (never a secret)
+    http_status: int = 0
+    grpc_status: int | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    first_byte_at: float | None = None  # monotonic time the first response byte went out
+    ran: int = 0  # filters whose on_request ran (on_response unwinds those)
+    attempts: int = 0  # upstream tries (retries included)
+    # Headers/metadata filters add to the upstream request (lower-case names). The client's own
+    # headers of these names are never forwarded; a value of "" sends none at all (how auth
+    # removes a client-supplied copy of a claim header when the claim is absent).
+    upstream_headers: dict[str, str] = field(default_factory=dict)
+    # Headers filters add to the client response (HTTP) / trailing metadata (gRPC).
+    response_headers: list[tuple[str, str]] = field(default_factory=list)
+    # Typed slots the filters fill.
+    principal: Principal | None = None  # auth
+    priority: int | None = None  # 0 = highest (limits, shedding)
+    reservation: Any = None  # the limiter's token reservation, reconciled in on_response
+    body: RequestBody | None = None  # the body phase's view of the request body
+    usage: Usage | None = None  # what the backend reported (JSON usage, final SSE chunk, trailer)
+    trace_id: int = 0  # 128-bit W3C trace id (0 = none yet)
+    parent_span_id: int = 0  # the client's span, from an incoming traceparent
+    trace_flags: int = 0
+    decisions: list[Decision] | None = None  # filled only when something is recorded
+    upstream_attempt: Any = None  # routing: the member of this try (gateway.registry.member)
+    # Tracing (filled while the trace filter runs; all cheap scalars until a trace is kept).
+    span_id: int = 0  # the gateway's server span for this request
+    tries: list[UpstreamTry] | None = None  # upstream tries (begin_try / end_try)
+    trace_kept: bool = False  # the tail sampler kept this request's trace (exemplars)
+    # Streams: the forwarding path calls `stream_event(now)` for each SSE event (or gRPC
+    # response message) that carries output, for time to first token and inter-token latency.
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    stream_events: int = 0
+
+    def stop(self, verdict: Verdict) -> Status:
+        self.verdict = verdict
+        return Status.STOP
+
+    def decide(self, filter_name: str, name: str, detail: str = "") -> None:
+        """Record a decision for the trace (cheap; bounded to MAX_DECISIONS per request)."""
+        d = self.decisions
+        if d is None:
+            d = self.decisions = []
+        if len(d) < MAX_DECISIONS:
+            d.append(Decision(time.monotonic(), filter_name, name, detail))
+
+    def begin_try(self, backend: str, address: str, now: float) -> None:
+        """An upstream try starts (call it before each try, retries too). Counts `attempts`;
+        while tracing is on, remembers the try and points the `traceparent` sent upstream at
+        this try's client span."""
+        n = self.attempts
+        self.attempts = n + 1
+        if not self.trace_id:
+            return
+        tries = self.tries
+        if tries is None:
+            tries = self.tries = []
+        if len(tries) < MAX_TRIES:
+            tries.append(UpstreamTry(backend, address, now))
+        if n:  # the first try's traceparent was set by the trace filter
+            tp = self.upstream_headers.get("traceparent")
+            if tp is not None:
+                span = client_span_id(self.span_id, n)
+                self.upstream_headers["traceparent"] = f"{tp[:36]}{span:016x}{tp[52:]}"
+
+    def try_first_byte(self, now: float, status: int = 0) -> None:
+        """The current try's response head (HTTP status) / initial metadata (gRPC) arrived."""
+        if self.tries and self.attempts <= MAX_TRIES:
+            t = self.tries[-1]
+            t.first_byte_at = now
+            if status:
+                t.status = status
+
+    def end_try(self, now: float, status: int = 0, error: str = "") -> None:
+        """The current try is over (first call wins): `status` the backend's HTTP status /
+        gRPC code if not given before, `error` an `Outcome` value when the try failed."""
+        if self.tries and self.attempts <= MAX_TRIES:
+            t = self.tries[-1]
+            if not t.ended:
+                t.ended, t.error = now, error
+                if status:
+                    t.status = status
+
+    def stream_event(self, now: float) -> None:
+        """An output event of a streaming response went to the client (SSE event with data,
+        gRPC response message)."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        self.stream_events += 1
+
+    @property
+    def error(self) -> str:
+        """The outcome's label, "" when OK; a rejection's own type when Sluice refused."""
+        if self.outcome is Outcome.OK:
+            return ""
+        if self.outcome is Outcome.REJECTED and self.verdict.error_type:
+            return self.verdict.error_type
+        value: str = self.outcome.value
+        return value
+
+    @property
+    def cancelled(self) -> bool:
+        return self.outcome is Outcome.CLIENT_CANCELLED
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
