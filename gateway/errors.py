@@ -4,6 +4,7 @@ GatewayError
   + PolicyError          bad YAML/schema: fatal at boot; on reload the old policy keeps serving
   + UpstreamError        a backend failed us (the adapter maps it to 502/504 or UNAVAILABLE)
   |   + UpstreamConnectError   could not connect (or the pool is exhausted)
+  |   |   + UpstreamTlsError       the TLS handshake failed (verification, name, client cert)
   |   + UpstreamTimeout        connect / first-byte / idle / total deadline expired
   |   + UpstreamProtocolError  the backend spoke broken HTTP
   + StoreUnavailable     Redis down/timeout: each rule says fail_open or fail_closed
@@ -38,6 +39,11 @@ class UpstreamError(GatewayError):
 
 class UpstreamConnectError(UpstreamError):
     """Connecting to the backend failed, or no connection could be had in time."""
+
+
+class UpstreamTlsError(UpstreamConnectError):
+    """The TLS handshake with the backend failed: its certificate did not verify (unknown CA,
+    wrong name, expired), or it refused ours. Nothing was sent."""
 
 
 class UpstreamTimeout(UpstreamError):

@@ -36,7 +36,7 @@ from gateway.core.verdict import (
     Verdict,
     reject,
 )
-from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.filters.base import RequestContext, Status
 from gateway.filters.routing import pick_retry
 from gateway.forward import relay
@@ -245,10 +245,9 @@ class HttpForward:
                 up = await pool.request(endpoint, method, path, headers, body, per_try)
             except UpstreamError as e:
                 f = failure_for(e)
-                never_sent = isinstance(e, UpstreamConnectError) or (
-                    isinstance(e, UpstreamTimeout) and e.phase == "connect"
-                )
-                ctx.outcome = Outcome.UPSTREAM_CONNECT if never_sent else f.outcome
+                # A connect timeout never sent anything either: retried like a refused connect.
+                connect_timeout = isinstance(e, UpstreamTimeout) and e.phase == "connect"
+                ctx.outcome = Outcome.UPSTREAM_CONNECT if connect_timeout else f.outcome
                 ctx.detail = str(e)[:200]
                 ctx.end_try(time.monotonic(), 0, ctx.outcome.value)
                 nxt = pick_retry(ctx)
