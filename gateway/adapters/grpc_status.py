@@ -14,7 +14,7 @@ import grpc.aio
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED
 from gateway.filters.base import RequestContext
-from gateway.forward.failures import grpc_failure, grpc_outcome
+from gateway.forward.failures import grpc_failure, grpc_outcome, grpc_tls_reason
 from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
 
@@ -83,8 +83,9 @@ def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcEr
     failure = grpc_failure(code.value[0], details, tls is not None)
     if failure is not None and tls is not None and ctx.endpoint is not None:
         # Our channel's TLS handshake failed: say why in the log and the access log.
-        ctx.outcome, kind, ctx.detail = failure.outcome, failure.kind, details[:200]
-        tls.failed(ctx.endpoint.address, details)
+        reason = grpc_tls_reason(details)
+        ctx.outcome, kind, ctx.detail = failure.outcome, failure.kind, reason[:300]
+        tls.failed(ctx.endpoint.address, reason)
     if kind is not None and ctx.endpoint is not None:
         metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()

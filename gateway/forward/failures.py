@@ -96,3 +96,14 @@ def grpc_failure(code: int, details: str, tls: bool) -> Failure | None:
     if tls and code == GRPC_UNAVAILABLE and any(m in details for m in GRPC_TLS_MARKERS):
         return TLS
     return None
+
+
+def grpc_tls_reason(details: str) -> str:
+    """The part of grpc core's details that says why the handshake failed, without the
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:...:" preamble."""
+    for marker in GRPC_TLS_MARKERS:
+        i = details.find(marker)
+        if i >= 0:
+            start = details.rfind(": ", 0, i)
+            return details[start + 2 if start >= 0 else 0 :].removesuffix(": OK")
+    return details
