@@ -14,9 +14,10 @@ import grpc.aio
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED
 from gateway.filters.base import RequestContext
-from gateway.forward.failures import grpc_failure, grpc_outcome, grpc_tls_reason
+from gateway.forward.failures import grpc_failure, grpc_outcome
 from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
+from gateway.upstream.tls import grpc_tls_reason
 
 log = logging.getLogger("sluice.grpc")
 

@@ -25,6 +25,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTlsError,
 )
+from gateway.upstream.tls import GRPC_TLS_MARKERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +83,6 @@ def grpc_outcome(code: int) -> Outcome:
     return GRPC_OUTCOMES.get(code, Outcome.OK)
 
 
-# How grpc core words a failed handshake of our own channel in an UNAVAILABLE status's details:
-# "Tls handshake failed (TSI_PROTOCOL_FAILURE): ... CERTIFICATE_VERIFY_FAILED: unable to get local
-# issuer certificate", "Custom verification check failed with error: UNAUTHENTICATED: Hostname
-# Verification Check failed." (grpcio 1.85).
-GRPC_TLS_MARKERS = ("handshake failed", "CERTIFICATE_VERIFY_FAILED", "verification check failed")
-
-
 def grpc_failure(code: int, details: str, tls: bool) -> Failure | None:
     """The failure an upstream gRPC status stands for when the channel itself failed (the TLS
     handshake of a `tls` backend); None when the status is the backend's answer (see
@@ -96,14 +90,3 @@ def grpc_failure(code: int, details: str, tls: bool) -> Failure | None:
     if tls and code == GRPC_UNAVAILABLE and any(m in details for m in GRPC_TLS_MARKERS):
         return TLS
     return None
-
-
-def grpc_tls_reason(details: str) -> str:
-    """The part of grpc core's details that says why the handshake failed, without the
-    "failed to connect to all addresses; last error: UNKNOWN: ipv4:...:" preamble."""
-    for marker in GRPC_TLS_MARKERS:
-        i = details.find(marker)
-        if i >= 0:
-            start = details.rfind(": ", 0, i)
-            return details[start + 2 if start >= 0 else 0 :].removesuffix(": OK")
-    return details

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry import metrics
-from gateway.upstream.tls import tls_reason
+from gateway.upstream.tls import grpc_tls_reason, tls_reason
 
 if TYPE_CHECKING:
     from gateway.registry.member import HealthBox, MemberBooks
@@ -80,7 +80,7 @@ async def check_grpc(channel: Any, service: str, timeout: float) -> tuple[bool, 
     try:
         reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     except grpc.aio.AioRpcError as e:
-        return False, f"{e.code().name}: {(e.details() or '')[:100]}"
+        return False, f"{e.code().name}: {grpc_tls_reason(e.details() or '')[:160]}"
     except Exception as e:  # a broken channel: the check fails, the loop goes on
         return False, f"{type(e).__name__}: {e}"
     if reply.status == health_pb2.HealthCheckResponse.SERVING:

@@ -83,6 +83,24 @@ def tls_reason(e: BaseException) -> str:
     return f"handshake failed: {e}"
 
 
+# How grpc core words a failed handshake of our own channel in an UNAVAILABLE status's details:
+# "Tls handshake failed (TSI_PROTOCOL_FAILURE): ... CERTIFICATE_VERIFY_FAILED: unable to get local
+# issuer certificate", "Custom verification check failed with error: UNAUTHENTICATED: Hostname
+# Verification Check failed." (grpcio 1.85).
+GRPC_TLS_MARKERS = ("handshake failed", "CERTIFICATE_VERIFY_FAILED", "verification check failed")
+
+
+def grpc_tls_reason(details: str) -> str:
+    """The part of grpc core's details that says why a handshake failed, without the "failed
+    to connect to all addresses; last error: UNKNOWN: ipv4:...:" preamble (else `details`)."""
+    for marker in GRPC_TLS_MARKERS:
+        i = details.find(marker)
+        if i >= 0:
+            start = details.rfind(": ", 0, i)
+            return details[start + 2 if start >= 0 else 0 :].removesuffix(": OK")
+    return details
+
+
 def handshake_failed(tls: ClientTls | None, address: str, e: BaseException) -> UpstreamTlsError:
     """The error a failed handshake with `address` raises (its reason logged, rate-limited)."""
     reason = tls_reason(e)

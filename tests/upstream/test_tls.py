@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -93,6 +94,22 @@ async def test_pool_refuses_a_backend_that_does_not_verify(
         await pool.aclose()
 
 
+async def test_an_expired_certificate_is_refused(pki: Pki, tmp_path: Path) -> None:
+    cert, key = pki.ca.issue(
+        "expired", tmp_path, dns=(SERVER_NAME,), ips=("127.0.0.1",), expired=True
+    )
+    handle = await start_mock_backend("127.0.0.1:0", None, tls=ServerTls(str(cert), str(key)))
+    assert handle.http_port is not None
+    pool = UpstreamPool(Limits(), 30.0)
+    try:
+        with pytest.raises(UpstreamTlsError) as e:
+            await get(pool, endpoint(handle.http_port, ca=str(pki.ca.pem)))
+        assert "certificate verify failed: certificate has expired" in str(e.value)
+    finally:
+        await pool.aclose()
+        await handle.close()
+
+
 async def test_insecure_skip_verify_connects(backend: MockBackendHandle) -> None:
     assert backend.http_port is not None
     pool = UpstreamPool(Limits(), 30.0)
@@ -149,6 +166,9 @@ async def test_health_checks_over_tls(pki: Pki, backend: MockBackendHandle) -> N
         finally:
             await channel.close(None)
         assert ok is passes, err
+        if not passes:  # the reason, not grpc core's preamble
+            assert err.startswith("UNAVAILABLE: Tls handshake failed"), err
+            assert "CERTIFICATE_VERIFY_FAILED" in err, err
 
 
 async def test_grpc_channel_with_a_client_certificate(pki: Pki) -> None:
