@@ -251,3 +251,46 @@ async def test_insecure_skip_verify_connects_and_policy_check_warns(setup: Setup
     assert len(warnings) == 1, check.stdout
     assert "backends[8].tls.insecure_skip_verify" in warnings[0]
     assert "'insecure-http' does not verify" in warnings[0]
+
+
+async def _reload(gw: Gw, text: str) -> tuple[int, Any]:
+    tmp = gw.policy.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(gw.policy)
+    timeout = aiohttp.ClientTimeout(total=30)
+    url = f"http://127.0.0.1:{gw.admin_port}/admin/policy/reload"
+    async with aiohttp.ClientSession(timeout=timeout) as s, s.post(url) as r:
+        return r.status, await r.json()
+
+
+async def test_reloads_read_the_files_and_a_changed_section_opens_new_connections(
+    setup: Setup,
+) -> None:
+    """Last in this module: it edits the shared gateway's policy (and puts it back)."""
+    gw = setup.gw
+    original = gw.policy.read_text()
+    verified = f"{{ca: {setup.pki.ca.pem}, server_name: {SERVER_NAME}}}"
+    assert original.count(verified) == 3  # good-http is the first
+    try:
+        assert (await _chat(gw, "good"))[0] == 200  # a verified keep-alive connection is idle
+        # A file that cannot be read: the reload fails at its field, the old policy serves on.
+        broken = original.replace(f"ca: {setup.pki.ca.pem}", "ca: /nonexistent/ca.pem", 1)
+        code, st = await _reload(gw, broken)
+        assert code == 422, st
+        errors = st["last_reload"]["errors"]
+        assert any(
+            f"{gw.policy}:" in e and "backends[0].tls.ca: cannot read /nonexistent" in e
+            for e in errors
+        ), errors
+        assert (await _chat(gw, "good"))[0] == 200
+        # A changed section gets new connections: the idle one, verified for the old name,
+        # is not reused for a name the certificate does not carry.
+        renamed = original.replace(verified, f"{{ca: {setup.pki.ca.pem}, server_name: x.test}}", 1)
+        code, st = await _reload(gw, renamed)
+        assert code == 200 and st["last_reload"]["ok"], st
+        status, body = await _chat(gw, "good")
+        assert status == 502 and b"Hostname mismatch" in body, body
+    finally:
+        code, st = await _reload(gw, original)
+        assert code == 200, st
+    assert (await _chat(gw, "good"))[0] == 200
