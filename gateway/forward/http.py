@@ -36,13 +36,13 @@ from gateway.core.verdict import (
     Verdict,
     reject,
 )
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.filters.base import RequestContext, Status
 from gateway.filters.routing import pick_retry
 from gateway.forward import relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
-from gateway.forward.failures import failure_for
+from gateway.forward.failures import TLS, failure_for
 from gateway.forward.headers import error_body, request_headers, response_lines
 from gateway.telemetry import metrics
 
@@ -245,9 +245,10 @@ class HttpForward:
                 up = await pool.request(endpoint, method, path, headers, body, per_try)
             except UpstreamError as e:
                 f = failure_for(e)
-                # A connect timeout never sent anything either: retried like a refused connect.
-                connect_timeout = isinstance(e, UpstreamTimeout) and e.phase == "connect"
-                ctx.outcome = Outcome.UPSTREAM_CONNECT if connect_timeout else f.outcome
+                never_sent = isinstance(e, UpstreamConnectError) or (
+                    isinstance(e, UpstreamTimeout) and e.phase == "connect"
+                )
+                ctx.outcome = f.outcome if f is TLS or not never_sent else Outcome.UPSTREAM_CONNECT
                 ctx.detail = str(e)[:200]
                 ctx.end_try(time.monotonic(), 0, ctx.outcome.value)
                 nxt = pick_retry(ctx)
