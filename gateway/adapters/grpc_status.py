@@ -14,10 +14,9 @@ import grpc.aio
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED
 from gateway.filters.base import RequestContext
-from gateway.forward.failures import grpc_failure, grpc_outcome
+from gateway.forward.failures import grpc_outcome, grpc_tls_failed
 from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
-from gateway.upstream.tls import grpc_tls_reason
 
 log = logging.getLogger("sluice.grpc")
 
@@ -77,23 +76,16 @@ def _reject(ctx: RequestContext, context: Context) -> None:
 def _upstream_failed(ctx: RequestContext, context: Context, e: grpc.aio.AioRpcError) -> None:
     """The upstream call ended with a status: passed to the client as the backend sent it
     (details capped); the outcome comes from the one failure table."""
-    code, details = e.code(), e.details() or ""
+    code = e.code()
     ctx.outcome = grpc_outcome(code.value[0])
-    kind = _UPSTREAM_KIND.get(code)
-    tls = ctx.endpoint.tls if ctx.endpoint is not None else None
-    failure = grpc_failure(code.value[0], details, tls is not None)
-    if failure is not None and tls is not None and ctx.endpoint is not None:
-        # Our channel's TLS handshake failed: say why in the log and the access log.
-        reason = grpc_tls_reason(details)
-        ctx.outcome, kind, ctx.detail = failure.outcome, failure.kind, reason[:300]
-        tls.failed(ctx.endpoint.address, reason)
+    kind = grpc_tls_failed(ctx, code.value[0], e.details() or "") or _UPSTREAM_KIND.get(code)
     if kind is not None and ctx.endpoint is not None:
         metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()
     if trailing:
         cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
         context.set_trailing_metadata(bounded_metadata(cast(Metadata, trailing), cap))
-    _status(ctx, context, code, details)
+    _status(ctx, context, code, e.details() or "")
 
 
 def _crashed(ctx: RequestContext, context: Context) -> None:

@@ -12,6 +12,7 @@ as UNAVAILABLE with grpc core's reason in the details (`grpc_failure` tells it a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import (
@@ -25,7 +26,10 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTlsError,
 )
-from gateway.upstream.tls import GRPC_TLS_MARKERS
+from gateway.upstream.tls import GRPC_TLS_MARKERS, grpc_tls_reason
+
+if TYPE_CHECKING:
+    from gateway.filters.base import RequestContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +94,18 @@ def grpc_failure(code: int, details: str, tls: bool) -> Failure | None:
     if tls and code == GRPC_UNAVAILABLE and any(m in details for m in GRPC_TLS_MARKERS):
         return TLS
     return None
+
+
+def grpc_tls_failed(ctx: RequestContext, code: int, details: str) -> str | None:
+    """When an upstream gRPC status is our own channel's failed handshake (`grpc_failure`): its
+    outcome and reason on `ctx` (the access log's `error` and `detail`), one warning line
+    (rate-limited per member), and the metric kind to count it under; else None."""
+    endpoint = ctx.endpoint
+    tls = endpoint.tls if endpoint is not None else None
+    failure = grpc_failure(code, details, tls is not None)
+    if failure is None or tls is None or endpoint is None:
+        return None
+    reason = grpc_tls_reason(details)
+    ctx.outcome, ctx.detail = failure.outcome, reason[:300]
+    tls.failed(endpoint.address, reason)
+    return failure.kind
