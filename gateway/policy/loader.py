@@ -260,7 +260,7 @@ def checked_policy_text(
 def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
     """Build each backend's TLS contexts now (the files are read once, here: the gateway and
     `sluice policy check` alike), reporting a file that cannot be read or used at its field."""
-    from gateway.upstream.tls import TlsSettingError, client_tls
+    from gateway.upstream.tls import client_tls
 
     out: list[tuple[Loc, str]] = []
     for j, backend in enumerate(policy.backends):
@@ -268,8 +268,8 @@ def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
             continue
         try:
             client_tls(backend.tls)
-        except TlsSettingError as e:
-            out.append((("backends", j, "tls", e.field), str(e)))
+        except TlsError as e:
+            out.append((("backends", j, "tls", e.field), e.message))
     return out
 
 

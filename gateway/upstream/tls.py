@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from gateway.errors import UpstreamTlsError
+from gateway.errors import TlsError, UpstreamTlsError
 
 if TYPE_CHECKING:
     from gateway.policy.backends import UpstreamTls
@@ -31,14 +31,6 @@ log = logging.getLogger("sluice.upstream.tls")
 MAX_FILE_BYTES = 1024 * 1024  # a PEM bundle is a few KiB; anything larger is a mistake
 FAILURE_LOG_S = 10.0  # a member's handshake failures are logged at most this often
 MAX_LOGGED = 1024  # members remembered for that
-
-
-class TlsSettingError(ValueError):
-    """A `tls` file could not be read or used; `field` names the setting at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -114,19 +106,19 @@ def _read(path: str, name: str) -> bytes:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
-        raise TlsSettingError(name, f"cannot read {path}: {e.strerror or e}") from None
+        raise TlsError(name, "unreadable", f"cannot read {path}: {e.strerror or e}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise TlsSettingError(name, f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        raise TlsError(name, "invalid", f"{path} is larger than {MAX_FILE_BYTES} bytes")
     return data
 
 
 def _no_password() -> str:
-    raise TlsSettingError("key", "the key is encrypted: give Sluice an unencrypted key file")
+    raise TlsError("key", "invalid", "the key is encrypted: give Sluice an unencrypted key file")
 
 
 def client_tls(s: UpstreamTls) -> ClientTls:
     """The contexts of these settings, built from their files once and kept with them (the
-    loader builds them first; everything later shares them). Raises TlsSettingError."""
+    loader builds them first; everything later shares them). Raises TlsError."""
     built = s.built()
     if isinstance(built, ClientTls):
         return built
@@ -136,19 +128,21 @@ def client_tls(s: UpstreamTls) -> ClientTls:
 
 
 def load_client_tls(s: UpstreamTls) -> ClientTls:
-    """Read the files of `s` and build its contexts; raises TlsSettingError."""
+    """Read the files of `s` and build its contexts; raises TlsError (`field`: the setting at
+    fault)."""
     ca = _read(s.ca, "ca") if s.ca is not None else None
     cert = _read(s.cert, "cert") if s.cert is not None else None
     key = _read(s.key, "key") if s.key is not None else None
     cadata = None
     if ca is not None:
         if b"-----BEGIN CERTIFICATE-----" not in ca:
-            raise TlsSettingError("ca", f"{s.ca} holds no PEM certificate")
+            raise TlsError("ca", "invalid", f"{s.ca} holds no PEM certificate")
         cadata = ca.decode("ascii", errors="replace")
     try:
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=cadata)
     except ssl.SSLError as e:
-        raise TlsSettingError("ca", f"{s.ca}: not a usable CA file ({e.reason or e})") from None
+        msg = f"{s.ca}: not a usable CA file ({e.reason or e})"
+        raise TlsError("ca", "invalid", msg) from None
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])  # the pool speaks HTTP/1.1 only
     if s.insecure_skip_verify:
@@ -156,17 +150,18 @@ def load_client_tls(s: UpstreamTls) -> ClientTls:
         ctx.verify_mode = ssl.CERT_NONE
     if s.cert is not None and s.key is not None:
         if cert is not None and b"-----BEGIN CERTIFICATE-----" not in cert:
-            raise TlsSettingError("cert", f"{s.cert} holds no PEM certificate")
+            raise TlsError("cert", "invalid", f"{s.cert} holds no PEM certificate")
         if key is not None and b"PRIVATE KEY-----" not in key:
-            raise TlsSettingError("key", f"{s.key} holds no PEM private key")
+            raise TlsError("key", "invalid", f"{s.key} holds no PEM private key")
         try:
             ctx.load_cert_chain(s.cert, s.key, password=_no_password)
         except ssl.SSLError as e:
-            raise TlsSettingError(
-                "key", f"{s.key} does not match the certificate in {s.cert} ({e.reason})"
-            ) from None
+            msg = f"{s.key} does not match the certificate in {s.cert} ({e.reason})"
+            raise TlsError("key", "mismatch", msg) from None
         except OSError as e:  # replaced between the two reads
-            raise TlsSettingError("cert", f"cannot read {s.cert}: {e.strerror or e}") from None
+            raise TlsError(
+                "cert", "unreadable", f"cannot read {s.cert}: {e.strerror or e}"
+            ) from None
     digest = hashlib.sha256(s.model_dump_json().encode())
     for blob in (ca, cert, key):
         digest.update(hashlib.sha256(blob or b"").digest())
