@@ -378,15 +378,16 @@ class UpstreamPool:
 
     def state(self) -> dict[str, dict[str, int]]:
         """Per endpoint address: open connections, idle ones, requests waiting for one (read by
-        /admin/state; nothing on the request path)."""
-        return {
-            (f"[{h.host}]:{h.port}" if ":" in h.host else f"{h.host}:{h.port}"): {
-                "connections": h.total,
-                "idle": len(h.idle),
-                "waiting": len(h.waiters),
-            }
-            for h in self._hosts.values()
-        }
+        /admin/state; nothing on the request path). An address whose `tls` section changed
+        counts its draining connections too."""
+        out: dict[str, dict[str, int]] = {}
+        for h in self._hosts.values():
+            address = f"[{h.host}]:{h.port}" if ":" in h.host else f"{h.host}:{h.port}"
+            st = out.setdefault(address, {"connections": 0, "idle": 0, "waiting": 0})
+            st["connections"] += h.total
+            st["idle"] += len(h.idle)
+            st["waiting"] += len(h.waiters)
+        return out
 
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when their response is released."""

@@ -190,6 +190,23 @@ async def test_grpc_channel_with_a_client_certificate(pki: Pki) -> None:
         await handle.close()
 
 
+async def test_a_changed_tls_section_gets_its_own_connections(
+    pki: Pki, backend: MockBackendHandle
+) -> None:
+    assert backend.http_port is not None
+    pool = UpstreamPool(Limits(), 30.0)
+    old = endpoint(backend.http_port, ca=str(pki.ca.pem), server_name=SERVER_NAME)
+    new = endpoint(backend.http_port, ca=str(pki.ca.pem), server_name="localhost")
+    try:
+        assert await get(pool, old) == 200
+        assert await get(pool, new) == 200  # not the idle connection verified for the old name
+        assert pool.state()[old.address] == {"connections": 2, "idle": 2, "waiting": 0}
+        assert await get(pool, old) == 200  # the old section's keeps its own
+        assert pool.state()[old.address]["connections"] == 2
+    finally:
+        await pool.aclose()
+
+
 def test_upstream_keys_follow_the_tls_settings(pki: Pki) -> None:
     ca = str(pki.ca.pem)
     a, again = endpoint(9000, ca=ca), endpoint(9000, ca=ca)  # two loads of the same settings
