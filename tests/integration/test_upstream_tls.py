@@ -45,6 +45,7 @@ def _policy(pki: Pki, tls: Sim, mtls: Sim, port: int, grpc_port: int, admin: int
     mutual = (
         f"{{ca: {ca}, server_name: {SERVER_NAME}, cert: {pki.client_cert}, key: {pki.client_key}}}"
     )
+    wrong_name = f"{{ca: {ca}, server_name: wrong.test}}"
     backends = [  # name, protocol, member, tls, health
         ("good-http", "http", tls.address, verified, True),
         ("good-grpc", "grpc", f"127.0.0.1:{tls.grpc_port}", verified, True),
@@ -53,8 +54,9 @@ def _policy(pki: Pki, tls: Sim, mtls: Sim, port: int, grpc_port: int, admin: int
         ("nocert-http", "http", mtls.address, verified, False),
         ("wrongca-http", "http", tls.address, f"{{ca: {other}, server_name: {SERVER_NAME}}}", 1),
         ("wrongca-grpc", "grpc", f"127.0.0.1:{tls.grpc_port}", f"{{ca: {other}}}", False),
-        ("wrongname-http", "http", tls.address, f"{{ca: {ca}, server_name: wrong.test}}", False),
+        ("wrongname-http", "http", tls.address, wrong_name, False),
         ("insecure-http", "http", tls.address, "{insecure_skip_verify: true}", False),
+        ("wrongname-grpc", "grpc", f"127.0.0.1:{tls.grpc_port}", wrong_name, False),
     ]
     lines = ["backends:"]
     routes = ["routes:"]
@@ -233,6 +235,18 @@ async def test_wrong_server_name_is_502(setup: Setup) -> None:
     error = json.loads(body)["error"]
     assert error["type"] == "upstream_tls_error"
     assert "Hostname mismatch" in error["message"] and "wrong.test" in error["message"]
+
+
+async def test_wrong_server_name_on_grpc_is_unavailable(setup: Setup) -> None:
+    gw = setup.gw
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await _infer(gw, "wrongname-grpc")
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Hostname Verification Check failed" in (e.value.details() or ""), e.value.details()
+    await wait_until(lambda: _access_lines(gw, "wrongname-grpc"), 10)
+    line = _access_lines(gw, "wrongname-grpc")[-1]
+    assert line["error"] == "upstream_tls_error", line
+    assert line["detail"].startswith("Custom verification check failed"), line
 
 
 async def test_insecure_skip_verify_connects_and_policy_check_warns(setup: Setup) -> None:
