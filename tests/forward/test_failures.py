@@ -53,3 +53,10 @@ def test_grpc_statuses_of_a_failed_handshake(
     if reason:
         assert grpc_tls_reason(details).startswith(reason)
         assert not grpc_tls_reason(details).endswith(": OK")
+
+
+def test_breakers_blame_the_backend_for_a_failed_handshake() -> None:
+    from gateway.registry.member import Result, classify
+
+    assert classify(Outcome.UPSTREAM_TLS, 502, None) is Result.FAILED
+    assert classify(Outcome.UPSTREAM_TLS, 0, GRPC_UNAVAILABLE) is Result.FAILED
