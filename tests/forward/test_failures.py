@@ -9,6 +9,7 @@ from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_INTERNAL, GRPC_UNAVAILABLE
 from gateway.errors import UpstreamConnectError, UpstreamTimeout, UpstreamTlsError
 from gateway.forward.failures import CONNECT, TIMEOUT, TLS, failure_for, grpc_failure
+from gateway.registry.member import Result, classify
 from gateway.upstream.tls import grpc_tls_reason
 
 # What grpcio 1.85 reports when Sluice's own channel fails its handshake.
@@ -56,7 +57,5 @@ def test_grpc_statuses_of_a_failed_handshake(
 
 
 def test_breakers_blame_the_backend_for_a_failed_handshake() -> None:
-    from gateway.registry.member import Result, classify
-
     assert classify(Outcome.UPSTREAM_TLS, 502, None) is Result.FAILED
     assert classify(Outcome.UPSTREAM_TLS, 0, GRPC_UNAVAILABLE) is Result.FAILED
