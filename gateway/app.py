@@ -161,11 +161,15 @@ class Gateway:
         if self.holder.rollout is not None:  # the candidate of a rollout keeps its channels
             live.append(self.holder.rollout.candidate_policy)
         wanted = {
-            e.address for c in live for r in c.routes for e in r.endpoints if e.protocol == "grpc"
+            e.upstream_key
+            for c in live
+            for r in c.routes
+            for e in r.endpoints
+            if e.protocol == "grpc"
         }
         pool = self.services.peek(BACKENDS)
         if pool is not None:  # members discovered from the registry are in use too
-            wanted |= pool.addresses("grpc")
+            wanted |= pool.upstream_keys("grpc")
         if grace is None:
             grace = compiled.policy.timeouts.drain_s
         return await self._channels.prune(wanted, grace)

@@ -4,6 +4,7 @@ GatewayError
   + PolicyError          bad YAML/schema: fatal at boot; on reload the old policy keeps serving
   + UpstreamError        a backend failed us (the adapter maps it to 502/504 or UNAVAILABLE)
   |   + UpstreamConnectError   could not connect (or the pool is exhausted)
+  |   |   + UpstreamTlsError       the TLS handshake failed (verification, name, client cert)
   |   + UpstreamTimeout        connect / first-byte / idle / total deadline expired
   |   + UpstreamProtocolError  the backend spoke broken HTTP
   + StoreUnavailable     Redis down/timeout: each rule says fail_open or fail_closed
@@ -14,7 +15,8 @@ GatewayError
   + JwksError            a JWKS fetch failed: the last good key set stays in force
   |   + JwksInvalid          the document is not an acceptable key set (HTML, weak key, ...)
   + TlsError             a listener's certificate, key or client CA does not load: fatal at
-                         start; a changed file that does not load keeps the old one serving
+                         start; a changed file that does not load keeps the old one serving.
+                         A backend's `tls` file that does not load: a policy error at its field
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ class UpstreamError(GatewayError):
 
 class UpstreamConnectError(UpstreamError):
     """Connecting to the backend failed, or no connection could be had in time."""
+
+
+class UpstreamTlsError(UpstreamConnectError):
+    """The TLS handshake with the backend failed: its certificate did not verify (unknown CA,
+    wrong name, expired), or it refused ours. Nothing was sent."""
 
 
 class UpstreamTimeout(UpstreamError):
@@ -87,9 +94,9 @@ class JwksInvalid(JwksError):
 
 
 class TlsError(GatewayError):
-    """A listener's TLS files do not load. `field` names the policy field at fault (cert, key,
-    client_ca), `reason` a short class for metrics (unreadable, invalid, mismatch, expired,
-    not_yet_valid)."""
+    """A listener's (or a backend's) TLS files do not load. `field` names the policy field at
+    fault (cert, key, client_ca; a backend's ca, cert, key), `reason` a short class for metrics
+    (unreadable, invalid, mismatch, expired, not_yet_valid)."""
 
     def __init__(self, field: str, reason: str, message: str) -> None:
         super().__init__(message)

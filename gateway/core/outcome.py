@@ -15,6 +15,7 @@ class Outcome(enum.Enum):
     CLIENT_CANCELLED = "client_cancelled"  # the client went away (or cancelled the call)
     DEADLINE = "deadline"  # the client's own deadline expired (gRPC)
     UPSTREAM_CONNECT = "upstream_connect_error"  # no connection to the backend could be had
+    UPSTREAM_TLS = "upstream_tls_error"  # the TLS handshake failed (certificate, name, mTLS)
     UPSTREAM_TIMEOUT = "upstream_timeout"  # connect / first byte / idle / total deadline
     UPSTREAM_PROTOCOL = "upstream_protocol_error"  # broken HTTP, invalid head, or reset mid-answer
     UPSTREAM_ERROR = "upstream_error"  # the backend answered 5xx / a gRPC failure status
@@ -31,6 +32,7 @@ class Outcome(enum.Enum):
 _UPSTREAM = frozenset(
     {
         Outcome.UPSTREAM_CONNECT,
+        Outcome.UPSTREAM_TLS,
         Outcome.UPSTREAM_TIMEOUT,
         Outcome.UPSTREAM_PROTOCOL,
         Outcome.UPSTREAM_ERROR,

@@ -23,7 +23,7 @@ from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_UNAVAILABLE
 
 # Outcomes of a try that never reached the backend's application.
-_CONNECT = frozenset({Outcome.UPSTREAM_CONNECT})
+_CONNECT = frozenset({Outcome.UPSTREAM_CONNECT, Outcome.UPSTREAM_TLS})
 
 
 @dataclass(frozen=True, slots=True)

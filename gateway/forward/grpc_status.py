@@ -14,7 +14,7 @@ import grpc.aio
 from gateway.context import RequestContext
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_CANCELLED, GRPC_DEADLINE_EXCEEDED, GRPC_INTERNAL
-from gateway.forward.failures import grpc_outcome
+from gateway.forward.failures import grpc_outcome, grpc_tls_failed
 from gateway.forward.grpc_exchange import GrpcExchange, Metadata
 from gateway.forward.headers import retry_after_value
 from gateway.telemetry import metrics
@@ -72,7 +72,7 @@ def upstream_failed(ctx: RequestContext, ex: GrpcExchange, e: grpc.aio.AioRpcErr
     table."""
     code = e.code()
     ctx.outcome = grpc_outcome(code.value[0])
-    kind = UPSTREAM_KIND.get(code)
+    kind = grpc_tls_failed(ctx, code.value[0], e.details() or "") or UPSTREAM_KIND.get(code)
     if kind is not None and ctx.endpoint is not None:
         metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, kind).inc()
     trailing = e.trailing_metadata()

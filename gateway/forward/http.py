@@ -42,7 +42,7 @@ from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.forward import relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
-from gateway.forward.failures import failure_for
+from gateway.forward.failures import TLS, failure_for
 from gateway.forward.headers import error_body, request_headers, response_lines
 from gateway.forward.lifecycle import Lifecycle, retry
 from gateway.telemetry import metrics
@@ -249,7 +249,7 @@ class HttpForward:
                 never_sent = isinstance(e, UpstreamConnectError) or (
                     isinstance(e, UpstreamTimeout) and e.phase == "connect"
                 )
-                ctx.outcome = Outcome.UPSTREAM_CONNECT if never_sent else f.outcome
+                ctx.outcome = f.outcome if f is TLS or not never_sent else Outcome.UPSTREAM_CONNECT
                 ctx.detail = str(e)[:200]
                 nxt = retry(ctx, 0, f.kind)
                 if nxt is None:

@@ -1,4 +1,7 @@
-"""`sluice mock-backend`: run the simulated inference backend until SIGTERM or SIGINT."""
+"""`sluice mock-backend`: run the simulated inference backend until SIGTERM or SIGINT.
+
+`--tls-cert/--tls-key` serve HTTP and gRPC over TLS (`--tls-client-ca` requires client
+certificates): a backend to try Sluice's upstream TLS against. The admin API stays plaintext."""
 
 from __future__ import annotations
 
@@ -24,6 +27,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "only; default: a free loopback port, printed at start (two backends never collide)",
     )
     parser.add_argument("--no-admin", action="store_true", help="do not serve the admin API")
+    parser.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="serve HTTP and gRPC over TLS with this certificate (chain); needs --tls-key",
+    )
+    parser.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="require client certificates signed by this CA (mutual TLS); needs --tls-cert",
+    )
     parser.add_argument("--ttft-ms", type=float, default=50.0, help="time to first token (ms)")
     parser.add_argument("--token-delay-ms", type=float, default=10.0, help="delay per token (ms)")
     parser.add_argument(
@@ -38,6 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 async def _serve(args: argparse.Namespace) -> int:
     from gateway.mockbackend.knobs import Knobs
     from gateway.mockbackend.server import start_mock_backend
+    from gateway.mockbackend.tls import ServerTls
 
     patch = {
         "ttft_ms": args.ttft_ms,
@@ -52,6 +67,12 @@ async def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("bad knob: %s", exc)
         return 2
+    tls = None
+    if args.tls_cert or args.tls_key or args.tls_client_ca:
+        if not (args.tls_cert and args.tls_key):
+            log.error("--tls-cert and --tls-key go together (--tls-client-ca needs both)")
+            return 2
+        tls = ServerTls(args.tls_cert, args.tls_key, args.tls_client_ca)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -62,6 +83,7 @@ async def _serve(args: argparse.Namespace) -> int:
             None if args.no_grpc else args.grpc,
             knobs,
             None if args.no_admin else args.admin,
+            tls,
         )
     except ValueError as exc:
         log.error("cannot start the mock backend: %s", exc)

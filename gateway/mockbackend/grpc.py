@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import _async as health_aio  # what `health.aio` re-exports
@@ -31,6 +31,9 @@ from gateway.mockbackend.knobs import (
 )
 from gateway.mockbackend.knobs import token_text as _token_text
 from gateway.proto import load
+
+if TYPE_CHECKING:
+    from gateway.mockbackend.tls import ServerTls
 
 pb2, pb2_grpc = load()
 SERVICE_NAME: str = pb2.DESCRIPTOR.services_by_name["Inference"].full_name
@@ -219,8 +222,11 @@ class GrpcBackend:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, status)
 
-    async def start(self, address: str) -> int:
-        self.port = self.server.add_insecure_port(address)
+    async def start(self, address: str, tls: ServerTls | None = None) -> int:
+        if tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, tls.grpc_credentials())
         if self.port == 0:
             raise OSError(f"gRPC cannot listen on {address}")
         await self._sync_health(self._state.knobs)

@@ -1,11 +1,14 @@
 """Starts and stops the simulated backend in-process: one aiohttp listener (OpenAI API, health,
 metrics), one grpc.aio listener and an optional loopback admin listener (knobs, stats, reset),
-sharing one `MockState`. The handle owns all three."""
+sharing one `MockState`. The handle owns all three. With `ServerTls` the HTTP and gRPC
+listeners speak TLS (and require a client certificate signed by `client_ca` if given); the admin
+listener stays plaintext on loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -15,6 +18,7 @@ from gateway.mockbackend.admin import add_health_routes, build_admin_app
 from gateway.mockbackend.http import MAX_BODY, STATE, chat_completions, completions, models
 from gateway.mockbackend.http import echo_request_id as _echo_request_id
 from gateway.mockbackend.knobs import Knobs, MockState, Stats
+from gateway.mockbackend.tls import ServerTls
 from gateway.policy.model import is_loopback
 
 log = logging.getLogger(__name__)
@@ -77,7 +81,12 @@ class MockBackendHandle:
         await asyncio.gather(*stops)
 
 
-async def _listen(handle: MockBackendHandle, app: web.Application, address: str) -> int:
+async def _listen(
+    handle: MockBackendHandle,
+    app: web.Application,
+    address: str,
+    tls: ssl.SSLContext | None = None,
+) -> int:
     host, port = split_host_port(address)
     runner = web.AppRunner(
         app,
@@ -87,15 +96,20 @@ async def _listen(handle: MockBackendHandle, app: web.Application, address: str)
     )
     handle._runners.append(runner)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=tls).start()
     return int(runner.addresses[0][1])
 
 
 async def start_mock_backend(
-    http: str | None, grpc: str | None, knobs: Knobs | None = None, admin: str | None = None
+    http: str | None,
+    grpc: str | None,
+    knobs: Knobs | None = None,
+    admin: str | None = None,
+    tls: ServerTls | None = None,
 ) -> MockBackendHandle:
-    """Listen on `http` and/or `grpc`, and on `admin` if given ('host:port', port 0 picks one;
-    the admin host must be loopback, ValueError otherwise), and return the handle."""
+    """Listen on `http` and/or `grpc` (over TLS with `tls`), and on `admin` if given
+    ('host:port', port 0 picks one; the admin host must be loopback, ValueError otherwise), and
+    return the handle."""
     if http is None and grpc is None:
         raise ValueError("the mock backend needs an HTTP or a gRPC address")
     if admin is not None and not is_loopback(split_host_port(admin)[0]):
@@ -104,7 +118,8 @@ async def start_mock_backend(
     handle = MockBackendHandle(state, None, None, [], None)
     try:
         if http is not None:
-            handle.http_port = await _listen(handle, build_app(state), http)
+            ctx = tls.context() if tls is not None else None
+            handle.http_port = await _listen(handle, build_app(state), http, ctx)
         if admin is not None:
             handle.admin_port = await _listen(handle, build_admin_app(state), admin)
         if grpc is not None:
@@ -112,7 +127,7 @@ async def start_mock_backend(
 
             backend = GrpcBackend(state)
             handle._grpc = backend
-            handle.grpc_port = await backend.start(grpc)
+            handle.grpc_port = await backend.start(grpc, tls)
     except BaseException:
         await handle.close()
         raise

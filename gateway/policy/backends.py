@@ -9,6 +9,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -156,6 +157,65 @@ class OutlierDetection(PolicyModel):
         return self
 
 
+class UpstreamTls(PolicyModel):
+    """TLS toward a backend's members (HTTP pool, health checks, gRPC channels). Verification is
+    on unless `insecure_skip_verify` is written; there is no plaintext fallback. The files are
+    read when the policy is loaded: one that cannot be read or does not match is a policy
+    error, and a changed file takes effect at the next policy change."""
+
+    ca: str | None = Field(
+        default=None,
+        min_length=1,
+        description="PEM file of the CA(s) that signed the backends' certificates (null = the "
+        "system trust store)",
+        examples=["/etc/sluice/upstream-ca.pem"],
+    )
+    server_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="name sent as SNI and checked against the backend's certificate (null = "
+        "each endpoint's host)",
+        examples=["vllm.internal"],
+    )
+    cert: str | None = Field(
+        default=None,
+        min_length=1,
+        description="PEM client certificate (chain) for mutual TLS; needs `key`",
+        examples=["/etc/sluice/client.crt"],
+    )
+    key: str | None = Field(
+        default=None,
+        min_length=1,
+        description="PEM private key of `cert` (unencrypted); needs `cert`",
+        examples=["/etc/sluice/client.key"],
+    )
+    insecure_skip_verify: bool = Field(
+        default=False,
+        description="do not verify the backend's certificate or name (tests only: anyone on "
+        "the path can read and change the traffic; `sluice policy check` warns); HTTP backends "
+        "only (grpcio cannot skip verification)",
+    )
+
+    # The gateway.upstream.tls.ClientTls these settings stand for, once built (by the loader,
+    # which reports a bad file at its field, or at compilation for a policy made in code).
+    _built: object = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _cert_and_key(self) -> UpstreamTls:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("set both `cert` and `key` (mutual TLS), or neither")
+        return self
+
+    def built(self) -> object:
+        """What `keep` was handed (None before): see `gateway.upstream.tls.client_tls`."""
+        return self._built
+
+    def keep(self, built: object) -> None:
+        self._built = built
+
+
 class Backend(PolicyModel):
     name: str = Field(
         min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
@@ -168,6 +228,9 @@ class Backend(PolicyModel):
         default_factory=list,
         max_length=4096,
         description="static members (need no Redis); at least one, or `discovery`",
+    )
+    tls: UpstreamTls | None = Field(
+        default=None, description="reach the members over TLS (null = plaintext)"
     )
     health: HealthCheck | None = Field(default=None, description="active health checks (off)")
     breaker: CircuitBreaker | None = Field(

@@ -1,9 +1,9 @@
 """The compiled policy: frozen lookup structures built once at load, used on every request.
 
-Pure (no I/O). Route matching is a linear scan over pre-lowered matchers in policy order; the
-first match wins. Which member of which backend serves a matched request is decided by the route
-filter (`gateway.filters.routing`) from the route's `targets` and the members' live state, kept
-in the services (`gateway.registry.pool`).
+Pure (no I/O; a backend's TLS contexts come built by the loader). Route matching is a linear
+scan over pre-lowered matchers in policy order; the first match wins. Which member of which
+backend serves a matched request is decided by the route filter (`gateway.filters.routing`) from
+the route's `targets` and the members' live state, kept in the services (`gateway.registry.pool`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.core.balancer import SmoothWeightedRoundRobin
 from gateway.core.request import Protocol, RequestInfo
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
+
+if TYPE_CHECKING:
+    from gateway.upstream.tls import ClientTls
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,11 +29,18 @@ class Endpoint:
     port: int
     weight: int
     priority: int = 0
+    tls: ClientTls | None = None  # the backend's `tls` section, built (None: plaintext)
     address: str = field(init=False, compare=False)  # host:port, IPv6 in brackets (made once)
+    # What upstream connections and channels are keyed by: the address, and the TLS settings
+    # (so a changed `tls` section opens new connections while the old ones drain).
+    upstream_key: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        object.__setattr__(self, "address", f"{host}:{self.port}")
+        address = f"{host}:{self.port}"
+        object.__setattr__(self, "address", address)
+        tls = self.tls
+        object.__setattr__(self, "upstream_key", address if tls is None else f"{address}#{tls.key}")
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -102,7 +113,12 @@ class CompiledPolicy:
 
 def endpoint_of(b: Backend, address: str, weight: int, priority: int) -> Endpoint:
     host, port = split_host_port(address)
-    return Endpoint(b.name, b.protocol, host, port, weight, priority)
+    tls = None
+    if b.tls is not None:
+        from gateway.upstream.tls import client_tls
+
+        tls = client_tls(b.tls)  # built by the loader already: shared, not read again
+    return Endpoint(b.name, b.protocol, host, port, weight, priority, tls)
 
 
 def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> CompiledRoute:

@@ -14,7 +14,11 @@ silently:
 Validation reports everything in one pass: the schema (pydantic; an unknown field names the
 nearest known one), and the cross-references (`model.reference_errors`: unknown backend,
 duplicate names, ...), checked on what is left of the document once its schema errors are
-pruned (`diagnose.py`) when the schema does not hold, each reported at the node at fault.
+pruned (`diagnose.py`) when the schema does not hold, each reported at the node at fault. Once
+the schema holds, each backend's `tls` files are read and its contexts built
+(`upstream_tls_errors`): a file that cannot be read, is not PEM, or a key that does not match
+its certificate is an error at that field. Valid but unsafe settings (`insecure_skip_verify`)
+come back as warnings (`checked_policy`), which `sluice policy check` prints.
 
 Two optional fields let a policy prove it was read whole (a slow writer's half-file is refused):
 `checksum: sha256:HEX` (the sha256 of the file without its `checksum:` line; `policy_checksum`
@@ -34,7 +38,7 @@ from pydantic import ValidationError
 
 from gateway.errors import PolicyError, TlsError
 from gateway.policy.diagnose import lenient_reference_errors, suggest
-from gateway.policy.model import Loc, Policy, format_loc, reference_errors
+from gateway.policy.model import Loc, Policy, format_loc, reference_errors, reference_warnings
 
 MAX_BYTES = 1024 * 1024
 MAX_NODES = 100_000
@@ -194,7 +198,17 @@ def load_policy_text(text: str, name: str = "<policy>", check_files: bool = Fals
     """Validate policy YAML held in memory; `name` prefixes every error line. `check_files`
     also loads the files the policy names (listeners' TLS certificates, keys and client CAs):
     `sluice policy check` does; `serve` finds the same problems when a listener starts (fatal),
-    and a reload does not look (listeners are bound once; their TLS owners watch the files)."""
+    and a reload does not look (listeners are bound once; their TLS owners watch the files).
+    The backends' TLS files are read at every load, whatever `check_files` says: their client
+    contexts are built here (`upstream_tls_errors`)."""
+    return checked_policy_text(text, name, check_files)[0]
+
+
+def checked_policy_text(
+    text: str, name: str = "<policy>", check_files: bool = False
+) -> tuple[Policy, list[str]]:
+    """`load_policy_text`, and the policy's warnings (`model.reference_warnings`: valid but
+    unsafe settings) as `PATH:LINE:COL: warning: field.path: message` lines."""
     if len(text.encode()) > MAX_BYTES:
         raise PolicyError([f"{name}:1:1: file is larger than {MAX_BYTES} bytes (1 MiB cap)"])
     try:
@@ -230,13 +244,33 @@ def load_policy_text(text: str, name: str = "<policy>", check_files: bool = Fals
         problems = lenient_reference_errors(data, e.errors())
         errs += [(_position(loc, data, b, False)[1], format_loc(loc), m) for loc, m in problems]
         raise PolicyError(_format(name, _unique(errs))) from None
-    problems = reference_errors(policy)
+    problems = reference_errors(policy) + upstream_tls_errors(policy)
     if check_files and not problems:
         problems = file_errors(policy)
     errs += [(_position(loc, data, b, False)[1], format_loc(loc), m) for loc, m in problems]
     if errs:
         raise PolicyError(_format(name, _unique(errs)))
-    return policy
+    warnings = []
+    for loc, m in reference_warnings(policy):
+        line, col = _position(loc, data, b, False)[1]
+        warnings.append(f"{name}:{line}:{col}: warning: {format_loc(loc)}: {m}")
+    return policy, warnings
+
+
+def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
+    """Build each backend's TLS contexts now (the files are read once, here: the gateway and
+    `sluice policy check` alike), reporting a file that cannot be read or used at its field."""
+    from gateway.upstream.tls import client_tls
+
+    out: list[tuple[Loc, str]] = []
+    for j, backend in enumerate(policy.backends):
+        if backend.tls is None:
+            continue
+        try:
+            client_tls(backend.tls)
+        except TlsError as e:
+            out.append((("backends", j, "tls", e.field), e.message))
+    return out
 
 
 def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
@@ -303,6 +337,11 @@ def _integrity_errors(text: str, data: dict[str, Any], b: _Builder) -> list[tupl
 def load_policy(path: Path, check_files: bool = False) -> Policy:
     """Read and validate a policy file; raises PolicyError listing every problem found
     (`check_files`: see `load_policy_text`)."""
+    return checked_policy(path, check_files)[0]
+
+
+def checked_policy(path: Path, check_files: bool = False) -> tuple[Policy, list[str]]:
+    """`load_policy`, and the policy's warning lines (see `checked_policy_text`)."""
     name = str(path)
     try:
         with path.open("rb") as f:
@@ -317,4 +356,4 @@ def load_policy(path: Path, check_files: bool = False) -> Policy:
         line = raw[: e.start].count(b"\n") + 1
         col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise PolicyError([f"{name}:{line}:{col}: not valid UTF-8"]) from None
-    return load_policy_text(text, name, check_files)
+    return checked_policy_text(text, name, check_files)

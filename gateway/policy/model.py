@@ -32,6 +32,7 @@ from gateway.policy.backends import Registry as Registry
 from gateway.policy.backends import Retries as Retries
 from gateway.policy.backends import Route as Route
 from gateway.policy.backends import Sticky as Sticky
+from gateway.policy.backends import UpstreamTls as UpstreamTls
 from gateway.policy.base import Limits as Limits
 from gateway.policy.base import Listeners as Listeners
 from gateway.policy.base import Loc as Loc
@@ -214,6 +215,20 @@ def _tls_errors(p: Policy) -> list[tuple[Loc, str]]:
     return errors
 
 
+def reference_warnings(p: Policy) -> list[tuple[Loc, str]]:
+    """Settings that are valid but unsafe, each with the location of the field (`sluice policy
+    check` prints them; they do not stop a load)."""
+    return [
+        (
+            ("backends", j, "tls", "insecure_skip_verify"),
+            f"backend {b.name!r} does not verify its members' certificates: anyone on the path "
+            "can read and change its traffic",
+        )
+        for j, b in enumerate(p.backends)
+        if b.tls is not None and b.tls.insecure_skip_verify
+    ]
+
+
 def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:
     errors: list[tuple[Loc, str]] = []
     seen: set[str] = set()
@@ -221,6 +236,14 @@ def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:
         if e.address in seen:
             errors.append((("backends", j, "endpoints", k, "address"), "duplicate address"))
         seen.add(e.address)
+    if b.tls is not None and b.tls.insecure_skip_verify and b.protocol == "grpc":
+        errors.append(
+            (
+                ("backends", j, "tls", "insecure_skip_verify"),
+                "grpc backends cannot skip verification (grpcio has no such switch): set `ca` "
+                "to the CA that signed the backend's certificate",
+            )
+        )
     h = b.health
     if h is not None and h.failing_interval_s > h.interval_s:
         errors.append(

@@ -1,11 +1,12 @@
 """`sluice policy ...`: validate policy files, print the JSON Schema, show and ship a reload.
 
-`check PATH...` prints `PATH: ok (version HASH)` or one `PATH:LINE:COL: message` line per error
-(exit 1 if any file is invalid; the TLS files the listeners name are loaded and checked too); with
-`--against ADMIN_URL` it also prints what the change guard of that running gateway would say (exit 2
-if it would hold the change). `schema` prints the JSON Schema of `Policy`, stable byte for byte (it
-is shipped as policies/schema.json). `diff OLD NEW` prints what reloading NEW over OLD would
-change, one line each: `+ added`, `- removed`,
+`check PATH...` prints `PATH: ok (version HASH)` (then a `PATH:LINE:COL: warning: ...` line per
+valid but unsafe setting, such as `insecure_skip_verify`) or one `PATH:LINE:COL: message` line per
+error (exit 1 if any file is invalid; the TLS files the listeners name are loaded and checked too,
+as the backends' are at every load); with `--against ADMIN_URL` it also prints what the change
+guard of that running gateway would say (exit 2 if it would hold the change). `schema` prints
+the JSON Schema of `Policy`, stable byte for byte (shipped as policies/schema.json). `diff OLD NEW`
+prints what reloading NEW over OLD would change, one line each: `+ added`, `- removed`,
 `~ changed: old -> new`, and `! ...: needs a restart` for settings that a hot reload does not
 apply, then the guard's findings (judged on a running gateway's traffic with `--against`; OLD
 may then be left out: the running policy). `apply` reloads a running gateway (`--force` past the
@@ -90,14 +91,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(path: Path, check_files: bool = False) -> tuple[Policy | None, str, list[str]]:
+    policy, version, errors, _ = _checked(path, check_files)
+    return policy, version, errors
+
+
+def _checked(
+    path: Path, check_files: bool = False
+) -> tuple[Policy | None, str, list[str], list[str]]:
+    """(policy, version, error lines, warning lines)."""
     # Imported here so that `schema` needs no yaml.
-    from gateway.policy.loader import load_policy
+    from gateway.policy.loader import checked_policy
 
     try:
-        policy = load_policy(path, check_files)
-        return policy, compile_policy(policy).version, []
+        policy, warnings = checked_policy(path, check_files)
+        return policy, compile_policy(policy).version, [], warnings
     except PolicyError as e:
-        return None, "", e.errors
+        return None, "", e.errors, []
 
 
 def check(paths: list[Path], against: str | None = None) -> int:
@@ -105,12 +114,14 @@ def check(paths: list[Path], against: str | None = None) -> int:
 
     code = 0
     for path in paths:
-        policy, version, errors = _load(path, check_files=True)
+        policy, version, errors, warnings = _checked(path, check_files=True)
         if errors:
             code = 1
             print("\n".join(errors))
             continue
         print(f"{path}: ok (version {version})")
+        if warnings:  # valid, but unsafe: said on every check, the exit code stays 0
+            print("\n".join(warnings))
         if against is not None and policy is not None:
             report = guard_against(against, policy)
             print("\n".join(report.lines()))

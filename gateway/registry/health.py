@@ -3,7 +3,9 @@
 HTTP backends: `GET <path>` (default `/healthz?deep=true`) on a connection of its own (not the
 request pool: a check must not queue behind traffic), 2xx passes. gRPC backends:
 `grpc.health.v1.Health/Check` for `grpc_service` ('' = the whole server), SERVING passes.
-Each check has a deadline (`timeout_s`); a timeout, refused connection or bad answer fails.
+Each check has a deadline (`timeout_s`); a timeout, refused connection, failed TLS handshake or
+bad answer fails. A backend with a `tls` section is checked over TLS with the contexts built at
+policy load (the same as its traffic's).
 
 The thresholds and intervals are `gateway.core.health`'s: checks every `interval_s`, every
 `failing_interval_s` while failing, ±jitter; the first check runs within a second of the member
@@ -15,14 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry import metrics
+from gateway.upstream.tls import grpc_tls_reason, tls_reason
 
 if TYPE_CHECKING:
     from gateway.registry.member import HealthBox, MemberBooks
     from gateway.services import Services
+    from gateway.upstream.tls import ClientTls
 
 log = logging.getLogger("sluice.backends")
 
@@ -30,12 +35,19 @@ MAX_STATUS_LINE = 1024
 POKE_MIN_GAP_S = 1.0
 
 
-async def check_http(host: str, port: int, path: str, timeout: float) -> tuple[bool, str]:
-    """One `GET path`: (passed, error text)."""
+async def check_http(
+    host: str, port: int, path: str, timeout: float, tls: ClientTls | None = None
+) -> tuple[bool, str]:
+    """One `GET path` (over TLS with the backend's context if it has one): (passed, error)."""
     writer = None
     try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port)
+        async with asyncio.timeout(timeout):  # the TLS handshake included
+            if tls is None:
+                reader, writer = await asyncio.open_connection(host, port)
+            else:
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=tls.context, server_hostname=tls.server_hostname(host)
+                )
             hosthdr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             writer.write(
                 f"GET {path} HTTP/1.1\r\nHost: {hosthdr}\r\nUser-Agent: sluice-health\r\n"
@@ -45,6 +57,8 @@ async def check_http(host: str, port: int, path: str, timeout: float) -> tuple[b
             line = await reader.readline()
     except TimeoutError:
         return False, f"timeout after {timeout:g}s"
+    except ssl.SSLError as e:
+        return False, f"TLS {tls_reason(e)}"
     except (OSError, ValueError) as e:  # ValueError: a status line over the reader's limit
         return False, f"{type(e).__name__}: {e}"
     finally:
@@ -66,7 +80,7 @@ async def check_grpc(channel: Any, service: str, timeout: float) -> tuple[bool, 
     try:
         reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     except grpc.aio.AioRpcError as e:
-        return False, f"{e.code().name}: {(e.details() or '')[:100]}"
+        return False, f"{e.code().name}: {grpc_tls_reason(e.details() or '')[:160]}"
     except Exception as e:  # a broken channel: the check fails, the loop goes on
         return False, f"{type(e).__name__}: {e}"
     if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -82,7 +96,13 @@ async def _loop(pool: MemberBooks, box: HealthBox) -> None:
         import grpc.aio
 
         address = f"[{box.host}]:{box.port}" if ":" in box.host else f"{box.host}:{box.port}"
-        channel = grpc.aio.insecure_channel(address, options=(("grpc.enable_retries", 0),))
+        options = (("grpc.enable_retries", 0),)
+        if box.tls is None:
+            channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            channel = grpc.aio.secure_channel(
+                address, box.tls.grpc_credentials, options=options + box.tls.grpc_options()
+            )
     last = 0.0
     state = box.state
     try:
@@ -92,7 +112,7 @@ async def _loop(pool: MemberBooks, box: HealthBox) -> None:
             if channel is not None:
                 ok, err = await check_grpc(channel, hc.grpc_service, hc.timeout_s)
             else:
-                ok, err = await check_http(box.host, box.port, hc.path, hc.timeout_s)
+                ok, err = await check_http(box.host, box.port, hc.path, hc.timeout_s, box.tls)
             metrics.HEALTH_CHECKS.labels(box.backend, "pass" if ok else "fail").inc()
             if state.observe(ok, err):
                 pool.changed()

@@ -37,7 +37,12 @@ if TYPE_CHECKING:
 # gRPC codes that blame the backend (the others are answers about the request).
 GRPC_FAILURES = frozenset({2, 4, 13, 14, 15})  # UNKNOWN DEADLINE INTERNAL UNAVAILABLE DATA_LOSS
 _BLAMES_BACKEND = frozenset(
-    {Outcome.UPSTREAM_CONNECT, Outcome.UPSTREAM_TIMEOUT, Outcome.UPSTREAM_PROTOCOL}
+    {
+        Outcome.UPSTREAM_CONNECT,
+        Outcome.UPSTREAM_TLS,
+        Outcome.UPSTREAM_TIMEOUT,
+        Outcome.UPSTREAM_PROTOCOL,
+    }
 )
 
 
@@ -99,7 +104,9 @@ class BreakerBox:
 class HealthBox:
     """A member's active-check verdict and the loop that checks it."""
 
-    __slots__ = ("state", "checker", "poke", "host", "port", "protocol", "check", "backend")
+    __slots__ = (
+        "state", "checker", "poke", "host", "port", "protocol", "check", "backend", "tls",
+    )  # fmt: skip
 
     def __init__(self, state: HealthState, ep: Endpoint, check: HealthCheck) -> None:
         self.state = state
@@ -107,6 +114,7 @@ class HealthBox:
         self.poke: asyncio.Event | None = None  # set: check now (passive health)
         self.host, self.port, self.protocol = ep.host, ep.port, ep.protocol
         self.backend = ep.backend
+        self.tls = ep.tls  # built at policy load (the pool keys boxes by it)
         self.check = check
 
     def stop(self) -> None:

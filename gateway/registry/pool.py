@@ -41,6 +41,7 @@ from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.view import BackendView
 from gateway.services import ServiceKey
+from gateway.upstream.tls import client_tls
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
@@ -106,7 +107,7 @@ class BackendPool:
         return o
 
     def health(self, backend: str, ep: Endpoint, p: HealthParams, check: Any) -> HealthBox:
-        key = (backend, ep.address, ep.protocol, p, check.path, check.grpc_service)
+        key = (backend, ep.upstream_key, ep.protocol, p, check.path, check.grpc_service)
         h = self.healths.get(key)
         if h is None:
             h = self.healths[key] = HealthBox(HealthState(p), ep, check)
@@ -120,7 +121,10 @@ class BackendPool:
         return w
 
     def view(self, cfg: Backend) -> BackendView:
-        key = (cfg.name, cfg.model_dump_json())
+        # The TLS fingerprint too: a reload that reads changed certificate files gets new views
+        # (members on new connections) even if the section's text is the same.
+        tls = client_tls(cfg.tls).key if cfg.tls is not None else ""
+        key = (cfg.name, cfg.model_dump_json() + tls)
         v = self.views.get(key)
         if v is None:
             v = self.views[key] = BackendView(self, cfg, key)
@@ -216,14 +220,15 @@ class BackendPool:
         _forget(self.guards, {id(p.guard) for p in self.pickers.values()})
         _forget(self.budgets, {id(p.budget) for p in self.pickers.values()})
 
-    def addresses(self, protocol: str) -> set[str]:
-        """Member addresses of the live backends speaking `protocol` that a registry found
-        (static members are in the policy; an old policy's view may linger until swept)."""
+    def upstream_keys(self, protocol: str) -> set[str]:
+        """`Endpoint.upstream_key` (address and TLS settings) of the members a registry found
+        for the live backends speaking `protocol` (static members are in the policy; an old
+        policy's view may linger until swept)."""
         return {
-            a
+            m.endpoint.upstream_key
             for v in self._alive
             if v.cfg.protocol == protocol
-            for a, m in v.members.items()
+            for m in v.members.values()
             if m.source == "registry"
         }  # fmt: skip
 

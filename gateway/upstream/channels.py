@@ -1,8 +1,9 @@
 """Upstream gRPC channels: one owner for every grpc.aio channel Sluice opens to a backend.
 
-A channel (one HTTP/2 connection) per endpoint address, opened on first use and reused by every
-request and across policy reloads. After a reload, `prune()` detaches the channels of endpoints
-the policy no longer names (or whose channel options changed) and closes them after a grace, so
+A channel (one HTTP/2 connection) per endpoint address and TLS settings (`Endpoint.upstream_key`;
+TLS credentials come built from the policy load), opened on first use and reused by every request
+and across policy reloads. After a reload, `prune()` detaches the channels of endpoints the
+policy no longer names (or whose channel options changed) and closes them after a grace, so
 requests still running on the old snapshot finish. Unary-method discovery through the backend's
 server reflection lives in `gateway.upstream.reflection` and is reached through `discover_unary`.
 """
@@ -75,14 +76,26 @@ def channel_options(limits: Limits) -> Options:
 class _Upstream:
     """One endpoint's channel plus its cached multicallables."""
 
-    __slots__ = ("address", "options", "channel", "unary", "stream")
+    __slots__ = ("key", "address", "options", "channel", "unary", "stream")
 
-    def __init__(self, address: str, options: Options) -> None:
-        self.address = address
+    def __init__(self, endpoint: Endpoint, options: Options) -> None:
+        self.key = endpoint.upstream_key
+        self.address = endpoint.address
         self.options = options
-        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.channel = open_channel(endpoint, options)
         self.unary: dict[str, UnaryCallable] = {}
         self.stream: dict[str, StreamCallable] = {}
+
+
+def open_channel(endpoint: Endpoint, options: Options) -> grpc.aio.Channel:
+    """A channel to `endpoint`: over TLS with its backend's credentials (built at policy load)
+    when the backend has a `tls` section, else plaintext."""
+    tls = endpoint.tls
+    if tls is None:
+        return grpc.aio.insecure_channel(endpoint.address, options=options)
+    return grpc.aio.secure_channel(
+        endpoint.address, tls.grpc_credentials, options=options + tls.grpc_options()
+    )
 
 
 class ChannelPool:
@@ -103,9 +116,9 @@ class ChannelPool:
         return self._options_now
 
     def _upstream(self, endpoint: Endpoint) -> _Upstream:
-        up = self._upstreams.get(endpoint.address)
+        up = self._upstreams.get(endpoint.upstream_key)
         if up is None:
-            up = self._upstreams[endpoint.address] = _Upstream(endpoint.address, self._options())
+            up = self._upstreams[endpoint.upstream_key] = _Upstream(endpoint, self._options())
         return up
 
     def get(self, endpoint: Endpoint) -> grpc.aio.Channel:
@@ -153,25 +166,24 @@ class ChannelPool:
         """Per endpoint address: the channel's connectivity (IDLE, CONNECTING, READY,
         TRANSIENT_FAILURE), read without asking it to connect (for /admin/state)."""
         return {
-            addr: {"channel": up.channel.get_state(try_to_connect=False).name}
-            for addr, up in self._upstreams.items()
+            up.address: {"channel": up.channel.get_state(try_to_connect=False).name}
+            for up in self._upstreams.values()
         }
 
     def addresses(self) -> set[str]:
-        return set(self._upstreams)
+        return {up.address for up in self._upstreams.values()}
 
     async def prune(self, wanted: set[str], grace: float) -> int:
-        """Detach channels whose address is not `wanted` any more, or whose options changed,
-        and close them in the background after `grace` seconds, so calls still running on the
-        old policy can finish. Returns how many."""
+        """Detach channels whose `Endpoint.upstream_key` (address and TLS settings) is not
+        `wanted` any more, or whose options changed, and close them in the background after
+        `grace` seconds, so calls still running on the old policy can finish. Returns how
+        many."""
         options = self._options()
         stale = [
-            up
-            for addr, up in self._upstreams.items()
-            if addr not in wanted or up.options != options
+            up for key, up in self._upstreams.items() if key not in wanted or up.options != options
         ]
         for up in stale:
-            del self._upstreams[up.address]
+            del self._upstreams[up.key]
             task = asyncio.get_running_loop().create_task(up.channel.close(grace))
             self._closing[task] = up.channel
             task.add_done_callback(self._closed)

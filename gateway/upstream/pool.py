@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import select
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -53,6 +54,7 @@ from gateway.upstream.request import (
     wait_head,
 )
 from gateway.upstream.response import UpstreamResponse
+from gateway.upstream.tls import handshake_failed
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
@@ -82,13 +84,16 @@ _CRLF = b"\r\n"
 class UpstreamHost:
     """Connections to one endpoint: a LIFO idle list, a count, and requests waiting for one."""
 
-    __slots__ = ("pool", "loop", "host", "port", "idle", "total", "waiters", "sweeper", "fb")
+    __slots__ = (
+        "pool", "loop", "host", "port", "tls", "idle", "total", "waiters", "sweeper", "fb",
+    )  # fmt: skip
 
     def __init__(self, pool: UpstreamPool, endpoint: Endpoint) -> None:
         self.pool = pool
         self.loop = asyncio.get_running_loop()
         self.host = endpoint.host
         self.port = endpoint.port
+        self.tls = endpoint.tls  # built at policy load; None: plaintext
         self.idle: list[UpstreamConn] = []
         self.total = 0
         self.waiters: deque[asyncio.Future[UpstreamConn | None]] = deque()
@@ -150,14 +155,22 @@ class UpstreamHost:
 
     async def _connect(self, deadline: float, max_head: int) -> UpstreamConn:
         self.total += 1
+        tls = self.tls
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline):  # the TLS handshake included
                 transport, proto = await self.loop.create_connection(
-                    lambda: UpstreamConn(self), self.host, self.port
+                    lambda: UpstreamConn(self),
+                    self.host,
+                    self.port,
+                    ssl=None if tls is None else tls.context,
+                    server_hostname=None if tls is None else tls.server_hostname(self.host),
                 )
         except TimeoutError:
             self._slot_freed()
             raise UpstreamTimeout("connect") from None
+        except ssl.SSLError as e:
+            self._slot_freed()
+            raise handshake_failed(tls, f"{self.host}:{self.port}", e) from e
         except OSError as e:
             self._slot_freed()
             raise UpstreamConnectError(f"connect to {self.host}:{self.port}: {e}") from e
@@ -255,7 +268,9 @@ class UpstreamPool:
     def __init__(self, limits: Limits, idle_s: float) -> None:
         self._limits = limits
         self._idle_s = idle_s
-        self._hosts: dict[tuple[str, int], UpstreamHost] = {}
+        # By `Endpoint.upstream_key`: address and TLS settings, so a changed `tls` section opens
+        # new connections while the old ones finish (idle ones close after upstream_idle_s).
+        self._hosts: dict[str, UpstreamHost] = {}
         self._uploads: dict[tuple[str, int], int] = {}
         self.closed = False
 
@@ -306,7 +321,7 @@ class UpstreamPool:
         """
         if self.closed:
             raise UpstreamConnectError("pool closed")
-        key = (endpoint.host, endpoint.port)
+        key = endpoint.upstream_key
         host = self._hosts.get(key)
         if host is None:
             host = self._hosts[key] = UpstreamHost(self, endpoint)
@@ -363,15 +378,16 @@ class UpstreamPool:
 
     def state(self) -> dict[str, dict[str, int]]:
         """Per endpoint address: open connections, idle ones, requests waiting for one (read by
-        /admin/state; nothing on the request path)."""
-        return {
-            (f"[{h.host}]:{h.port}" if ":" in h.host else f"{h.host}:{h.port}"): {
-                "connections": h.total,
-                "idle": len(h.idle),
-                "waiting": len(h.waiters),
-            }
-            for h in self._hosts.values()
-        }
+        /admin/state; nothing on the request path). An address whose `tls` section changed
+        counts its draining connections too."""
+        out: dict[str, dict[str, int]] = {}
+        for h in self._hosts.values():
+            address = f"[{h.host}]:{h.port}" if ":" in h.host else f"{h.host}:{h.port}"
+            st = out.setdefault(address, {"connections": 0, "idle": 0, "waiting": 0})
+            st["connections"] += h.total
+            st["idle"] += len(h.idle)
+            st["waiting"] += len(h.waiters)
+        return out
 
     async def aclose(self) -> None:
         """Close every idle connection; busy ones close when their response is released."""

@@ -14,6 +14,7 @@ P = RetryParams()
     ("outcome", "http", "grpc", "responded", "ok"),
     [
         (Outcome.UPSTREAM_CONNECT, 0, None, False, True),
+        (Outcome.UPSTREAM_TLS, 0, None, False, True),  # the handshake failed: nothing was sent
         (Outcome.OK, 503, None, False, True),
         (Outcome.OK, 503, None, True, False),  # a byte reached the client: never
         (Outcome.OK, 500, None, False, False),
