@@ -30,8 +30,8 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from gateway.errors import TlsError
 from gateway.policy.base import ListenerTls
+from gateway.tlsfiles import read_pem
 
-MAX_FILE_BYTES = 1024 * 1024  # a chain is a few KiB
 MAX_IDENTITY = 256  # characters of a client identity kept (keys cut further, to 128)
 
 Signature = tuple[tuple[int, int, int, int] | None, ...]
@@ -75,17 +75,6 @@ def signature(cfg: ListenerTls) -> Signature:
             continue
         out.append((st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
     return tuple(out)
-
-
-def _read(field: str, path: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise TlsError(field, "unreadable", f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise TlsError(field, "invalid", f"{path} is larger than {MAX_FILE_BYTES} bytes")
-    return data
 
 
 def _certificates(field: str, path: str, pem: bytes) -> list[x509.Certificate]:
@@ -150,20 +139,20 @@ def load_material(cfg: ListenerTls, alpn: Sequence[str], now: float | None = Non
     """Read and check the files, build the context (raises TlsError, or Changing)."""
     now = time.time() if now is None else now
     sig = signature(cfg)
-    cert_pem = _read("cert", cfg.cert)
-    key_pem = _read("key", cfg.key)
+    cert_pem = read_pem("cert", cfg.cert)
+    key_pem = read_pem("key", cfg.key)
     leaf = _certificates("cert", cfg.cert, cert_pem)[0]
     _check_key(cfg, leaf, key_pem)
     _check_validity(cfg.cert, leaf, now)
     ca_pem = None
     if cfg.client_ca is not None:
-        ca_pem = _read("client_ca", cfg.client_ca)
+        ca_pem = read_pem("client_ca", cfg.client_ca)
         _certificates("client_ca", cfg.client_ca, ca_pem)
     try:
         ctx = build_context(cfg, alpn)
     except (ssl.SSLError, OSError) as e:
         raise TlsError("cert", "invalid", f"{cfg.cert}: {e}") from None
-    again = [_read(f, p) for f, p in files(cfg)]
+    again = [read_pem(f, p) for f, p in files(cfg)]
     if again != [cert_pem, key_pem, *([ca_pem] if ca_pem is not None else [])]:
         raise Changing()
     subject = leaf.subject.rfc4514_string()

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gateway.errors import TlsError, UpstreamTlsError
+from gateway.tlsfiles import read_pem
 
 if TYPE_CHECKING:
     from gateway.policy.backends import UpstreamTls
 
 log = logging.getLogger("sluice.upstream.tls")
 
-MAX_FILE_BYTES = 1024 * 1024  # a PEM bundle is a few KiB; anything larger is a mistake
 FAILURE_LOG_S = 10.0  # a member's handshake failures are logged at most this often
 MAX_LOGGED = 1024  # members remembered for that
 
@@ -101,17 +101,6 @@ def handshake_failed(tls: ClientTls | None, address: str, e: BaseException) -> U
     return UpstreamTlsError(f"TLS with {address}: {reason}")
 
 
-def _read(path: str, name: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-        raise TlsError(name, "unreadable", f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise TlsError(name, "invalid", f"{path} is larger than {MAX_FILE_BYTES} bytes")
-    return data
-
-
 def _no_password() -> str:
     raise TlsError("key", "invalid", "the key is encrypted: give Sluice an unencrypted key file")
 
@@ -130,9 +119,9 @@ def client_tls(s: UpstreamTls) -> ClientTls:
 def load_client_tls(s: UpstreamTls) -> ClientTls:
     """Read the files of `s` and build its contexts; raises TlsError (`field`: the setting at
     fault)."""
-    ca = _read(s.ca, "ca") if s.ca is not None else None
-    cert = _read(s.cert, "cert") if s.cert is not None else None
-    key = _read(s.key, "key") if s.key is not None else None
+    ca = read_pem("ca", s.ca) if s.ca is not None else None
+    cert = read_pem("cert", s.cert) if s.cert is not None else None
+    key = read_pem("key", s.key) if s.key is not None else None
     cadata = None
     if ca is not None:
         if b"-----BEGIN CERTIFICATE-----" not in ca:
