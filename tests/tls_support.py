@@ -1,4 +1,6 @@
-"""A private CA for tests: issues server and client certificates as PEM files.
+"""Private CAs for tests: each issues server and client certificates as PEM files, for the
+listeners' TLS (`TestCA`) and for the backends' (`make_pki`: a CA, a backend certificate, a
+client certificate for mutual TLS, and a second CA that signed nothing the backends use).
 
 Real X.509 (the `cryptography` package), ECDSA P-256 keys; every certificate gets a fresh serial
 so that a test can tell a rotated certificate from the one before it.
@@ -36,7 +38,8 @@ class Issued:
 
 
 class TestCA:
-    """A self-signed CA in `directory` (ca.crt); `issue` writes a leaf certificate and key."""
+    """A self-signed CA in `directory` (`path`: ca.crt); `issue` writes a leaf certificate and
+    key."""
 
     __test__ = False  # not a pytest class
 
@@ -141,6 +144,31 @@ class TestCA:
         if client is not None:
             ctx.load_cert_chain(client.cert, client.key)
         return ctx
+
+
+SERVER_NAME = "backend.test"  # the name on the simulated backends' certificate
+
+
+@dataclass
+class Pki:
+    """Everything one upstream TLS test module needs, in `directory`."""
+
+    directory: Path
+    ca: TestCA  # signed the backend's and the client's certificates
+    other_ca: TestCA  # signed nothing in use
+    server: Issued  # the backends' certificate: backend.test, localhost, 127.0.0.1
+    client: Issued  # Sluice's client certificate for mutual TLS
+
+
+def make_pki(directory: Path) -> Pki:
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = TestCA(directory / "upstream-ca", "upstream-ca")
+    other = TestCA(directory / "other-ca", "other-ca")
+    server = ca.issue(
+        SERVER_NAME, dns=(SERVER_NAME, "localhost"), ips=("127.0.0.1",), directory=directory
+    )
+    client = ca.issue("sluice-client", client=True, directory=directory)
+    return Pki(directory, ca, other, server, client)
 
 
 def replace_atomically(src: Path, dst: Path) -> None:

@@ -21,7 +21,7 @@ from gateway.proto import load
 from tests.integration.backends_support import Gw, Sim, start_sims, wait_until
 from tests.integration.conftest import wait_ready
 from tests.support import ROOT, Proc, free_port
-from tests.tls_upstream_support import SERVER_NAME, Pki, make_pki
+from tests.tls_support import SERVER_NAME, Pki, make_pki
 
 pytestmark = pytest.mark.integration
 
@@ -40,10 +40,10 @@ class Setup:
 
 
 def _policy(pki: Pki, tls: Sim, mtls: Sim, port: int, grpc_port: int, admin: int) -> str:
-    ca, other = pki.ca.pem, pki.other_ca.pem
+    ca, other = pki.ca.path, pki.other_ca.path
     verified = f"{{ca: {ca}, server_name: {SERVER_NAME}}}"
     mutual = (
-        f"{{ca: {ca}, server_name: {SERVER_NAME}, cert: {pki.client_cert}, key: {pki.client_key}}}"
+        f"{{ca: {ca}, server_name: {SERVER_NAME}, cert: {pki.client.cert}, key: {pki.client.key}}}"
     )
     wrong_name = f"{{ca: {ca}, server_name: wrong.test}}"
     backends = [  # name, protocol, member, tls, health
@@ -101,10 +101,10 @@ def _policy(pki: Pki, tls: Sim, mtls: Sim, port: int, grpc_port: int, admin: int
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     tmp = tmp_path_factory.mktemp("upstream-tls")
     pki = make_pki(tmp / "pki")
-    cert = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
+    cert = ["--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)]
     fast = ["--ttft-ms", "5", "--token-delay-ms", "5"]
     (tls,) = start_sims(tmp, 1, *fast, *cert, grpc=True)
-    client_ca = ["--tls-client-ca", str(pki.ca.pem)]
+    client_ca = ["--tls-client-ca", str(pki.ca.path)]
     (mtls,) = start_sims(tmp, 1, *fast, *cert, *client_ca, grpc=True)
     port, grpc_port, admin = free_port(), free_port(), free_port()
     path = tmp / "policy.yaml"
@@ -283,12 +283,12 @@ async def test_reloads_read_the_files_and_a_changed_section_opens_new_connection
     """Last in this module: it edits the shared gateway's policy (and puts it back)."""
     gw = setup.gw
     original = gw.policy.read_text()
-    verified = f"{{ca: {setup.pki.ca.pem}, server_name: {SERVER_NAME}}}"
+    verified = f"{{ca: {setup.pki.ca.path}, server_name: {SERVER_NAME}}}"
     assert original.count(verified) == 3  # good-http is the first
     try:
         assert (await _chat(gw, "good"))[0] == 200  # a verified keep-alive connection is idle
         # A file that cannot be read: the reload fails at its field, the old policy serves on.
-        broken = original.replace(f"ca: {setup.pki.ca.pem}", "ca: /nonexistent/ca.pem", 1)
+        broken = original.replace(f"ca: {setup.pki.ca.path}", "ca: /nonexistent/ca.pem", 1)
         code, st = await _reload(gw, broken)
         assert code == 422, st
         errors = st["last_reload"]["errors"]
@@ -299,7 +299,7 @@ async def test_reloads_read_the_files_and_a_changed_section_opens_new_connection
         assert (await _chat(gw, "good"))[0] == 200
         # A changed section gets new connections: the idle one, verified for the old name,
         # is not reused for a name the certificate does not carry.
-        renamed = original.replace(verified, f"{{ca: {setup.pki.ca.pem}, server_name: x.test}}", 1)
+        renamed = original.replace(verified, f"{{ca: {setup.pki.ca.path}, server_name: x.test}}", 1)
         code, st = await _reload(gw, renamed)
         assert code == 200 and st["last_reload"]["ok"], st
         status, body = await _chat(gw, "good")

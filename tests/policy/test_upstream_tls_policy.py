@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gateway.policyctl.commands import check
 
 from gateway.errors import PolicyError
 from gateway.policy.compiled import compile_policy
 from gateway.policy.loader import checked_policy_text, load_policy_text
 from gateway.policy.model import Policy
+from gateway.policyctl.commands import check
 from gateway.upstream.tls import client_tls
-from tests.tls_upstream_support import Pki, make_pki
+from tests.tls_support import Pki, make_pki
 
 EXAMPLE = """\
 backends:
@@ -36,9 +36,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 def with_files(pki: Pki) -> str:
     return (
-        EXAMPLE.replace("/etc/sluice/upstream-ca.pem", str(pki.ca.pem))
-        .replace("/etc/sluice/client.crt", str(pki.client_cert))
-        .replace("/etc/sluice/client.key", str(pki.client_key))
+        EXAMPLE.replace("/etc/sluice/upstream-ca.pem", str(pki.ca.path))
+        .replace("/etc/sluice/client.crt", str(pki.client.cert))
+        .replace("/etc/sluice/client.key", str(pki.client.key))
     )
 
 
@@ -93,14 +93,14 @@ def test_bad_settings_are_errors_at_their_field(
     encrypted = pki.directory / "encrypted.key"
     if not encrypted.exists():
         subprocess.run(
-            ["openssl", "ec", "-in", str(pki.client_key), "-aes256", "-passout", "pass:x",
+            ["openssl", "ec", "-in", str(pki.client.key), "-aes256", "-passout", "pass:x",
              "-out", str(encrypted)],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
     files = {
         "GARBAGE": str(garbage),
-        "CLIENT_CERT": str(pki.client_cert),
-        "SERVER_KEY": str(pki.server_key),
+        "CLIENT_CERT": str(pki.client.cert),
+        "SERVER_KEY": str(pki.server.key),
         "ENCRYPTED": str(encrypted),
     }
     for name, path in files.items():

@@ -21,7 +21,7 @@ from gateway.registry.health import check_grpc, check_http
 from gateway.upstream.channels import ChannelPool, channel_options, open_channel
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.tls import client_tls
-from tests.tls_upstream_support import SERVER_NAME, Pki, make_pki
+from tests.tls_support import SERVER_NAME, Pki, make_pki
 
 T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
 H = [(b"host", b"u")]
@@ -34,7 +34,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture
 async def backend(pki: Pki) -> AsyncIterator[MockBackendHandle]:
-    tls = ServerTls(str(pki.server_cert), str(pki.server_key))
+    tls = ServerTls(str(pki.server.cert), str(pki.server.key))
     handle = await start_mock_backend("127.0.0.1:0", "127.0.0.1:0", tls=tls)
     try:
         yield handle
@@ -61,7 +61,7 @@ async def test_pool_verifies_the_backend_and_reuses_the_connection(
 ) -> None:
     assert backend.http_port is not None
     pool = UpstreamPool(Limits(), 30.0)
-    ep = endpoint(backend.http_port, ca=str(pki.ca.pem), server_name=SERVER_NAME)
+    ep = endpoint(backend.http_port, ca=str(pki.ca.path), server_name=SERVER_NAME)
     try:
         assert await get(pool, ep) == 200
         assert await get(pool, ep) == 200
@@ -82,7 +82,7 @@ async def test_pool_refuses_a_backend_that_does_not_verify(
     pki: Pki, backend: MockBackendHandle, settings: dict[str, str], reason: str
 ) -> None:
     assert backend.http_port is not None
-    files = {"ca": str(pki.ca.pem), "other": str(pki.other_ca.pem)}
+    files = {"ca": str(pki.ca.path), "other": str(pki.other_ca.path)}
     tls = {k: files.get(v, v) for k, v in settings.items()}
     pool = UpstreamPool(Limits(), 30.0)
     try:
@@ -95,15 +95,16 @@ async def test_pool_refuses_a_backend_that_does_not_verify(
 
 
 async def test_an_expired_certificate_is_refused(pki: Pki, tmp_path: Path) -> None:
-    cert, key = pki.ca.issue(
-        "expired", tmp_path, dns=(SERVER_NAME,), ips=("127.0.0.1",), expired=True
+    expired = pki.ca.issue(
+        "expired", dns=(SERVER_NAME,), ips=("127.0.0.1",), expired=True, directory=tmp_path
     )
-    handle = await start_mock_backend("127.0.0.1:0", None, tls=ServerTls(str(cert), str(key)))
+    tls = ServerTls(str(expired.cert), str(expired.key))
+    handle = await start_mock_backend("127.0.0.1:0", None, tls=tls)
     assert handle.http_port is not None
     pool = UpstreamPool(Limits(), 30.0)
     try:
         with pytest.raises(UpstreamTlsError) as e:
-            await get(pool, endpoint(handle.http_port, ca=str(pki.ca.pem)))
+            await get(pool, endpoint(handle.http_port, ca=str(pki.ca.path)))
         assert "certificate verify failed: certificate has expired" in str(e.value)
     finally:
         await pool.aclose()
@@ -135,7 +136,7 @@ async def test_the_connect_deadline_covers_the_handshake(pki: Pki) -> None:
     try:
         t0 = loop.time()
         with pytest.raises(UpstreamTimeout) as e:
-            ep = endpoint(port, ca=str(pki.ca.pem))
+            ep = endpoint(port, ca=str(pki.ca.path))
             await pool.request(ep, "GET", "/", H, None, T.model_copy(update={"connect_s": 0.3}))
         assert e.value.phase == "connect"
         assert loop.time() - t0 < 2.0
@@ -149,17 +150,17 @@ async def test_the_connect_deadline_covers_the_handshake(pki: Pki) -> None:
 
 async def test_health_checks_over_tls(pki: Pki, backend: MockBackendHandle) -> None:
     assert backend.http_port is not None and backend.grpc_port is not None
-    good = endpoint(backend.http_port, ca=str(pki.ca.pem), server_name=SERVER_NAME)
+    good = endpoint(backend.http_port, ca=str(pki.ca.path), server_name=SERVER_NAME)
     assert await check_http("127.0.0.1", backend.http_port, "/healthz", 2.0, good.tls) == (True, "")
-    bad = endpoint(backend.http_port, ca=str(pki.other_ca.pem))
+    bad = endpoint(backend.http_port, ca=str(pki.other_ca.path))
     ok, err = await check_http("127.0.0.1", backend.http_port, "/healthz", 2.0, bad.tls)
     assert not ok and err.startswith("TLS certificate verify failed"), err
     plain_ok, _ = await check_http("127.0.0.1", backend.http_port, "/healthz", 2.0)
     assert not plain_ok  # no plaintext fallback: a TLS port does not answer plain HTTP
 
     options = channel_options(Limits())
-    for tls, passes in (({"ca": str(pki.ca.pem), "server_name": SERVER_NAME}, True),
-                        ({"ca": str(pki.other_ca.pem)}, False)):  # fmt: skip
+    for tls, passes in (({"ca": str(pki.ca.path), "server_name": SERVER_NAME}, True),
+                        ({"ca": str(pki.other_ca.path)}, False)):  # fmt: skip
         channel = open_channel(endpoint(backend.grpc_port, "grpc", **tls), options)
         try:
             ok, err = await check_grpc(channel, "", 3.0)
@@ -172,12 +173,12 @@ async def test_health_checks_over_tls(pki: Pki, backend: MockBackendHandle) -> N
 
 
 async def test_grpc_channel_with_a_client_certificate(pki: Pki) -> None:
-    tls = ServerTls(str(pki.server_cert), str(pki.server_key), str(pki.ca.pem))
+    tls = ServerTls(str(pki.server.cert), str(pki.server.key), str(pki.ca.path))
     handle = await start_mock_backend(None, "127.0.0.1:0", tls=tls)
     assert handle.grpc_port is not None
     options = channel_options(Limits())
-    ca = {"ca": str(pki.ca.pem), "server_name": SERVER_NAME}
-    mutual = {**ca, "cert": str(pki.client_cert), "key": str(pki.client_key)}
+    ca = {"ca": str(pki.ca.path), "server_name": SERVER_NAME}
+    mutual = {**ca, "cert": str(pki.client.cert), "key": str(pki.client.key)}
     try:
         for settings, passes in ((mutual, True), (ca, False)):
             channel = open_channel(endpoint(handle.grpc_port, "grpc", **settings), options)
@@ -195,8 +196,8 @@ async def test_a_changed_tls_section_gets_its_own_connections(
 ) -> None:
     assert backend.http_port is not None
     pool = UpstreamPool(Limits(), 30.0)
-    old = endpoint(backend.http_port, ca=str(pki.ca.pem), server_name=SERVER_NAME)
-    new = endpoint(backend.http_port, ca=str(pki.ca.pem), server_name="localhost")
+    old = endpoint(backend.http_port, ca=str(pki.ca.path), server_name=SERVER_NAME)
+    new = endpoint(backend.http_port, ca=str(pki.ca.path), server_name="localhost")
     try:
         assert await get(pool, old) == 200
         assert await get(pool, new) == 200  # not the idle connection verified for the old name
@@ -208,7 +209,7 @@ async def test_a_changed_tls_section_gets_its_own_connections(
 
 
 def test_upstream_keys_follow_the_tls_settings(pki: Pki) -> None:
-    ca = str(pki.ca.pem)
+    ca = str(pki.ca.path)
     a, again = endpoint(9000, ca=ca), endpoint(9000, ca=ca)  # two loads of the same settings
     assert a.tls is not again.tls and a.upstream_key == again.upstream_key
     named = endpoint(9000, ca=ca, server_name=SERVER_NAME)
@@ -229,8 +230,8 @@ def test_upstream_keys_follow_the_tls_settings(pki: Pki) -> None:
 
 async def test_a_changed_tls_section_gets_its_own_channel(pki: Pki) -> None:
     pool = ChannelPool(Limits())
-    old = endpoint(9001, "grpc", ca=str(pki.ca.pem))
-    new = endpoint(9001, "grpc", ca=str(pki.ca.pem), server_name=SERVER_NAME)
+    old = endpoint(9001, "grpc", ca=str(pki.ca.path))
+    new = endpoint(9001, "grpc", ca=str(pki.ca.path), server_name=SERVER_NAME)
     try:
         old_channel = pool.get(old)
         assert pool.get(new) is not old_channel and pool.get(old) is old_channel
