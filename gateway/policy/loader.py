@@ -18,7 +18,8 @@ pruned (`diagnose.py`) when the schema does not hold, each reported at the node 
 the schema holds, each backend's `tls` files are read and its contexts built
 (`upstream_tls_errors`): a file that cannot be read, is not PEM, or a key that does not match
 its certificate is an error at that field. Valid but unsafe settings (`insecure_skip_verify`)
-come back as warnings (`checked_policy`), which `sluice policy check` prints.
+come back as warnings (`checked_policy`), which `sluice policy check` prints and the serving
+gateway logs at each load (`gateway.reload.holder`); nothing here logs them.
 
 Two optional fields let a policy prove it was read whole (a slow writer's half-file is refused):
 `checksum: sha256:HEX` (the sha256 of the file without its `checksum:` line; `policy_checksum`

@@ -36,8 +36,8 @@ from typing import Any, Generic, TypeVar
 from gateway.core import rollout as core
 from gateway.errors import PolicyError
 from gateway.policy.compiled import CompiledPolicy, compile_policy
-from gateway.policy.loader import load_policy, load_policy_text
-from gateway.policy.model import Rollout
+from gateway.policy.loader import checked_policy, checked_policy_text
+from gateway.policy.model import Policy, Rollout
 from gateway.reload.guard import GuardReport, check_change, summarize
 from gateway.reload.rollout import RolloutController, ShadowHook
 from gateway.reload.staging import StagedRollouts
@@ -82,7 +82,7 @@ class PolicyHolder(Generic[A]):
         self.path = path
         self._build = build
         self.clock = clock
-        compiled = compile_policy(load_policy(path))  # raises PolicyError: fatal at boot
+        compiled = compile_policy(self._load(None))  # raises PolicyError: fatal at boot
         self._active: A = build(compiled)
         self._compiled = compiled
         self.version = compiled.version
@@ -144,8 +144,7 @@ class PolicyHolder(Generic[A]):
         self.reloads += 1
         self.last_reload_at = time.time()
         try:
-            name = str(self.path)
-            policy = load_policy(self.path) if text is None else load_policy_text(text, name)
+            policy = self._load(text)
             compiled = compile_policy(policy)
             if rollout_fields:
                 base = policy.rollout.model_dump() if policy.rollout is not None else {}
@@ -164,6 +163,18 @@ class PolicyHolder(Generic[A]):
         metrics.POLICY_LAST_RELOAD_OK.set(1 if result.ok and not result.held else 0)
         self.last_result = result
         return result
+
+    def _load(self, text: str | None) -> Policy:
+        """The policy in `text` (None: read the file), its warnings logged once per load: valid
+        but unsafe settings, such as a backend's `insecure_skip_verify`, the same lines `sluice
+        policy check` prints (field and backend name only, never file contents)."""
+        if text is None:
+            policy, warnings = checked_policy(self.path)
+        else:
+            policy, warnings = checked_policy_text(text, str(self.path))
+        for line in warnings:
+            log.warning("%s", line)
+        return policy
 
     def _consider(
         self, compiled: CompiledPolicy, forced: bool, rollout: Rollout | None | _FromPolicy

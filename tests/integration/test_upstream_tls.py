@@ -252,6 +252,16 @@ async def test_wrong_server_name_on_grpc_is_unavailable(setup: Setup) -> None:
 async def test_insecure_skip_verify_connects_and_policy_check_warns(setup: Setup) -> None:
     status, body = await _chat(setup.gw, "insecure")
     assert status == 200, body
+    # The gateway said so once, when it loaded the policy (not per member or per connection).
+    entries = [json.loads(ln) for ln in setup.gw.proc.output().splitlines() if ln.startswith("{")]
+    logged = [
+        e["msg"]
+        for e in entries
+        if e.get("logger") == "sluice.policy" and "insecure_skip_verify" in e["msg"]
+    ]
+    assert len(logged) == 1, logged
+    assert "backends[8].tls.insecure_skip_verify" in logged[0]
+    assert "'insecure-http' does not verify" in logged[0]
     check = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "gateway", "policy", "check", str(setup.gw.policy)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,24 @@ def test_vanished_file_keeps_old(tmp_path: Path) -> None:
     result = holder.reload()
     assert not result.ok and holder.version == v1
     assert "cannot read" in result.errors[0]
+
+
+def test_each_load_logs_the_policys_warnings_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    insecure = V1.replace("    endpoints:", "    tls: {insecure_skip_verify: true}\n    endpoints:")
+    caplog.set_level(logging.WARNING, logger="sluice.policy")
+    holder, path = holder_at(tmp_path, insecure)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "insecure_skip_verify" in r.getMessage()]
+
+    (line,) = warned()
+    assert line.startswith(f"{path}:3:33: warning: backends[0].tls.insecure_skip_verify: ")
+    assert "backend 'a' does not verify" in line
+    path.write_text(insecure.replace("9000", "9010"))
+    assert holder.reload().ok
+    assert warned() == [line, line]  # once per load, not once per member or per connection
+    path.write_text(V1)
+    assert holder.reload().ok
+    assert len(warned()) == 2  # verification back on: nothing more
