@@ -104,6 +104,21 @@ class HttpForward:
             finally:
                 gw.inflight.leave()  # after finish: the drain waits for the bookkeeping too
 
+    async def cancelled(self, ex: Exchange) -> None:
+        """A request whose client left before it could be served (an HTTP/2 stream reset before
+        its task ran): recorded through `finish` as cancelled; no filter ran."""
+        gw = self.gateway
+        snap = gw.snapshot_for(ex.info)
+        ctx = RequestContext(ex.info, snap.policy)
+        ctx.outcome = Outcome.CLIENT_CANCELLED
+        gw.inflight.enter()
+        try:
+            pending = gw.finish(snap, ctx)
+            if pending is not None:
+                await pending
+        finally:
+            gw.inflight.leave()
+
     async def _admit(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> Verdict | None:
         info = ctx.info
         limits = snap.policy.policy.limits

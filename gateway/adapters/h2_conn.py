@@ -1,0 +1,456 @@
+"""Sluice's HTTP/2 engine: one connection as an `asyncio.Protocol` over python-hyper `h2`
+(sans-IO), with the limits h2 leaves to its embedder (`limits.http2`).
+
+The loop (STYLE rule 19): `data_received` → the frame guard counts frame headers
+(`gateway.adapters.h2_guard`) → `receive_data` → every event handled → one `data_to_send()` →
+one write. Each new stream goes to the listener's `StreamHandler` (HTTP routes:
+`gateway.adapters.h2_exchange.H2HttpHandler`; a gRPC handler plugs in the same way), which runs
+it in a task of its own.
+
+What a connection does and refuses:
+- concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
+  RST_STREAM REFUSED_STREAM (h2 itself would end the whole connection: its own bound is lifted).
+- floods (guard, rapid reset, control frames queued while the client does not read): GOAWAY
+  with the breach's code, counted in `sluice_rejected_total{reason="h2_…"}`, and the
+  connection is closed (cut at once when the client does not read).
+- rapid reset: streams the client resets before their answer ended and within 1 s of their
+  start, or that were refused, past `rapid_reset_ratio` of the streams opened once
+  `rapid_reset_min_streams` were → GOAWAY ENHANCE_YOUR_CALM.
+- flow control: the connection window is `initial_stream_window_bytes` × max streams, so only a
+  stream's own window can fill; a stream's window is returned when its handler takes the bytes.
+  Writes wait per stream on the send window, and on the socket (`pause_writing`), during which
+  the connection stops reading.
+- timers: one lazily moved deadline: `timeouts.header_read_s` from accept to the first request
+  and while a header block is open; `timeouts.keepalive_s` with no open stream.
+- drain: GOAWAY announcing 2^31-1, then after `drain_goaway_delay_s` the GOAWAY with the last
+  stream taken (RFC 9113 §6.8); the connection closes once its streams end.
+  `max_requests_per_connection` sends the second GOAWAY at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import typing
+from typing import cast
+
+import h2.events as ev
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.exceptions import H2Error, ProtocolError
+from h2.settings import SettingCodes, Settings
+from hyperframe.frame import GoAwayFrame
+
+from gateway.adapters.h2_guard import CONTROL_QUEUE, RAPID_RESET, Breach, FrameGuard
+from gateway.adapters.h2_stream import H2Stream
+from gateway.telemetry import metrics
+
+if typing.TYPE_CHECKING:
+    from gateway.policy.base import Http2Limits
+
+__all__ = ["H2Conn", "H2Server", "StreamHandler", "serve_h2"]
+
+log = logging.getLogger(__name__)
+
+MAX_STREAM_ID = 2**31 - 1
+EARLY_RESET_S = 1.0  # a client reset this soon after the stream began counts as early (Envoy)
+ABORT_AFTER_S = 1.0  # a closing connection whose GOAWAY the client does not read is cut
+
+
+class StreamHandler(typing.Protocol):
+    """Serves the streams of one listener: HTTP routes, or (later) gRPC."""
+
+    def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
+        """Run the stream in a task of its own; the task calls `conn.stream_done` as it ends."""
+        ...
+
+
+class H2Server:
+    """Per listener: the limits and timeouts read at start, the handler, the open connections."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        handler: StreamHandler,
+        limits: Http2Limits,
+        header_read_s: float,
+        keepalive_s: float,
+    ) -> None:
+        self.loop = loop
+        self.handler = handler
+        self.limits = limits
+        self.header_read_s = header_read_s
+        self.keepalive_s = keepalive_s
+        self.conns: set[H2Conn] = set()
+        self.draining = False
+
+    def __call__(self) -> H2Conn:
+        return H2Conn(self)
+
+
+def serve_h2(server: H2Server, transport: asyncio.BaseTransport, data: bytes = b"") -> H2Conn:
+    """Hand an accepted connection to the HTTP/2 engine: the native HTTP/1.1 engine calls it on
+    an h2c preface (with the bytes read so far), a TLS listener when ALPN selected `h2` (from
+    its protocol's `connection_made`, before any byte was read)."""
+    conn = H2Conn(server)
+    transport.set_protocol(conn)
+    conn.connection_made(transport)
+    if data:
+        conn.data_received(data)
+    return conn
+
+
+class H2Conn(asyncio.Protocol):
+    """One client connection: h2's state, the guard, the streams, timers and flow control."""
+
+    def __init__(self, server: H2Server) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.limits = lim = server.limits
+        self.h2 = H2Connection(
+            H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=True)
+        )
+        self.guard = FrameGuard(lim)
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.streams: dict[int, H2Stream] = {}
+        self.closed = False
+        self.closing = False
+        self.write_paused = False
+        self.drainer: asyncio.Future[None] | None = None
+        self.queued_control = 0
+        self.goaway = 0  # 1: first GOAWAY sent (drain), 2: the last stream is fixed
+        self.last_sid = MAX_STREAM_ID
+        self.requests = 0
+        self.early = 0  # early resets and refused streams
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    # --- transport events ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if peer else ""
+        self.server.conns.add(self)
+        lim, h2c = self.limits, self.h2
+        h2c.local_settings = Settings(
+            client=False,
+            initial_values={
+                SettingCodes.MAX_CONCURRENT_STREAMS: lim.max_concurrent_streams,
+                SettingCodes.INITIAL_WINDOW_SIZE: lim.initial_stream_window_bytes,
+                SettingCodes.MAX_FRAME_SIZE: lim.max_frame_bytes,
+                SettingCodes.MAX_HEADER_LIST_SIZE: lim.max_header_list_bytes,
+            },
+        )
+        h2c.max_inbound_frame_size = lim.max_frame_bytes
+        h2c.decoder.max_header_list_size = lim.max_header_list_bytes
+        h2c.initiate_connection()
+        # h2 would end the connection on the stream past the advertised bound; it is refused
+        # here instead (REFUSED_STREAM), so h2's own bound is lifted once the SETTINGS are out.
+        h2c.local_settings.max_concurrent_streams = MAX_STREAM_ID
+        h2c.local_settings.acknowledge()
+        window = min(MAX_STREAM_ID, lim.initial_stream_window_bytes * lim.max_concurrent_streams)
+        if window > 65535:
+            h2c.increment_flow_control_window(window - 65535)
+        self.flush()
+        self.arm(self.server.header_read_s)
+        if self.server.draining:
+            self.drain()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self.server.conns.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for stream in list(self.streams.values()):
+            self._gone(stream)
+        fut, self.drainer = self.drainer, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)  # the waiters see `closed` and raise
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()  # no more frames to answer while nothing leaves
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.queued_control = 0
+        if self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+        fut, self.drainer = self.drainer, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        guard = self.guard
+        breach = guard.feed(data, self.loop.time())
+        if breach is None and self.write_paused:
+            self.queued_control += guard.acks
+            if self.queued_control > self.limits.max_queued_control_frames:
+                breach = CONTROL_QUEUE
+        if breach is not None:
+            self.calm(breach)
+            return
+        try:
+            events = self.h2.receive_data(data)
+        except ProtocolError as e:  # h2 has queued its GOAWAY
+            log.debug("HTTP/2 protocol error from %s: %s", self.peer, e)
+            metrics.REJECTED.labels("h2_protocol_error", "http").inc()
+            self.close()
+            return
+        for event in events:
+            self._event(event)
+        if (
+            guard.streams_opened >= self.limits.rapid_reset_min_streams
+            and self.early > self.limits.rapid_reset_ratio * guard.streams_opened
+        ):
+            self.calm(RAPID_RESET)
+            return
+        if guard.block_open:
+            if self.deadline is None:
+                self.arm(self.server.header_read_s)
+        elif self.streams and self.deadline is not None:
+            self.deadline = None
+        self.flush()
+
+    def _event(self, event: ev.Event) -> None:
+        t = type(event)
+        if t is ev.DataReceived:
+            e = cast("ev.DataReceived", event)
+            stream = self.streams.get(e.stream_id or 0)
+            if stream is not None:
+                stream.data(e.data or b"", e.flow_controlled_length or 0)
+            elif e.flow_controlled_length:  # a stream we finished: its window is not ours
+                self.h2.acknowledge_received_data(e.flow_controlled_length, e.stream_id or 0)
+        elif t is ev.RequestReceived:
+            self._open(cast("ev.RequestReceived", event))
+        elif t is ev.StreamEnded:
+            stream = self.streams.get(cast("ev.StreamEnded", event).stream_id or 0)
+            if stream is not None:
+                stream.body_done = True
+                stream.wake()
+        elif t is ev.WindowUpdated:
+            sid = cast("ev.WindowUpdated", event).stream_id
+            if sid:
+                stream = self.streams.get(sid)
+                if stream is not None:
+                    stream.wake_window()
+            else:
+                for stream in self.streams.values():
+                    stream.wake_window()
+        elif t is ev.StreamReset:
+            self._reset(cast("ev.StreamReset", event))
+        elif t is ev.RemoteSettingsChanged:
+            for stream in self.streams.values():
+                stream.wake_window()
+        elif t is ev.ConnectionTerminated:  # the client's GOAWAY: h2 takes no more frames
+            self.closing = True
+            for stream in list(self.streams.values()):
+                self._gone(stream)
+            if self.transport is not None:
+                self.transport.close()
+
+    # --- streams ---
+
+    def _open(self, e: ev.RequestReceived) -> None:
+        sid = e.stream_id or 0
+        self.requests += 1
+        if (
+            len(self.streams) >= self.limits.max_concurrent_streams
+            or sid > self.last_sid
+            or self.goaway == 2
+        ):
+            self.early += 1
+            metrics.REJECTED.labels("h2_refused_stream", "http").inc()
+            self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            return
+        headers = cast("list[tuple[bytes, bytes]]", e.headers or [])
+        stream = H2Stream(self, sid, headers, e.stream_ended is not None, self.loop.time())
+        self.streams[sid] = stream
+        self.deadline = None
+        stream.task = self.server.handler.start(self, stream)
+        if self.requests >= self.limits.max_requests_per_connection:
+            self._final_goaway()
+
+    def _reset(self, e: ev.StreamReset) -> None:
+        stream = self.streams.get(e.stream_id or 0)
+        if stream is None:
+            return
+        if not stream.ended and self.loop.time() - stream.opened_at < EARLY_RESET_S:
+            self.early += 1
+        self._gone(stream)
+
+    def _gone(self, stream: H2Stream) -> None:
+        stream.gone()
+        task = stream.task
+        if task is not None and not task.done() and stream.started:
+            task.cancel()  # the pool aborts the upstream request
+        # A task that has not run yet runs and finds the stream gone: it is still accounted.
+
+    def stream_done(self, stream: H2Stream) -> None:
+        """Called by the stream's task as it ends."""
+        self.streams.pop(stream.sid, None)
+        if self.closed:
+            return
+        if not stream.ended:  # no clean end went out: never a truncated success
+            stream.ended = True
+            self._send_reset(stream.sid, ErrorCodes.CANCEL)
+        elif not stream.body_done and not stream.reset:
+            # Answered before the body was read: the rest is not wanted (RFC 9113 §8.1).
+            self._send_reset(stream.sid, ErrorCodes.NO_ERROR)
+        if stream.unacked:
+            self.h2.acknowledge_received_data(stream.unacked, stream.sid)
+            stream.unacked = 0
+        if not self.streams:
+            if self.goaway == 2:
+                self.close()
+                return
+            self.arm(self.server.keepalive_s)
+        self.flush()
+
+    def _send_reset(self, sid: int, code: ErrorCodes) -> None:
+        try:
+            self.h2.reset_stream(sid, code)
+        except H2Error:
+            pass  # closed on both sides already
+
+    # --- what streams call (`gateway.adapters.h2_stream.StreamConn`) ---
+
+    def consumed(self, stream: H2Stream, size: int) -> None:
+        if not self.closed and not stream.reset:
+            self.h2.acknowledge_received_data(size, stream.sid)
+            self.flush()
+
+    def send_headers(self, stream: H2Stream, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        if stream.reset or self.closed:
+            raise ConnectionResetError("stream reset")
+        self.h2.send_headers(stream.sid, headers, end_stream=end)
+        if end:
+            stream.ended = True
+        self.flush()
+
+    async def send_data(self, stream: H2Stream, data: bytes, end: bool) -> None:
+        h2c, sid = self.h2, stream.sid
+        view = memoryview(data)
+        while True:
+            if stream.reset or self.closed:
+                raise ConnectionResetError("stream reset")
+            room = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
+            if room <= 0 and view:
+                await stream.wait_window()
+                continue
+            part = view[:room]
+            view = view[room:]
+            last = end and not view
+            h2c.send_data(sid, part.tobytes(), end_stream=last)
+            self.guard.data_sent += 1
+            if last:
+                stream.ended = True
+            self.flush()
+            if self.write_paused:
+                await self.drain_writes()
+            if not view:
+                return
+
+    def reset(self, stream: H2Stream, code: ErrorCodes) -> None:
+        if not stream.ended and not self.closed:
+            stream.ended = True
+            self._send_reset(stream.sid, code)
+            self.flush()
+
+    async def drain_writes(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("client disconnected")
+        if self.write_paused:
+            if self.drainer is None:
+                self.drainer = self.loop.create_future()
+            await self.drainer
+            if self.closed:
+                raise ConnectionResetError("client disconnected")
+
+    # --- writing and ending ---
+
+    def flush(self) -> None:
+        """One write of everything h2 has queued."""
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def calm(self, breach: Breach) -> None:
+        """A limit was passed: GOAWAY with its code, then close."""
+        log.info("HTTP/2 connection from %s ended: %s", self.peer, breach.reason)
+        metrics.REJECTED.labels("h2_" + breach.reason, "http").inc()
+        try:
+            self.h2.close_connection(breach.code)
+        except H2Error:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        """Flush, close, and cut if the client does not take the rest within ABORT_AFTER_S."""
+        if self.closing or self.transport is None:
+            return
+        self.closing = True
+        self.flush()
+        for stream in list(self.streams.values()):
+            self._gone(stream)
+        transport = self.transport
+        transport.close()
+        if transport.get_write_buffer_size():
+            self.loop.call_later(ABORT_AFTER_S, transport.abort)
+
+    def _goaway(self, last: int) -> None:
+        self.flush()  # frames h2 queued go first
+        if self.transport is not None and not self.closed:
+            frame = GoAwayFrame(0)
+            frame.last_stream_id = last
+            frame.error_code = ErrorCodes.NO_ERROR
+            self.transport.write(frame.serialize())
+
+    def drain(self) -> None:
+        """The graceful two-step GOAWAY (the listener drains)."""
+        if self.goaway or self.closing:
+            return
+        self.goaway = 1
+        self._goaway(MAX_STREAM_ID)
+        self.loop.call_later(self.limits.drain_goaway_delay_s, self._final_goaway)
+
+    def _final_goaway(self) -> None:
+        if self.goaway == 2 or self.closing or self.closed:
+            return
+        self.goaway = 2
+        self.last_sid = self.h2.highest_inbound_stream_id
+        self._goaway(self.last_sid)
+        if not self.streams:
+            self.close()
+
+    def shutdown(self) -> None:
+        """The drain is over: cut the connection (its streams are cancelled)."""
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    # --- timer ---
+
+    def arm(self, seconds: float) -> None:
+        self.deadline = self.loop.time() + seconds
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.deadline is None or self.closed:
+            return
+        if self.loop.time() >= self.deadline:
+            self._goaway(self.h2.highest_inbound_stream_id)  # idle, or headers not in time
+            self.close()
+        else:
+            self.timer = self.loop.call_at(self.deadline, self._expired)
