@@ -434,9 +434,15 @@ class H2Conn(asyncio.Protocol):
             self.close()
 
     def shutdown(self) -> None:
-        """The drain is over: cut the connection (its streams are cancelled)."""
-        if self.transport is not None and not self.closed:
+        """The drain is over: the last GOAWAY and a close when no stream is left, else a cut
+        (its streams are cancelled)."""
+        if self.transport is None or self.closed:
+            return
+        if self.streams:
             self.transport.abort()
+            return
+        self._final_goaway()
+        self.close()
 
     # --- timer ---
 
