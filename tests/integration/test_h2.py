@@ -5,12 +5,9 @@ backend are real processes."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import h2.config
@@ -21,81 +18,11 @@ import httpx
 import pytest
 from hyperframe.frame import DataFrame, GoAwayFrame
 
-from tests.integration.conftest import Backend, wait_ready
-from tests.integration.h2_client import RawH2, frame
-from tests.support import Proc, free_port, require_binary
+from tests.integration.conftest import Backend
+from tests.integration.h2_support import CHAT, H2Gateway, RawH2, frame, start_h2_gateway
+from tests.support import require_binary
 
 pytestmark = pytest.mark.integration
-
-SECRET_ENV = "SLUICE_TEST_H2_SECRET"
-CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
-
-
-def policy_text(backend: Backend, http: int, admin: int, extra: str = "") -> str:
-    return f"""\
-version: 1
-listeners:
-  http: {{host: 127.0.0.1, port: {http}, engine: native}}
-  grpc: null
-  admin: {{host: 127.0.0.1, port: {admin}}}
-timeouts: {{first_byte_s: 5, drain_s: 10}}
-auth:
-  providers:
-    - name: internal
-      issuer: internal
-      audiences: [sluice]
-      algorithms: [HS256]
-      secret: {{env: {SECRET_ENV}}}
-backends:
-  - name: sim-http
-    protocol: http
-    endpoints: [{{address: "127.0.0.1:{backend.http_port}"}}]
-routes:
-  - name: secure
-    match: {{protocol: http, path_prefix: /secure/}}
-    backend: sim-http
-    auth: required
-  - name: openai
-    match: {{protocol: http, path_prefix: /}}
-    backend: sim-http
-{extra}"""
-
-
-@dataclass
-class H2Gateway:
-    proc: Proc
-    port: int
-    admin: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-            if m and all(
-                dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).get(k) == v
-                for k, v in labels.items()
-            ):
-                total += float(m.group(2))
-        return total
-
-    def rss_kb(self) -> int:
-        status = Path(f"/proc/{self.proc.popen.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
-
-
-def start_h2_gateway(backend: Backend, tmp: Path, extra: str = "") -> H2Gateway:
-    http, admin = free_port(), free_port()
-    path = tmp / "policy.yaml"
-    path.write_text(policy_text(backend, http, admin, extra))
-    proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env={SECRET_ENV: "s" * 32})
-    wait_ready(admin, proc)
-    return H2Gateway(proc, http, admin)
 
 
 @pytest.fixture(scope="module")

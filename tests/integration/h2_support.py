@@ -1,11 +1,16 @@
-"""A raw HTTP/2 client for attack tests: frames built with hyperframe and hpack over a plain
+"""HTTP/2 test support: a gateway process whose HTTP listener serves h2c (with an auth route),
+and a raw HTTP/2 client for attack tests: frames built with hyperframe and hpack over a plain
 socket (h2c with prior knowledge), so a test can send what no well-behaved client would."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 from hpack import Encoder
 from hyperframe.frame import (
@@ -18,6 +23,80 @@ from hyperframe.frame import (
     RstStreamFrame,
     SettingsFrame,
 )
+
+from tests.integration.conftest import Backend, wait_ready
+from tests.support import Proc, free_port
+
+SECRET_ENV = "SLUICE_TEST_H2_SECRET"
+CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def policy_text(backend: Backend, http: int, admin: int, extra: str = "") -> str:
+    return f"""\
+version: 1
+listeners:
+  http: {{host: 127.0.0.1, port: {http}, engine: native}}
+  grpc: null
+  admin: {{host: 127.0.0.1, port: {admin}}}
+timeouts: {{first_byte_s: 5, drain_s: 10}}
+auth:
+  providers:
+    - name: internal
+      issuer: internal
+      audiences: [sluice]
+      algorithms: [HS256]
+      secret: {{env: {SECRET_ENV}}}
+backends:
+  - name: sim-http
+    protocol: http
+    endpoints: [{{address: "127.0.0.1:{backend.http_port}"}}]
+routes:
+  - name: secure
+    match: {{protocol: http, path_prefix: /secure/}}
+    backend: sim-http
+    auth: required
+  - name: openai
+    match: {{protocol: http, path_prefix: /}}
+    backend: sim-http
+{extra}"""
+
+
+@dataclass
+class H2Gateway:
+    proc: Proc
+    port: int
+    admin: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def metric(self, name: str, **labels: str) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+            if m and all(
+                dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).get(k) == v
+                for k, v in labels.items()
+            ):
+                total += float(m.group(2))
+        return total
+
+    def rss_kb(self) -> int:
+        status = Path(f"/proc/{self.proc.popen.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+
+
+def start_h2_gateway(backend: Backend, tmp: Path, extra: str = "") -> H2Gateway:
+    http, admin = free_port(), free_port()
+    path = tmp / "policy.yaml"
+    path.write_text(policy_text(backend, http, admin, extra))
+    proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env={SECRET_ENV: "s" * 32})
+    wait_ready(admin, proc)
+    return H2Gateway(proc, http, admin)
+
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 ENHANCE_YOUR_CALM, REFUSED_STREAM, CANCEL = 11, 7, 8
