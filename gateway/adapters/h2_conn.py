@@ -108,8 +108,16 @@ class H2Conn(asyncio.Protocol):
         self.server = server
         self.loop = server.loop
         self.limits = lim = server.limits
+        # Outbound headers come from the lifecycle already checked (`forward.headers`: values,
+        # hop-by-hop names dropped) and lower-cased by the exchange: h2's second pass is skipped.
         self.h2 = H2Connection(
-            H2Configuration(client_side=False, header_encoding=None, validate_inbound_headers=True)
+            H2Configuration(
+                client_side=False,
+                header_encoding=None,
+                validate_inbound_headers=True,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
         )
         self.guard = FrameGuard(lim)
         self.transport: asyncio.Transport | None = None
@@ -126,6 +134,7 @@ class H2Conn(asyncio.Protocol):
         self.early = 0  # early resets and refused streams
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.flushing = False  # a flush is scheduled for the end of this loop iteration
 
     # --- transport events ---
 
@@ -315,7 +324,7 @@ class H2Conn(asyncio.Protocol):
                 self.close()
                 return
             self.arm(self.server.keepalive_s)
-        self.flush()
+        self.flush_soon()
 
     def _send_reset(self, sid: int, code: ErrorCodes) -> None:
         try:
@@ -328,7 +337,7 @@ class H2Conn(asyncio.Protocol):
     def consumed(self, stream: H2Stream, size: int) -> None:
         if not self.closed and not stream.reset:
             self.h2.acknowledge_received_data(size, stream.sid)
-            self.flush()
+            self.flush_soon()
 
     def send_headers(self, stream: H2Stream, headers: list[tuple[bytes, bytes]], end: bool) -> None:
         if stream.reset or self.closed:
@@ -336,7 +345,7 @@ class H2Conn(asyncio.Protocol):
         self.h2.send_headers(stream.sid, headers, end_stream=end)
         if end:
             stream.ended = True
-        self.flush()
+        self.flush_soon()
 
     async def send_data(self, stream: H2Stream, data: bytes, end: bool) -> None:
         h2c, sid = self.h2, stream.sid
@@ -355,7 +364,7 @@ class H2Conn(asyncio.Protocol):
             self.guard.data_sent += 1
             if last:
                 stream.ended = True
-            self.flush()
+            self.flush_soon()
             if self.write_paused:
                 await self.drain_writes()
             if not view:
@@ -365,7 +374,7 @@ class H2Conn(asyncio.Protocol):
         if not stream.ended and not self.closed:
             stream.ended = True
             self._send_reset(stream.sid, code)
-            self.flush()
+            self.flush_soon()
 
     async def drain_writes(self) -> None:
         if self.closed:
@@ -379,8 +388,16 @@ class H2Conn(asyncio.Protocol):
 
     # --- writing and ending ---
 
+    def flush_soon(self) -> None:
+        """What streams send goes out in one write at the end of this loop iteration, with the
+        other streams' (one response of many streams: one write, not three each)."""
+        if not self.flushing:
+            self.flushing = True
+            self.loop.call_soon(self.flush)
+
     def flush(self) -> None:
         """One write of everything h2 has queued."""
+        self.flushing = False
         data = self.h2.data_to_send()
         if data and self.transport is not None and not self.closed:
             self.transport.write(data)
