@@ -135,6 +135,7 @@ class H2Conn(asyncio.Protocol):
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.flushing = False  # a flush is scheduled for the end of this loop iteration
+        self.final_sent = -1  # the last stream id of the last GOAWAY sent
 
     # --- transport events ---
 
@@ -288,7 +289,11 @@ class H2Conn(asyncio.Protocol):
         self.deadline = None
         stream.task = self.server.handler.start(self, stream)
         if self.requests >= self.limits.max_requests_per_connection:
-            self._final_goaway()
+            # The last stream is this one; its GOAWAY goes out once the streams up to it are
+            # answered (clients over python-hyper h2, httpx among them, fail a stream still
+            # waiting for its answer when a GOAWAY arrives), later streams are refused.
+            self.goaway = 2
+            self.last_sid = sid
 
     def _reset(self, e: ev.StreamReset) -> None:
         stream = self.streams.get(e.stream_id or 0)
@@ -321,6 +326,7 @@ class H2Conn(asyncio.Protocol):
             stream.unacked = 0
         if not self.streams:
             if self.goaway == 2:
+                self._goaway(self.last_sid)
                 self.close()
                 return
             self.arm(self.server.keepalive_s)
@@ -426,6 +432,9 @@ class H2Conn(asyncio.Protocol):
             self.loop.call_later(ABORT_AFTER_S, transport.abort)
 
     def _goaway(self, last: int) -> None:
+        if last == self.final_sent:
+            return
+        self.final_sent = last
         self.flush()  # frames h2 queued go first
         if self.transport is not None and not self.closed:
             frame = GoAwayFrame(0)
@@ -441,11 +450,11 @@ class H2Conn(asyncio.Protocol):
         self._goaway(MAX_STREAM_ID)
         self.loop.call_later(self.limits.drain_goaway_delay_s, self._final_goaway)
 
-    def _final_goaway(self) -> None:
+    def _final_goaway(self, last: int | None = None) -> None:
         if self.goaway == 2 or self.closing or self.closed:
             return
         self.goaway = 2
-        self.last_sid = self.h2.highest_inbound_stream_id
+        self.last_sid = self.h2.highest_inbound_stream_id if last is None else last
         self._goaway(self.last_sid)
         if not self.streams:
             self.close()
@@ -459,6 +468,7 @@ class H2Conn(asyncio.Protocol):
             self.transport.abort()
             return
         self._final_goaway()
+        self._goaway(self.last_sid)
         self.close()
 
     # --- timer ---

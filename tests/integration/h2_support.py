@@ -31,14 +31,16 @@ SECRET_ENV = "SLUICE_TEST_H2_SECRET"
 CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def policy_text(backend: Backend, http: int, admin: int, extra: str = "") -> str:
+def policy_text(
+    backend: Backend, http: int, admin: int, extra: str = "", timeouts: str = ""
+) -> str:
     return f"""\
 version: 1
 listeners:
   http: {{host: 127.0.0.1, port: {http}, engine: native}}
   grpc: null
   admin: {{host: 127.0.0.1, port: {admin}}}
-timeouts: {{first_byte_s: 5, drain_s: 10}}
+timeouts: {{first_byte_s: 5, drain_s: 10{timeouts}}}
 auth:
   providers:
     - name: internal
@@ -89,10 +91,10 @@ class H2Gateway:
         return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
 
 
-def start_h2_gateway(backend: Backend, tmp: Path, extra: str = "") -> H2Gateway:
+def start_h2_gateway(backend: Backend, tmp: Path, extra: str = "", timeouts: str = "") -> H2Gateway:
     http, admin = free_port(), free_port()
     path = tmp / "policy.yaml"
-    path.write_text(policy_text(backend, http, admin, extra))
+    path.write_text(policy_text(backend, http, admin, extra, timeouts))
     proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env={SECRET_ENV: "s" * 32})
     wait_ready(admin, proc)
     return H2Gateway(proc, http, admin)
