@@ -35,7 +35,7 @@ What a connection does and refuses:
   that loops would need a Future per request instead).
 - HTTP/2: a connection whose first bytes are the HTTP/2 preface (h2c with prior knowledge), or
   whose TLS handshake selected `h2` by ALPN, is handed (with the bytes read so far) to the
-  HTTP/2 engine (`gateway.adapters.h2_conn.serve_h2`).
+  HTTP/2 engine (`gateway.adapters.h2_server.serve_h2`).
 - `Expect: 100-continue` is answered with `100 Continue` when the body is first read (a request
   refused before that gets its answer and the connection is closed); another Expect gets 417.
 """
@@ -56,8 +56,8 @@ from gateway.adapters.h1_messages import (
     absolute,
     simple_response,
 )
-from gateway.adapters.h2_conn import serve_h2
 from gateway.adapters.h2_guard import PREFACE
+from gateway.adapters.h2_server import serve_h2
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:

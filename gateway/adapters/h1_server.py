@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from gateway.adapters.h1 import H1Conn
 from gateway.adapters.h1_exchange import H1Handler
-from gateway.adapters.h2_conn import H2Server
 from gateway.adapters.h2_exchange import H2HttpHandler
+from gateway.adapters.h2_server import H2Server
 from gateway.forward.http import HttpForward
 
 if TYPE_CHECKING:

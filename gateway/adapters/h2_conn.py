@@ -3,7 +3,7 @@
 
 The loop (STYLE rule 19): `data_received` → the frame guard counts frame headers
 (`gateway.adapters.h2_guard`) → `receive_data` → every event handled → one `data_to_send()` →
-one write. Each new stream goes to the listener's `StreamHandler` (HTTP routes:
+one write. Each new stream goes to the listener's `h2_server.StreamHandler` (HTTP routes:
 `gateway.adapters.h2_exchange.H2HttpHandler`; a gRPC handler plugs in the same way), which runs
 it in a task of its own.
 
@@ -47,58 +47,15 @@ from gateway.adapters.h2_stream import H2Stream
 from gateway.telemetry import metrics
 
 if typing.TYPE_CHECKING:
-    from gateway.policy.base import Http2Limits
+    from gateway.adapters.h2_server import H2Server
 
-__all__ = ["H2Conn", "H2Server", "StreamHandler", "serve_h2"]
+__all__ = ["H2Conn"]
 
 log = logging.getLogger(__name__)
 
 MAX_STREAM_ID = 2**31 - 1
 EARLY_RESET_S = 1.0  # a client reset this soon after the stream began counts as early (Envoy)
 ABORT_AFTER_S = 1.0  # a closing connection whose GOAWAY the client does not read is cut
-
-
-class StreamHandler(typing.Protocol):
-    """Serves the streams of one listener: HTTP routes, or (later) gRPC."""
-
-    def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
-        """Run the stream in a task of its own; the task calls `conn.stream_done` as it ends."""
-        ...
-
-
-class H2Server:
-    """Per listener: the limits and timeouts read at start, the handler, the open connections."""
-
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        handler: StreamHandler,
-        limits: Http2Limits,
-        header_read_s: float,
-        keepalive_s: float,
-    ) -> None:
-        self.loop = loop
-        self.handler = handler
-        self.limits = limits
-        self.header_read_s = header_read_s
-        self.keepalive_s = keepalive_s
-        self.conns: set[H2Conn] = set()
-        self.draining = False
-
-    def __call__(self) -> H2Conn:
-        return H2Conn(self)
-
-
-def serve_h2(server: H2Server, transport: asyncio.BaseTransport, data: bytes = b"") -> H2Conn:
-    """Hand an accepted connection to the HTTP/2 engine: the native HTTP/1.1 engine calls it on
-    an h2c preface (with the bytes read so far), a TLS listener when ALPN selected `h2` (from
-    its protocol's `connection_made`, before any byte was read)."""
-    conn = H2Conn(server)
-    transport.set_protocol(conn)
-    conn.connection_made(transport)
-    if data:
-        conn.data_received(data)
-    return conn
 
 
 class H2Conn(asyncio.Protocol):
@@ -348,7 +305,10 @@ class H2Conn(asyncio.Protocol):
     def send_headers(self, stream: H2Stream, headers: list[tuple[bytes, bytes]], end: bool) -> None:
         if stream.reset or self.closed:
             raise ConnectionResetError("stream reset")
-        self.h2.send_headers(stream.sid, headers, end_stream=end)
+        try:
+            self.h2.send_headers(stream.sid, headers, end_stream=end)
+        except H2Error as e:  # the stream or the connection ended under it
+            raise ConnectionResetError(str(e)) from e
         if end:
             stream.ended = True
         self.flush_soon()
@@ -366,7 +326,10 @@ class H2Conn(asyncio.Protocol):
             part = view[:room]
             view = view[room:]
             last = end and not view
-            h2c.send_data(sid, part.tobytes(), end_stream=last)
+            try:
+                h2c.send_data(sid, part.tobytes(), end_stream=last)
+            except H2Error as e:
+                raise ConnectionResetError(str(e)) from e
             self.guard.data_sent += 1
             if last:
                 stream.ended = True

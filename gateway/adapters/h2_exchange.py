@@ -179,7 +179,7 @@ def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]
 
 class H2HttpHandler:
     """Serves the streams of an HTTP listener: one task and one exchange per stream, through
-    the forwarding path of HTTP/1.1 (`gateway.adapters.h2_conn.StreamHandler`)."""
+    the forwarding path of HTTP/1.1 (`gateway.adapters.h2_server.StreamHandler`)."""
 
     def __init__(self, forward: HttpForward) -> None:
         self.forward = forward

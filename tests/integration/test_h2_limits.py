@@ -18,7 +18,7 @@ from tests.integration.h2_support import CHAT, H2Gateway, RawH2, frame, rst, sta
 
 pytestmark = pytest.mark.integration
 
-LIMITS = "limits:\n  http2: {max_requests_per_connection: 5}\n"
+LIMITS = "limits:\n  max_buffered_body_bytes: 65536\n  http2: {max_requests_per_connection: 5}\n"
 TIMEOUTS = ", header_read_s: 1, keepalive_s: 1, total_s: 1.5"
 
 
@@ -135,3 +135,13 @@ def _stream(gw: H2Gateway, body: bytes) -> tuple[bytes, bool]:
                 break
     conn.close()
     return data, ended
+
+
+def test_large_body_streams_through_the_stream_window(gw: H2Gateway) -> None:
+    """800 KB (above max_buffered_body_bytes here: streamed to the backend) through a 64 KiB
+    stream window that is returned as the upstream write takes the bytes."""
+    body = {**CHAT, "messages": [{"role": "user", "content": "w " * 400_000}]}
+    with httpx.Client(http1=False, http2=True, timeout=10) as c:
+        r = c.post(f"{gw.url}/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > 1000
