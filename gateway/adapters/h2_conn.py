@@ -368,8 +368,9 @@ class H2Conn(asyncio.Protocol):
         """One write of everything h2 has queued."""
         self.flushing = False
         data = self.h2.data_to_send()
-        if data and self.transport is not None and not self.closed:
-            self.transport.write(data)
+        transport = self.transport
+        if data and transport is not None and not self.closed and not transport.is_closing():
+            transport.write(data)
 
     def calm(self, breach: Breach) -> None:
         """A limit was passed: GOAWAY with its code, then close."""
@@ -399,7 +400,7 @@ class H2Conn(asyncio.Protocol):
             return
         self.final_sent = last
         self.flush()  # frames h2 queued go first
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
             frame = GoAwayFrame(0)
             frame.last_stream_id = last
             frame.error_code = ErrorCodes.NO_ERROR
