@@ -10,7 +10,8 @@ it in a task of its own.
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
   RST_STREAM REFUSED_STREAM (h2 itself would end the whole connection: its own bound is lifted).
-- floods (guard, rapid reset, control frames queued while the client does not read): GOAWAY
+- floods (guard, rapid reset, control frames queued while the client does not read: past
+  `max_queued_control_frames`, or the socket buffer full with no stream open): GOAWAY
   with the breach's code, counted in `sluice_rejected_total{reason="h2_…"}`, and the
   connection is closed (cut at once when the client does not read).
 - rapid reset: streams the client resets before their answer ended and within 1 s of their
@@ -142,6 +143,10 @@ class H2Conn(asyncio.Protocol):
         self.write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()  # no more frames to answer while nothing leaves
+        if not self.streams and not self.closing:
+            # Only answers to the client's own frames (ACKs, RST_STREAM, WINDOW_UPDATE) fill the
+            # socket buffer: a client that floods and does not read (Twisted cuts at 17 KiB).
+            self.calm(CONTROL_QUEUE)
 
     def resume_writing(self) -> None:
         self.write_paused = False
@@ -391,6 +396,9 @@ class H2Conn(asyncio.Protocol):
         for stream in list(self.streams.values()):
             self._gone(stream)
         transport = self.transport
+        if self.write_paused:  # the client does not read: nothing more will reach it
+            transport.abort()
+            return
         transport.close()
         if transport.get_write_buffer_size():
             self.loop.call_later(ABORT_AFTER_S, transport.abort)

@@ -174,8 +174,8 @@ class Http2Limits(PolicyModel):
     max_queued_control_frames: PositiveInt = Field(
         default=1000,
         description="control frames (PING/SETTINGS ACKs, RST_STREAM, WINDOW_UPDATE) written "
-        "while the client does not read (reading stops meanwhile); past it the connection is "
-        "closed (Envoy: 1000)",
+        "while the client does not read (reading stops meanwhile); past it, or when the socket "
+        "buffer fills with no stream open, the connection is closed (Envoy: 1000)",
     )
     drain_goaway_delay_s: PositiveFloat = Field(
         default=1.0,

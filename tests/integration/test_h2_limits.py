@@ -14,11 +14,22 @@ import pytest
 from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
 from tests.integration.conftest import Backend
-from tests.integration.h2_support import CHAT, H2Gateway, RawH2, frame, rst, start_h2_gateway
+from tests.integration.h2_support import (
+    CHAT,
+    H2Gateway,
+    RawH2,
+    frame,
+    ping,
+    rst,
+    start_h2_gateway,
+)
 
 pytestmark = pytest.mark.integration
 
-LIMITS = "limits:\n  max_buffered_body_bytes: 65536\n  http2: {max_requests_per_connection: 5}\n"
+LIMITS = (
+    "limits:\n  max_buffered_body_bytes: 65536\n"
+    "  http2: {max_requests_per_connection: 5, max_pings_per_s: 1000000}\n"
+)
 TIMEOUTS = ", header_read_s: 1, keepalive_s: 1, total_s: 1.5"
 
 
@@ -145,3 +156,24 @@ def test_large_body_streams_through_the_stream_window(gw: H2Gateway) -> None:
         r = c.post(f"{gw.url}/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] > 1000
+
+
+def test_a_client_that_does_not_read_its_answers_is_cut(gw: H2Gateway) -> None:
+    """PINGs within the rate (here 10^6/s) from a client that never reads: once the answers
+    fill the socket buffers (several MB on loopback) with no stream open, the connection is
+    cut, counted as control_queue. (With the default rate the PING limit cuts it at once.)"""
+    before = gw.metric("sluice_rejected_total", reason="h2_control_queue")
+    conn = RawH2(gw.port)
+    conn.sock.settimeout(0.5)
+    start = time.monotonic()
+    cut = None
+    while time.monotonic() - start < 5 and cut is None:
+        try:
+            conn.sock.sendall(b"".join(ping(i) for i in range(500)))
+        except TimeoutError:
+            continue
+        except OSError:
+            cut = time.monotonic() - start
+    conn.close()
+    assert cut is not None and cut < 4.0
+    assert gw.metric("sluice_rejected_total", reason="h2_control_queue") == before + 1
