@@ -94,6 +94,7 @@ class H2Conn(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.flushing = False  # a flush is scheduled for the end of this loop iteration
         self.final_sent = -1  # the last stream id of the last GOAWAY sent
+        self.answered = False  # response frames were written since the socket last drained
 
     # --- transport events ---
 
@@ -143,13 +144,14 @@ class H2Conn(asyncio.Protocol):
         self.write_paused = True
         if self.transport is not None:
             self.transport.pause_reading()  # no more frames to answer while nothing leaves
-        if not self.streams and not self.closing:
+        if not self.streams and not self.answered and not self.closing:
             # Only answers to the client's own frames (ACKs, RST_STREAM, WINDOW_UPDATE) fill the
             # socket buffer: a client that floods and does not read (Twisted cuts at 17 KiB).
             self.calm(CONTROL_QUEUE)
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.answered = False
         self.queued_control = 0
         if self.transport is not None and not self.closing:
             self.transport.resume_reading()
@@ -310,6 +312,7 @@ class H2Conn(asyncio.Protocol):
     def send_headers(self, stream: H2Stream, headers: list[tuple[bytes, bytes]], end: bool) -> None:
         if stream.reset or self.closed:
             raise ConnectionResetError("stream reset")
+        self.answered = True
         try:
             self.h2.send_headers(stream.sid, headers, end_stream=end)
         except H2Error as e:  # the stream or the connection ended under it
@@ -331,6 +334,7 @@ class H2Conn(asyncio.Protocol):
             part = view[:room]
             view = view[room:]
             last = end and not view
+            self.answered = True
             try:
                 h2c.send_data(sid, part.tobytes(), end_stream=last)
             except H2Error as e:

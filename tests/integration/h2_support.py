@@ -107,8 +107,12 @@ ENHANCE_YOUR_CALM, REFUSED_STREAM, CANCEL = 11, 7, 8
 class RawH2:
     """One h2c connection that writes frames as given and reads whatever comes back."""
 
-    def __init__(self, port: int, settings: dict[int, int] | None = None) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    def __init__(self, port: int, settings: dict[int, int] | None = None, rcvbuf: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:  # a small receive buffer: the server's writes back up quickly
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(5)
+        self.sock.connect(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.enc = Encoder()
         self.port = port

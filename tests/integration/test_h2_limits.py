@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame, WindowUpdateFrame
 
 from tests.integration.conftest import Backend
 from tests.integration.h2_support import (
@@ -177,3 +177,40 @@ def test_a_client_that_does_not_read_its_answers_is_cut(gw: H2Gateway) -> None:
     conn.close()
     assert cut is not None and cut < 4.0
     assert gw.metric("sluice_rejected_total", reason="h2_control_queue") == before + 1
+
+
+def test_a_large_answer_to_a_client_that_reads_late_is_delivered(
+    gw: H2Gateway, backend: Backend
+) -> None:
+    """A large answer (100,000 tokens) to a client with a large window and a small receive
+    buffer that reads only after 2 s: the socket buffers fill, the connection waits for the
+    client and the answer arrives whole (a full buffer is taken for a flood only when no
+    response was written into it)."""
+    backend.knobs(completion_tokens=100_000, token_delay_ms=0)
+    try:
+        conn = RawH2(gw.port, settings={4: 1 << 30}, rcvbuf=8192)  # 4: INITIAL_WINDOW_SIZE
+        conn.send(frame(WindowUpdateFrame(0), window_increment=(1 << 30)))
+        body = json.dumps({**CHAT, "max_tokens": 100_000}).encode()
+        conn.send(
+            conn.headers(
+                1,
+                "POST",
+                "/v1/chat/completions",
+                end_stream=False,
+                extra=[("content-type", "application/json")],
+            )  # fmt: skip
+            + frame(DataFrame(1), data=body, flags={"END_STREAM"})
+        )
+        time.sleep(2.0)  # the answer is written while nothing is read
+        data, ended = b"", False
+        for f in conn.frames(5.0):
+            if isinstance(f, DataFrame) and f.stream_id == 1:
+                data += f.data
+                if "END_STREAM" in f.flags:
+                    ended = True
+                    break
+        conn.close()
+    finally:
+        backend.knobs(completion_tokens=16, token_delay_ms=20)
+    assert ended and len(data) > 300_000
+    assert json.loads(data)["usage"]["completion_tokens"] == 100_000
