@@ -24,8 +24,12 @@ What a connection does and refuses:
 - timers: one lazily moved deadline: `timeouts.header_read_s` from accept to the first request
   and while a header block is open; `timeouts.keepalive_s` with no open stream.
 - drain: GOAWAY announcing 2^31-1, then after `drain_goaway_delay_s` the GOAWAY with the last
-  stream taken (RFC 9113 §6.8); the connection closes once its streams end.
-  `max_requests_per_connection` sends the second GOAWAY at once.
+  stream taken (RFC 9113 §6.8); the connection closes once its streams end. Past
+  `max_requests_per_connection` the GOAWAY naming the last stream goes out once the streams up
+  to it are answered.
+- a client's GOAWAY ends the connection (python-hyper h2 sends nothing after it): its streams
+  are cancelled and accounted as such. A malformed request header block is a connection error
+  in h2 (GOAWAY PROTOCOL_ERROR), not a stream error.
 """
 
 from __future__ import annotations
