@@ -103,7 +103,8 @@ class Http2Limits(PolicyModel):
     once ALPN offers it). Defaults are the trusted servers' (Envoy, nginx, nghttp2, h2). A flood
     past a bound ends the connection with GOAWAY ENHANCE_YOUR_CALM; the timeouts are
     `timeouts.header_read_s` (the first request's headers, and any header block left open) and
-    `timeouts.keepalive_s` (a connection with no open stream)."""
+    `timeouts.keepalive_s` (a connection with no open stream). Read when the listener starts:
+    a change needs a restart (`sluice policy diff` says so)."""
 
     max_concurrent_streams: PositiveInt = Field(
         default=100,
