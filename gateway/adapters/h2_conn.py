@@ -40,47 +40,56 @@ import typing
 from typing import cast
 
 import h2.events as ev
-from h2.config import H2Configuration
-from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.exceptions import H2Error, ProtocolError
-from h2.settings import SettingCodes, Settings
 from hyperframe.frame import GoAwayFrame
 
-from gateway.adapters.h2_guard import CONTROL_QUEUE, RAPID_RESET, Breach, FrameGuard
+from gateway.adapters.h2_guard import (
+    CONTROL_QUEUE,
+    MAX_STREAM_ID,
+    RAPID_RESET,
+    Breach,
+    FrameGuard,
+    server_h2,
+    start_h2,
+)
 from gateway.adapters.h2_stream import H2Stream
 from gateway.telemetry import metrics
 
 if typing.TYPE_CHECKING:
-    from gateway.adapters.h2_server import H2Server
+    from gateway.policy.base import Http2Limits
 
-__all__ = ["H2Conn"]
+__all__ = ["H2Conn", "Listener"]
 
 log = logging.getLogger(__name__)
 
-MAX_STREAM_ID = 2**31 - 1
 EARLY_RESET_S = 1.0  # a client reset this soon after the stream began counts as early (Envoy)
 ABORT_AFTER_S = 1.0  # a closing connection whose GOAWAY the client does not read is cut
+
+
+class Listener(typing.Protocol):
+    """What a connection uses of its listener (`gateway.adapters.h2_server.H2Server`)."""
+
+    loop: asyncio.AbstractEventLoop
+    limits: Http2Limits
+    header_read_s: float
+    keepalive_s: float
+    conns: set[H2Conn]
+    draining: bool
+
+    def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
+        """Hand a new stream to the listener's stream handler."""
+        ...
 
 
 class H2Conn(asyncio.Protocol):
     """One client connection: h2's state, the guard, the streams, timers and flow control."""
 
-    def __init__(self, server: H2Server) -> None:
+    def __init__(self, server: Listener) -> None:
         self.server = server
         self.loop = server.loop
         self.limits = lim = server.limits
-        # Outbound headers come from the lifecycle already checked (`forward.headers`: values,
-        # hop-by-hop names dropped) and lower-cased by the exchange: h2's second pass is skipped.
-        self.h2 = H2Connection(
-            H2Configuration(
-                client_side=False,
-                header_encoding=None,
-                validate_inbound_headers=True,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-            )
-        )
+        self.h2 = server_h2(lim)
         self.guard = FrameGuard(lim)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
@@ -107,26 +116,7 @@ class H2Conn(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if peer else ""
         self.server.conns.add(self)
-        lim, h2c = self.limits, self.h2
-        h2c.local_settings = Settings(
-            client=False,
-            initial_values={
-                SettingCodes.MAX_CONCURRENT_STREAMS: lim.max_concurrent_streams,
-                SettingCodes.INITIAL_WINDOW_SIZE: lim.initial_stream_window_bytes,
-                SettingCodes.MAX_FRAME_SIZE: lim.max_frame_bytes,
-                SettingCodes.MAX_HEADER_LIST_SIZE: lim.max_header_list_bytes,
-            },
-        )
-        h2c.max_inbound_frame_size = lim.max_frame_bytes
-        h2c.decoder.max_header_list_size = lim.max_header_list_bytes
-        h2c.initiate_connection()
-        # h2 would end the connection on the stream past the advertised bound; it is refused
-        # here instead (REFUSED_STREAM), so h2's own bound is lifted once the SETTINGS are out.
-        h2c.local_settings.max_concurrent_streams = MAX_STREAM_ID
-        h2c.local_settings.acknowledge()
-        window = min(MAX_STREAM_ID, lim.initial_stream_window_bytes * lim.max_concurrent_streams)
-        if window > 65535:
-            h2c.increment_flow_control_window(window - 65535)
+        start_h2(self.h2, self.limits)
         self.flush()
         self.arm(self.server.header_read_s)
         if self.server.draining:
@@ -255,7 +245,7 @@ class H2Conn(asyncio.Protocol):
         stream = H2Stream(self, sid, headers, e.stream_ended is not None, self.loop.time())
         self.streams[sid] = stream
         self.deadline = None
-        stream.task = self.server.handler.start(self, stream)
+        stream.task = self.server.start(self, stream)
         if self.requests >= self.limits.max_requests_per_connection:
             # The last stream is this one; its GOAWAY goes out once the streams up to it are
             # answered (clients over python-hyper h2, httpx among them, fail a stream still

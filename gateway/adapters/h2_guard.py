@@ -10,18 +10,23 @@ WINDOW_UPDATE or empty DATA frame (`../shared/reference/http2-tls.md`). The guar
 length against SETTINGS_MAX_FRAME_SIZE, CONTINUATION frames and bytes per header block, PING and
 SETTINGS per second, consecutive empty DATA frames, PRIORITY frames per stream (Envoy),
 WINDOW_UPDATE frames against the DATA frames sent (Envoy), and new streams per read (nginx).
-Pure: callers pass the bytes and `now`; a breach is returned, never raised.
+Pure: callers pass the bytes and `now`; a breach is returned, never raised. `server_h2` and
+`start_h2` apply the same limits to h2's own state (the SETTINGS advertised, the windows).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from h2.config import H2Configuration
+from h2.connection import H2Connection
 from h2.errors import ErrorCodes
+from h2.settings import SettingCodes, Settings
 
 from gateway.policy.base import Http2Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MAX_STREAM_ID = 2**31 - 1
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
 WINDOW_UPDATE, CONTINUATION = 8, 9
@@ -185,3 +190,43 @@ class FrameGuard:
             if self.window_updates > allowed:
                 return WINDOW_UPDATE_FLOOD
         return None
+
+
+def server_h2(limits: Http2Limits) -> H2Connection:
+    """h2's server state for one connection, with `limits`' SETTINGS. Outbound headers come from
+    the lifecycle already checked (`forward.headers`: values, hop-by-hop names dropped) and
+    lower-cased by the exchange: h2's second pass over them is skipped."""
+    h2c = H2Connection(
+        H2Configuration(
+            client_side=False,
+            header_encoding=None,
+            validate_inbound_headers=True,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+    )
+    h2c.local_settings = Settings(
+        client=False,
+        initial_values={
+            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+            SettingCodes.INITIAL_WINDOW_SIZE: limits.initial_stream_window_bytes,
+            SettingCodes.MAX_FRAME_SIZE: limits.max_frame_bytes,
+            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+        },
+    )
+    h2c.max_inbound_frame_size = limits.max_frame_bytes
+    h2c.decoder.max_header_list_size = limits.max_header_list_bytes
+    return h2c
+
+
+def start_h2(h2c: H2Connection, limits: Http2Limits) -> None:
+    """Queue the server preface (SETTINGS) and open the connection window."""
+    h2c.initiate_connection()
+    # h2 would end the connection on the stream past the advertised bound; the connection
+    # refuses it instead (REFUSED_STREAM), so h2's own bound is lifted once the SETTINGS are out.
+    h2c.local_settings.max_concurrent_streams = MAX_STREAM_ID
+    h2c.local_settings.acknowledge()
+    # Only a stream's own window can fill: the connection's holds every stream's.
+    window = min(MAX_STREAM_ID, limits.initial_stream_window_bytes * limits.max_concurrent_streams)
+    if window > 65535:
+        h2c.increment_flow_control_window(window - 65535)

@@ -51,6 +51,9 @@ class H2Server:
     def __call__(self) -> H2Conn:
         return H2Conn(self)
 
+    def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
+        return self.handler.start(conn, stream)
+
 
 def serve_h2(server: H2Server, transport: asyncio.BaseTransport, data: bytes = b"") -> H2Conn:
     """Hand an accepted connection to the HTTP/2 engine: the native HTTP/1.1 engine calls it on
