@@ -33,6 +33,9 @@ What a connection does and refuses:
 - writes: `drain()` waits on a Future resolved by `resume_writing`.
 - one Task per request (`create_task` is ~1 % of the CPU profile; a task per connection
   that loops would need a Future per request instead).
+- HTTP/2: a connection whose first bytes are the HTTP/2 preface (h2c with prior knowledge), or
+  whose TLS handshake selected `h2` by ALPN, is handed (with the bytes read so far) to the
+  HTTP/2 engine (`gateway.adapters.h2_server.serve_h2`).
 - `Expect: 100-continue` is answered with `100 Continue` when the body is first read (a request
   refused before that gets its answer and the connection is closed); another Expect gets 417.
 """
@@ -53,6 +56,8 @@ from gateway.adapters.h1_messages import (
     absolute,
     simple_response,
 )
+from gateway.adapters.h2_guard import PREFACE
+from gateway.adapters.h2_server import serve_h2
 from gateway.adapters.tls_material import identity
 from gateway.telemetry import metrics
 
@@ -121,6 +126,7 @@ class H1Conn(asyncio.Protocol):
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.lingering = -1  # bytes discarded while lingering; -1: not lingering
+        self.sniff: bytes | None = b""  # first bytes while they may be the HTTP/2 preface
 
     # --- transport events ---
 
@@ -128,12 +134,15 @@ class H1Conn(asyncio.Protocol):
         self.transport = cast("asyncio.Transport", transport)  # uvloop's is no subclass
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if peer else ""
-        if self.server.mtls:  # the handshake is over: a certificate here was verified
-            sslobj = transport.get_extra_info("ssl_object")
-            if sslobj is not None:
-                self.client_cert = identity(sslobj.getpeercert())
         self.server.conns.add(self)
         self.arm(self.server.header_read_s)
+        sslobj = transport.get_extra_info("ssl_object")
+        if sslobj is None:
+            return
+        if self.server.mtls:  # the handshake is over: a certificate here was verified
+            self.client_cert = identity(sslobj.getpeercert())
+        if sslobj.selected_alpn_protocol() == "h2":
+            self.to_h2(b"")
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
@@ -159,6 +168,17 @@ class H1Conn(asyncio.Protocol):
             fut.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.sniff is not None:  # the connection's first bytes
+            data = self.sniff + data
+            n = min(len(data), len(PREFACE))
+            if data[:n] != PREFACE[:n]:
+                self.sniff = None
+            elif n < len(PREFACE):
+                self.sniff = data  # a prefix of the preface: wait for the rest
+                return
+            else:
+                self.to_h2(data)
+                return
         if self.ignore:
             if self.lingering >= 0:
                 self.lingering += len(data)
@@ -190,6 +210,17 @@ class H1Conn(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False  # close; a request in flight is cancelled (as aiohttp does)
+
+    def to_h2(self, data: bytes) -> None:
+        """Hand the connection to the HTTP/2 engine (no HTTP/1.1 request was read on it)."""
+        self.sniff = None
+        self.ignore = self.closed = True
+        self.server.conns.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        assert self.transport is not None
+        serve_h2(self.server.h2, self.transport, data, self.client_cert)
 
     # --- parser callbacks ---
 

@@ -1,5 +1,7 @@
 """The native HTTP engine's listener: binds the socket, owns the open connections, and drains
-them on close. Connections are `gateway.adapters.h1.H1Conn`; requests `h1_exchange.H1Handler`."""
+them on close. Connections are `gateway.adapters.h1.H1Conn`; requests `h1_exchange.H1Handler`;
+a connection that opens with the HTTP/2 preface (or negotiates `h2` by ALPN) becomes an
+`h2_conn.H2Conn` of the listener's `H2Server`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import TYPE_CHECKING
 
 from gateway.adapters.h1 import H1Conn
 from gateway.adapters.h1_exchange import H1Handler
+from gateway.adapters.h2_exchange import H2HttpHandler
+from gateway.adapters.h2_server import H2Server
 from gateway.forward.http import HttpForward
 
 if TYPE_CHECKING:
@@ -28,6 +32,14 @@ class H1Server:
         self.handler = H1Handler(HttpForward(gateway, loop))
         self.conns: set[H1Conn] = set()
         self.mtls = False  # client certificates are verified: connections read their identity
+        # HTTP/2 on the same listener: h2c with prior knowledge, h2 when ALPN selects it.
+        self.h2 = H2Server(
+            loop,
+            H2HttpHandler(self.handler.forward),
+            policy.limits.http2,
+            self.header_read_s,
+            self.keepalive_s,
+        )
 
     def __call__(self) -> H1Conn:
         return H1Conn(self)
@@ -42,10 +54,15 @@ class NativeListener:
         self.port: int = int(server.sockets[0].getsockname()[1]) if server.sockets else 0
 
     async def stop_accepting(self) -> None:
-        """Close the listening socket; open connections keep being served."""
+        """Close the listening socket; open connections keep being served (HTTP/2 ones get the
+        first GOAWAY of the graceful two)."""
         if self._server is not None:
             server, self._server = self._server, None
             server.close()
+        h2 = self._h1.h2
+        h2.draining = True
+        for conn in list(h2.conns):
+            conn.drain()
 
     async def close(self, timeout: float) -> None:
         """Stop accepting, close idle connections, give requests `timeout` s, then cut the rest."""
@@ -54,11 +71,15 @@ class NativeListener:
         for conn in list(conns):
             conn.shutdown()
         tasks = [c.task for c in conns if c.task is not None]
+        h2conns = self._h1.h2.conns
+        tasks += [s.task for c in h2conns for s in c.streams.values() if s.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
         for conn in list(conns):
             if conn.transport is not None:
                 conn.transport.abort()
+        for h2conn in list(h2conns):
+            h2conn.shutdown()
         await asyncio.sleep(0)  # let connection_lost run
 
 
@@ -84,10 +105,11 @@ async def start_native(
     return NativeListener(server, h1)
 
 
-def server_tls(gateway: Gateway, listener: Listener | None) -> TlsOwner | None:
-    """The TLS owner of the HTTP listener, or None when it serves plaintext."""
+def server_tls(gateway: Gateway, listener: Listener | None, http2: bool = True) -> TlsOwner | None:
+    """The TLS owner of the HTTP listener, or None when it serves plaintext; `http2`: ALPN
+    offers h2 (the native engine), else HTTP/1.1 only (aiohttp)."""
     if listener is None or listener.tls is None:
         return None
-    from gateway.adapters.tls import listener_tls
+    from gateway.adapters.tls import HTTP1_ONLY, listener_tls
 
-    return listener_tls(gateway.services, "http", listener.tls)
+    return listener_tls(gateway.services, "http", listener.tls, None if http2 else HTTP1_ONLY)

@@ -276,7 +276,7 @@ async def start_http(
     await runner.setup()
     from gateway.adapters.h1_server import server_tls
 
-    tls = server_tls(gateway, policy.listeners.http)
+    tls = server_tls(gateway, policy.listeners.http, http2=False)
     site: web.TCPSite
     if tls is None:
         site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)

@@ -42,12 +42,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.tls")
 
-# ALPN protocols per listener, in preference order. The HTTP listener adds "h2" (first) when
-# the HTTP/2 engine serves it.
+# ALPN protocols per listener, in preference order. The HTTP listener offers "h2" first: the
+# native engine hands such a connection to the HTTP/2 engine; the aiohttp engine (HTTP/1.1 only)
+# offers HTTP1_ONLY instead.
 ALPN: dict[str, tuple[str, ...]] = {
-    "http": ("http/1.1",),
+    "http": ("h2", "http/1.1"),
     "grpc": ("h2",),
 }
+HTTP1_ONLY = ("http/1.1",)
 
 
 EXPIRY_WARNING_S = 7 * 86400.0  # the status page turns yellow this long before the not-after
@@ -56,15 +58,18 @@ EXPIRY_WARNING_S = 7 * 86400.0  # the status page turns yellow this long before 
 class TlsOwner:
     """The TLS of one listener: its context, its rotation and what it reports."""
 
-    def __init__(self, listener: str, cfg: ListenerTls) -> None:
+    def __init__(
+        self, listener: str, cfg: ListenerTls, alpn: tuple[str, ...] | None = None
+    ) -> None:
         self.listener = listener
         self.cfg = cfg
+        self.alpn = alpn if alpn is not None else ALPN[listener]
         try:
-            material = load_material(cfg, ALPN[listener])
+            material = load_material(cfg, self.alpn)
         except TlsError as e:
             raise TlsError(e.field, e.reason, f"listeners.{listener}.tls.{e.field}: {e}") from None
         except Changing:  # being written while we start: one more read settles it
-            material = load_material(cfg, ALPN[listener])
+            material = load_material(cfg, self.alpn)
         self.material = material
         self.context = material.context  # what the listener is bound with, for good
         self.context.sni_callback = self._sni
@@ -104,7 +109,7 @@ class TlsOwner:
             return False
         self._tried = sig
         try:
-            material = load_material(self.cfg, ALPN[self.listener], now)
+            material = load_material(self.cfg, self.alpn, now)
         except Changing:
             self._tried = ()  # written again while loading: try at the next look
             return False
@@ -212,7 +217,7 @@ class TlsOwner:
             "subject": m.subject,
             "cert": self.cfg.cert,
             "client_cert": self.cfg.client_cert,
-            "alpn": list(ALPN[self.listener]),
+            "alpn": list(self.alpn),
             "rotations": self.generation,
             "loaded_at": _utc(self.loaded_at),
         }
@@ -229,11 +234,13 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def listener_tls(services: Services, listener: str, cfg: ListenerTls) -> TlsOwner:
+def listener_tls(
+    services: Services, listener: str, cfg: ListenerTls, alpn: tuple[str, ...] | None = None
+) -> TlsOwner:
     """The TLS owner of `listener` (created on first use; a listener binds once per process),
-    watching its files."""
+    watching its files; `alpn` overrides the listener's protocols (`ALPN`)."""
     from gateway.settings import Settings
 
-    owner = services.get(TLS_KEYS[listener], lambda: TlsOwner(listener, cfg))
+    owner = services.get(TLS_KEYS[listener], lambda: TlsOwner(listener, cfg, alpn))
     owner.start(services, Settings.from_env().tls_watch_interval_s)
     return owner

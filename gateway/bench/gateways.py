@@ -140,6 +140,8 @@ def policy_doc(
         "routes": routes,
         "access_log": {"enabled": access_log},
         "mock_backend": {"enabled": False},
+        # h2load does not open a new connection after a GOAWAY: no request cap per connection.
+        "limits": {"http2": {"max_requests_per_connection": 1 << 30}},
     }
     filters = variant.filters()
     if filters is not None:

@@ -112,6 +112,21 @@ def grpc_load(
     return h2load, lambda out, row: parse_h2load(out, log_file, row)
 
 
+def h2c_load(
+    tmp: Path, load_cpus: str, connections: int, streams: int, name: str, url: str
+) -> tuple[MakeCmd, Parse]:
+    """(duration → command line, parser) for HTTP/2 (h2c with prior knowledge) GETs of `url`:
+    h2load, `connections` × `streams` in flight."""
+    log_file = tmp / f"{name}.h2load.tsv"
+
+    def h2load(duration: int) -> list[str]:
+        cmd = ["h2load", "-t1", "-c", str(connections), "-m", str(streams), "-D", str(duration)]
+        cmd += ["--log-file", str(log_file), url]
+        return pinned(load_cpus, cmd)
+
+    return h2load, lambda out, row: parse_h2load(out, log_file, row)
+
+
 def parse_h2load(out: str, log_file: Path, row: Row) -> None:
     rps = re.search(r"^finished in [\d.]+\w+, ([\d.]+) req/s", out, re.M)
     req = re.search(

@@ -23,7 +23,7 @@ from gateway.bench.gateways import (
     start_gateway,
     start_mock,
 )
-from gateway.bench.loads import MakeCmd, Parse, grpc_ok, parse_wrk, run_load
+from gateway.bench.loads import MakeCmd, Parse, grpc_ok, h2c_load, parse_wrk, run_load
 from gateway.bench.procs import (
     core_ticks,
     cpu_list,
@@ -35,6 +35,8 @@ from gateway.bench.procs import (
 from gateway.bench.report import WARMUP_S, Row, access_log_tally
 
 __all__ = ["Setup", "measure", "run_all"]
+
+H2_CONNECTIONS = 4  # the HTTP/2 row: wrk's connections as streams over this many connections
 
 
 def measure(
@@ -182,23 +184,35 @@ def http_rows(
         s.procs.stop(floor)
     rows.append(row)
 
-    def probe(row: Row) -> Probe:
+    def probe(row: Row, h2row: Row | None) -> Probe:
         def go(p: subprocess.Popen[bytes], ports: dict[str, int]) -> None:
             url = _models(ports["http"])
             if not models_ok(url):
                 status, body = http_get(url)
                 row.error = f"probe GET {url} → {status} {body[:200]!r}"
-            else:
-                run(row, s.wrk(url), parse_wrk, p.pid)
+                return
+            run(row, s.wrk(url), parse_wrk, p.pid)
+            if h2row is not None:  # the same gateway over h2c: as many requests in flight
+                streams = max(1, s.args.connections // H2_CONNECTIONS)
+                name = f"h2-{len(rows)}"
+                cmd, parse = h2c_load(s.procs.tmp, s.load_cpus, H2_CONNECTIONS, streams, name, url)
+                run(h2row, cmd, parse, p.pid)
 
         return go
 
+    h2 = shutil.which("h2load") is not None
     for engine in engines:
         for chain in chains:
             for tracing in tracings:
                 v = Variant(engine, chain, tracing)
                 row = Row(f"HTTP Sluice {v.label}")
-                rows.append(gateway_row(s, row, v, (http_be, None), probe(row)))
+                h2row = Row(f"HTTP/2 Sluice {v.label}") if h2 and engine == "native" else None
+                rows.append(gateway_row(s, row, v, (http_be, None), probe(row, h2row)))
+                if h2row is not None:
+                    rows.append(h2row)
+                    if h2row.cpu_us_per_req and row.cpu_us_per_req:
+                        ratio = h2row.cpu_us_per_req / row.cpu_us_per_req
+                        s.notes.append(f"{h2row.name}: {ratio:.2f}× the HTTP/1.1 CPU per request")
     if s.args.auth:
         from gateway.bench.auth import auth_rows
 

@@ -100,6 +100,15 @@ class HttpForward:
             if pending is not None:
                 await pending
 
+    async def cancelled(self, ex: Exchange) -> None:
+        """A request whose client left before it could be served (an HTTP/2 stream reset before
+        its task ran): recorded through `finish` as cancelled; no filter ran."""
+        snap, ctx = self.lifecycle.begin(ex.info)
+        ctx.outcome = Outcome.CLIENT_CANCELLED
+        pending = self.lifecycle.finish(snap, ctx)
+        if pending is not None:
+            await pending
+
     async def _admit(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> Verdict | None:
         info = ctx.info
         limits = snap.policy.policy.limits

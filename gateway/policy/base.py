@@ -146,6 +146,93 @@ class Listeners(PolicyModel):
     )
 
 
+class Http2Limits(PolicyModel):
+    """Bounds of the HTTP/2 engine (h2c with prior knowledge on the HTTP listener; h2 over TLS
+    once ALPN offers it). Defaults are the trusted servers' (Envoy, nginx, nghttp2, h2). A flood
+    past a bound ends the connection with GOAWAY ENHANCE_YOUR_CALM; the timeouts are
+    `timeouts.header_read_s` (the first request's headers, and any header block left open) and
+    `timeouts.keepalive_s` (a connection with no open stream). Read when the listener starts:
+    a change needs a restart (`sluice policy diff` says so)."""
+
+    max_concurrent_streams: PositiveInt = Field(
+        default=100,
+        description="SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused with "
+        "RST_STREAM REFUSED_STREAM, the connection lives on (h2, Envoy: 100)",
+    )
+    initial_stream_window_bytes: int = Field(
+        default=65535,
+        ge=1024,
+        le=2**31 - 1,
+        description="SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may have unread; "
+        "window is returned only as the request's consumer takes the bytes, and the connection "
+        "window is this times max_concurrent_streams, so one slow stream never stalls others",
+    )
+    max_frame_bytes: int = Field(
+        default=16384,
+        ge=16384,
+        le=2**24 - 1,
+        description="SETTINGS_MAX_FRAME_SIZE; a frame declaring more is refused from its 9-byte "
+        "header, before its payload is buffered (GOAWAY FRAME_SIZE_ERROR)",
+    )
+    max_header_list_bytes: PositiveInt = Field(
+        default=65536,
+        description="SETTINGS_MAX_HEADER_LIST_SIZE, and the largest header block (HEADERS + "
+        "CONTINUATION payloads) read; limits.max_header_bytes still answers 431 below it",
+    )
+    max_continuation_frames: PositiveInt = Field(
+        default=8, description="CONTINUATION frames in one header block (nghttp2: 8)"
+    )
+    max_pings_per_s: PositiveInt = Field(
+        default=100, description="PING frames from the client per second"
+    )
+    max_settings_per_s: PositiveInt = Field(
+        default=10, description="SETTINGS frames (not ACKs) from the client per second"
+    )
+    max_consecutive_empty_frames: int = Field(
+        default=1,
+        ge=0,
+        description="DATA frames in a row with no payload and no END_STREAM (Envoy: 1)",
+    )
+    max_priority_frames_per_stream: PositiveInt = Field(
+        default=100, description="PRIORITY frames per stream opened, plus one stream (Envoy)"
+    )
+    max_window_updates_per_data_frame: PositiveInt = Field(
+        default=10,
+        description="WINDOW_UPDATE frames allowed: 5 + 2 × (streams + this × DATA frames sent) "
+        "(Envoy)",
+    )
+    rapid_reset_min_streams: PositiveInt = Field(
+        default=500,
+        description="streams a connection opens before its early-reset ratio is judged (Envoy)",
+    )
+    rapid_reset_ratio: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="share of streams reset by the client (or refused) before their answer "
+        "ended and within 1 s of their start, past which the connection gets GOAWAY "
+        "ENHANCE_YOUR_CALM (Envoy: 0.5)",
+    )
+    max_new_streams_per_read: PositiveInt = Field(
+        default=200, description="new streams in one read from the socket (nginx: 2 × streams)"
+    )
+    max_requests_per_connection: PositiveInt = Field(
+        default=1000,
+        description="streams per connection; then a graceful GOAWAY (nginx, hypercorn: 1000)",
+    )
+    max_queued_control_frames: PositiveInt = Field(
+        default=1000,
+        description="control frames (PING/SETTINGS ACKs, RST_STREAM, WINDOW_UPDATE) written "
+        "while the client does not read (reading stops meanwhile); past it, or when the socket "
+        "buffer fills with no stream open, the connection is closed (Envoy: 1000)",
+    )
+    drain_goaway_delay_s: PositiveFloat = Field(
+        default=1.0,
+        description="at drain, a GOAWAY announcing stream 2^31-1 first, then after this delay "
+        "the one with the last stream taken; open streams finish within timeouts.drain_s",
+    )
+
+
 class Limits(PolicyModel):
     """Size and concurrency bounds of the ingress."""
 
@@ -203,6 +290,9 @@ class Limits(PolicyModel):
         default=1024 * 1024,
         description="longest SSE line / JSON response body the response phase parses; past it "
         "the response passes through unparsed",
+    )
+    http2: Http2Limits = Field(
+        default_factory=Http2Limits, description="bounds of the HTTP/2 engine (h2c, h2)"
     )
 
 

@@ -30,7 +30,13 @@ from gateway.policy.schema import schema_text
 
 # Applied when a listener (or the in-process mock backend) is created, so a reload cannot change
 # them: the gRPC server options are fixed at grpc.aio.server() time.
-RESTART_PREFIXES = ("listeners.", "limits.grpc_", "mock_backend.", "timeouts.tls_handshake_s")
+RESTART_PREFIXES = (
+    "listeners.",
+    "limits.grpc_",
+    "limits.http2.",
+    "mock_backend.",
+    "timeouts.tls_handshake_s",
+)
 # Lists of named items are compared by name, so a reorder or an edit reads as such.
 KEYED_LISTS = ("backends", "routes")
 HELD_EXIT = 2  # the change guard would hold (or held) the change

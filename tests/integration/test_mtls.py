@@ -16,6 +16,9 @@ import pytest
 
 from tests.integration.conftest import Backend
 from tests.integration.tls_gateway import (
+    CHAT as CHAT_BODY,
+)
+from tests.integration.tls_gateway import (
     TlsGateway,
     grpc_infer,
     post_chat,
@@ -171,3 +174,23 @@ def test_optional_lets_a_client_in_without_a_certificate(
     other.load_cert_chain(stranger.cert, stranger.key)
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
         chat(gw, other)
+
+
+def test_http2_streams_carry_the_certificate_identity(
+    required: tuple[TlsGateway, TestCA],
+) -> None:
+    """Over h2 (ALPN), every stream of the connection is keyed by the connection's certificate:
+    the bucket an HTTP/1.1 client with that certificate uses up refuses its HTTP/2 streams."""
+    import httpx
+
+    gw, ca = required
+    d = ca.issue("client-d", dns=("d.example",), client=True)
+    assert until_limited(gw, client(ca, d)) >= 2
+    with httpx.Client(http2=True, verify=client(ca, d), timeout=10) as c:
+        r = c.post(f"https://localhost:{gw.http_port}/v1/chat/completions", json=CHAT_BODY)
+    assert r.http_version == "HTTP/2"
+    assert r.status_code == 429, r.text
+    e = ca.issue("client-e", dns=("e.example",), client=True)
+    with httpx.Client(http2=True, verify=client(ca, e), timeout=10) as c:
+        r = c.post(f"https://localhost:{gw.http_port}/v1/chat/completions", json=CHAT_BODY)
+    assert (r.http_version, r.status_code) == ("HTTP/2", 200)

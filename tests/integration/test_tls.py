@@ -230,7 +230,8 @@ def test_files_that_do_not_load_at_start_are_fatal(backend: Backend, tmp_path: P
     assert f"listeners.http.tls.cert: cannot read {missing}" in str(e.value)
 
 
-def test_alpn_http_1_1_on_http_and_h2_on_grpc(gw: TlsGateway) -> None:
+def test_alpn_h2_on_http_and_grpc(gw: TlsGateway) -> None:
+    """The native engine offers h2 (its HTTP/2 engine) and HTTP/1.1; aiohttp's HTTP/1.1 only."""
     import socket
 
     def negotiated(port: int, offer: list[str]) -> str | None:
@@ -242,8 +243,34 @@ def test_alpn_http_1_1_on_http_and_h2_on_grpc(gw: TlsGateway) -> None:
         ):
             return tls.selected_alpn_protocol()
 
-    assert negotiated(gw.http_port, ["h2", "http/1.1"]) == "http/1.1"
+    native = gw.engine == "native"
+    assert negotiated(gw.http_port, ["h2", "http/1.1"]) == ("h2" if native else "http/1.1")
+    assert negotiated(gw.http_port, ["http/1.1"]) == "http/1.1"
     assert negotiated(gw.grpc_port, ["h2"]) == "h2"
+
+
+def test_http2_over_tls(gw: TlsGateway) -> None:
+    """httpx with HTTP/2 and curl --http2 over TLS: JSON and SSE; h2 where the engine has it."""
+    import httpx
+
+    native = gw.engine == "native"
+    with httpx.Client(http2=True, verify=gw.ca.client_context(), timeout=10) as c:
+        url = f"https://localhost:{gw.http_port}/v1/chat/completions"
+        r = c.post(url, json=CHAT)
+        assert r.status_code == 200 and r.json()["choices"]
+        assert r.http_version == ("HTTP/2" if native else "HTTP/1.1")
+        with c.stream("POST", url, json={**CHAT, "stream": True}) as s:
+            assert s.status_code == 200
+            body = "".join(s.iter_text())
+        assert body.rstrip().endswith("data: [DONE]")
+    curl = require_binary("curl")
+    out = subprocess.run(
+        [curl, "-sS", "--http2", "--max-time", "10", "--cacert", str(gw.ca.path),
+         "-o", "/dev/null", "-w", "%{http_version}", f"https://localhost:{gw.http_port}/v1/models"],
+        capture_output=True, text=True, timeout=15, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ("2" if native else "1.1")
 
 
 def test_every_worker_rotates(backend: Backend, tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ class TlsGateway:
     served: Issued  # the certificate the files hold now
     cert: Path  # the paths the policy names
     key: Path
+    engine: str = "native"  # listeners.http.engine
 
     @property
     def admin(self) -> str:
@@ -92,7 +93,7 @@ def start_tls_gateway(
     except BaseException:
         proc.stop()
         raise
-    return TlsGateway(proc, policy, http, grpc_port, admin, ca, served, cert, key)
+    return TlsGateway(proc, policy, http, grpc_port, admin, ca, served, cert, key, engine)
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:

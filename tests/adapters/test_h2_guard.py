@@ -1,0 +1,106 @@
+"""The HTTP/2 frame guard, table-driven: frame headers in, a breach (or none) out."""
+
+from __future__ import annotations
+
+import pytest
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+
+from gateway.adapters import h2_guard as g
+from gateway.policy.base import Http2Limits
+
+
+def _f(frame: object, **attrs: object) -> bytes:
+    for k, v in attrs.items():
+        setattr(frame, k, v)
+    return frame.serialize()  # type: ignore[attr-defined]
+
+
+def headers(sid: int, end_headers: bool = True) -> bytes:
+    flags = {"END_HEADERS"} if end_headers else set()
+    return _f(HeadersFrame(sid), data=b"\x82", flags=flags)
+
+
+PING = _f(PingFrame(0), opaque_data=b"12345678")
+EMPTY = DataFrame(1).serialize()
+LAST = _f(DataFrame(1), flags={"END_STREAM"})
+CONT = _f(ContinuationFrame(1), data=b"\x00" * 100)
+CONT_BIG = _f(ContinuationFrame(1), data=b"\x00" * 16000)
+PRIO = _f(PriorityFrame(1), depends_on=0, stream_weight=16)
+WU = _f(WindowUpdateFrame(0), window_increment=1)
+SETTINGS = SettingsFrame(0).serialize()
+
+
+@pytest.mark.parametrize(
+    ("frames", "breach"),
+    [
+        (PING * 100, None),
+        (PING * 101, g.PING_FLOOD),
+        (SETTINGS * 10, None),
+        (SETTINGS * 11, g.SETTINGS_FLOOD),
+        (headers(1) + EMPTY, None),
+        (headers(1) + EMPTY + EMPTY, g.EMPTY_FRAMES),
+        (headers(1) + EMPTY + _f(DataFrame(1), data=b"x") + EMPTY, None),
+        (headers(1) + EMPTY + LAST, None),
+        (headers(1, False) + CONT * 8, None),
+        (headers(1, False) + CONT * 9, g.CONTINUATION_FLOOD),
+        (headers(1, False) + CONT_BIG * 4, None),
+        (headers(1, False) + CONT_BIG * 5, g.HEADER_BLOCK_TOO_LARGE),
+        (PRIO * 100, None),
+        (PRIO * 101, g.PRIORITY_FLOOD),
+        (headers(1) + PRIO * 200, None),
+        (WU * 5, None),
+        (WU * 6, g.WINDOW_UPDATE_FLOOD),
+        (b"".join(headers(2 * i + 1) for i in range(200)), None),
+        (b"".join(headers(2 * i + 1) for i in range(201)), g.NEW_STREAMS_FLOOD),
+        (b"\x00\x40\x01\x00\x00\x00\x00\x00\x01", g.FRAME_TOO_LARGE),  # 16,385 declared
+    ],
+)
+def test_breaches(frames: bytes, breach: g.Breach | None) -> None:
+    guard = g.FrameGuard(Http2Limits())
+    assert guard.feed(g.PREFACE + frames, 0.0) is breach
+
+
+def test_bytes_split_anywhere_count_the_same() -> None:
+    data = g.PREFACE + headers(1, False) + CONT * 9
+    for cut in range(1, len(data)):
+        guard = g.FrameGuard(Http2Limits())
+        first = guard.feed(data[:cut], 0.0)
+        second = guard.feed(data[cut:], 0.0) if first is None else first
+        assert second is g.CONTINUATION_FLOOD, cut
+
+
+def test_rates_are_per_second_and_streams_per_read() -> None:
+    guard = g.FrameGuard(Http2Limits())
+    assert guard.feed(g.PREFACE + PING * 100, 0.0) is None
+    assert guard.feed(PING, 0.5) is g.PING_FLOOD
+    guard = g.FrameGuard(Http2Limits())
+    assert guard.feed(g.PREFACE + PING * 100, 0.0) is None
+    assert guard.feed(PING * 100, 1.0) is None  # a new second
+    guard = g.FrameGuard(Http2Limits())
+    assert guard.feed(g.PREFACE + b"".join(headers(2 * i + 1) for i in range(200)), 0.0) is None
+    assert guard.feed(b"".join(headers(2 * i + 401) for i in range(200)), 0.0) is None
+
+
+def test_window_updates_grow_with_data_sent() -> None:
+    guard = g.FrameGuard(Http2Limits())
+    guard.data_sent = 1
+    assert guard.feed(g.PREFACE + WU * 25, 0.0) is None
+    assert guard.feed(WU, 0.0) is g.WINDOW_UPDATE_FLOOD
+
+
+def test_a_wrong_preface_is_refused() -> None:
+    assert g.FrameGuard(Http2Limits()).feed(b"PRI * HTTP/1.1\r\n", 0.0) is g.BAD_PREFACE
+
+
+def test_frame_too_large_is_seen_before_its_payload() -> None:
+    guard = g.FrameGuard(Http2Limits())
+    assert guard.feed(g.PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00", 0.0) is None
+    assert guard.feed(b"\x01", 0.0) is g.FRAME_TOO_LARGE

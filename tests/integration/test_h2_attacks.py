@@ -1,0 +1,221 @@
+"""The HTTP/2 attack table against the gateway's own engine (h2c, no datapath): each flood
+ends the attacking connection within 2 s (GOAWAY, then close; a cut when the client does not
+read), counted under its reason, with bounded memory, while a normal h2 client is served."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from hyperframe.frame import (
+    GoAwayFrame,
+    PriorityFrame,
+    RstStreamFrame,
+    WindowUpdateFrame,
+)
+
+from tests.integration.conftest import Backend
+from tests.integration.h2_support import (
+    CHAT,
+    ENHANCE_YOUR_CALM,
+    REFUSED_STREAM,
+    H2Gateway,
+    RawH2,
+    continuation,
+    empty_data,
+    frame,
+    ping,
+    rst,
+    settings,
+    start_h2_gateway,
+)
+
+pytestmark = pytest.mark.integration
+
+CLOSE_WITHIN_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def gw(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H2Gateway]:
+    g = start_h2_gateway(backend, tmp_path_factory.mktemp("h2attacks"))
+    try:
+        yield g
+    finally:
+        assert g.proc.stop() == 0, g.proc.output()
+
+
+class Bystander:
+    """A normal h2 client requesting all along; every answer must be a 200 within 2 s."""
+
+    def __init__(self, gw: H2Gateway) -> None:
+        self.gw = gw
+        self.stop = threading.Event()
+        self.results: list[tuple[int, float]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(http1=False, http2=True, timeout=5) as c:
+            while not self.stop.is_set():
+                t = time.monotonic()
+                try:
+                    code = c.post(f"{self.gw.url}/v1/chat/completions", json=CHAT).status_code
+                except httpx.HTTPError:
+                    code = 0
+                self.results.append((code, time.monotonic() - t))
+                time.sleep(0.05)
+
+    def __enter__(self) -> Bystander:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        assert self.results, "the normal client made no request"
+        assert all(code == 200 for code, _ in self.results), self.results
+        assert max(t for _, t in self.results) < 2.0, self.results
+
+
+def flood(conn: RawH2, chunk: Callable[[int], bytes], pause: float = 0.0) -> float:
+    """Send `chunk(i)` for i = 0, 1, ... without reading; the seconds until the connection was
+    cut (a send failed) or 5 s."""
+    start = time.monotonic()
+    conn.sock.settimeout(0.5)
+    i = 0
+    while time.monotonic() - start < 5.0:
+        try:
+            conn.sock.sendall(chunk(i))
+        except TimeoutError:
+            continue  # the server stopped reading (its write side is full)
+        except OSError:
+            break
+        i += 1
+        if pause:
+            time.sleep(pause)
+    return time.monotonic() - start
+
+
+def _streams(batch: int, body: bool, reset: bool) -> Callable[[RawH2], Callable[[int], bytes]]:
+    def make(conn: RawH2) -> Callable[[int], bytes]:
+        def chunk(i: int) -> bytes:
+            out = b""
+            for k in range(batch):
+                sid = 1 + 2 * (i * batch + k)
+                method = "POST" if body else "GET"
+                out += conn.headers(sid, method, "/v1/models", end_stream=not body)
+                if reset:
+                    out += rst(sid)
+            return out
+
+        return chunk
+
+    return make
+
+
+def _block(conn: RawH2, size: int, count: int) -> Callable[[int], bytes]:
+    """A header block that never ends: HEADERS, then CONTINUATION frames of `size` bytes."""
+    return lambda i: (
+        (conn.headers(1, end_headers=False) if i == 0 else b"") + continuation(1, size) * count
+    )
+
+
+ATTACKS: dict[str, tuple[str, Callable[[RawH2], Callable[[int], bytes]], float]] = {
+    # name: (reason counted, flood maker, pause between sends)
+    "continuation": ("continuation_flood", lambda c: _block(c, 100, 20), 0.0),
+    "header_block": ("header_block_too_large", lambda c: _block(c, 16000, 2), 0.0),
+    "ping_never_read": (
+        "ping_flood",
+        lambda c: lambda i: b"".join(ping(i) for _ in range(500)),
+        0.0,
+    ),
+    "settings": ("settings_flood", lambda c: lambda i: settings() * 500, 0.0),
+    "empty_data": (
+        "empty_frames",
+        lambda c: (
+            lambda i: (
+                (c.headers(1, "POST", end_stream=False) if i == 0 else b"") + empty_data(1) * 100
+            )
+        ),
+        0.0,
+    ),
+    "priority": (
+        "priority_flood",
+        lambda c: lambda i: frame(PriorityFrame(1), depends_on=0, stream_weight=16) * 500,
+        0.0,
+    ),
+    "window_update": (
+        "window_update_flood",
+        lambda c: lambda i: frame(WindowUpdateFrame(0), window_increment=1) * 500,
+        0.0,
+    ),
+    "rapid_reset": ("rapid_reset", _streams(20, body=False, reset=True), 0.005),
+    "new_streams_per_read": ("new_streams_per_read", _streams(300, body=False, reset=True), 0.0),
+    "huge_frame_header": (
+        "frame_too_large",
+        lambda c: lambda i: b"\xff\xff\xff\x00\x00\x00\x00\x00\x01" if i == 0 else b"\x00" * 65536,
+        0.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_flood_closes_the_connection_quickly(gw: H2Gateway, name: str) -> None:
+    reason, make, pause = ATTACKS[name]
+    label = "h2_" + reason
+    before = gw.metric("sluice_rejected_total", reason=label)
+    rss = gw.rss_kb()
+    with Bystander(gw):
+        conn = RawH2(gw.port)
+        elapsed = flood(conn, make(conn), pause)
+        conn.close()
+        time.sleep(0.3)
+    assert elapsed < CLOSE_WITHIN_S, f"{name}: connection open after {elapsed:.1f}s"
+    assert gw.metric("sluice_rejected_total", reason=label) == before + 1
+    assert gw.rss_kb() - rss < 20 * 1024, "memory grew more than 20 MB"
+
+
+def test_flood_from_a_reading_client_gets_goaway_enhance_your_calm(gw: H2Gateway) -> None:
+    conn = RawH2(gw.port)
+    conn.send(settings() * 200)
+    g = conn.goaway(3.0)
+    conn.close()
+    assert isinstance(g, GoAwayFrame) and g.error_code == ENHANCE_YOUR_CALM
+
+
+def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
+    """Streams past max_concurrent_streams (100) get RST_STREAM REFUSED_STREAM and the
+    connection lives on; a client that keeps opening streams it cannot have gets GOAWAY."""
+    conn = RawH2(gw.port)
+    make = _streams(50, body=True, reset=False)(conn)
+    conn.send(make(0) + make(1) + make(2))  # 150 streams that never send their bodies
+    refused: set[int] = set()
+    goaway = None
+    for f in conn.frames(1.0):
+        if isinstance(f, RstStreamFrame) and f.error_code == REFUSED_STREAM:
+            refused.add(f.stream_id)
+        elif isinstance(f, GoAwayFrame):
+            goaway = f
+    assert goaway is None
+    assert len(refused) == 50 and min(refused) == 201, sorted(refused)[:3]
+    with Bystander(gw):
+        elapsed = flood(conn, lambda i: make(3 + i), 0.005)
+    conn.close()
+    assert elapsed < CLOSE_WITHIN_S
+
+
+def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> None:
+    rss = gw.rss_kb()
+    for _ in range(3):
+        for name in ("continuation", "ping_never_read", "rapid_reset"):
+            _, make, pause = ATTACKS[name]
+            conn = RawH2(gw.port)
+            flood(conn, make(conn), pause)
+            conn.close()
+    time.sleep(0.5)
+    assert gw.rss_kb() - rss < 20 * 1024
+    with httpx.Client(http1=False, http2=True, timeout=5) as c:
+        assert c.post(f"{gw.url}/v1/chat/completions", json=CHAT).status_code == 200
