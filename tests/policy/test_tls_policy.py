@@ -137,7 +137,7 @@ def test_the_readme_steps_make_files_the_tls_example_accepts(tmp_path: Path) -> 
         capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    example = (ROOT / "policies" / "examples" / "tls.yaml").read_text()
+    example = (ROOT / "deploy" / "tls" / "edge-tls.yaml").read_text()
     copy = tmp_path / "tls.yaml"
     copy.write_text(example.replace("/tmp/sluice-tls/", f"{tmp_path}/"))
     result = subprocess.run(
