@@ -76,7 +76,15 @@ async def test_load_ramp_goes_through_the_colours(backend: Backend, tmp_path: Pa
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
     print("colours:", seen, "transitions:", transitions)
-    assert seen == ["green", "yellow", "red", "green"], (seen, transitions)
+    # The colour is sampled once per phase; at ~95 % of the qps the pool sits at the yellow
+    # threshold, so on a loaded machine (the client offering a little less) it may have stepped
+    # back to green by the time it is sampled: yellow must then have come before red.
+    assert seen[0] == "green" and seen[2:] == ["red", "green"], (seen, transitions)
+    assert seen[1] == "yellow" or (
+        "green->yellow" in transitions
+        and "yellow->red" in transitions
+        and transitions.index("green->yellow") < transitions.index("yellow->red")
+    ), (seen, transitions)
     assert calm.statuses() == {200}
     for run in (calm, busy, storm):
         assert run.statuses() <= {200, 429, 503}
