@@ -146,9 +146,11 @@ routes:
 
 
 @contextlib.asynccontextmanager
-async def proxied(policy: Path) -> AsyncIterator[tuple[Gateway, GrpcListener, grpc.aio.Channel]]:
+async def proxied(
+    policy: Path, engine: str = "grpcio"
+) -> AsyncIterator[tuple[Gateway, GrpcListener, grpc.aio.Channel]]:
     gateway = Gateway(policy)
-    listener = await start_grpc(gateway, "127.0.0.1", 0)
+    listener = await start_grpc(gateway, "127.0.0.1", 0, engine)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}")
     try:
         yield gateway, listener, channel
@@ -162,13 +164,15 @@ Setup = Callable[..., contextlib.AbstractAsyncContextManager[tuple[Upstream, Any
 
 
 @pytest.fixture(params=["unary-handler", "stream-handler"])
-async def proxy(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+async def proxy(
+    request: pytest.FixtureRequest, tmp_path: Path, grpc_engine: str
+) -> AsyncIterator[Any]:
     """The gateway in front of the test upstream; Infer served by either handler kind."""
     unary = [INFER] if request.param == "unary-handler" else []
     async with contextlib.AsyncExitStack() as stack:
         servicer, port = await stack.enter_async_context(upstream_server())
         policy = write_policy(tmp_path, port, unary=unary)
-        _, listener, ch = await stack.enter_async_context(proxied(policy))
+        _, listener, ch = await stack.enter_async_context(proxied(policy, grpc_engine))
         assert (INFER in listener.unary_methods) is bool(unary)
         yield servicer, pb2_grpc.InferenceStub(ch), listener
 
@@ -281,8 +285,12 @@ async def test_no_route_is_unimplemented(proxy: Any) -> None:
     assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_backend_down_is_unavailable(tmp_path: Path) -> None:
-    async with proxied(write_policy(tmp_path, free_port(), unary=[INFER])) as (_, _, ch):
+async def test_backend_down_is_unavailable(tmp_path: Path, grpc_engine: str) -> None:
+    async with proxied(write_policy(tmp_path, free_port(), unary=[INFER]), grpc_engine) as (
+        _,
+        _,
+        ch,
+    ):
         stub = pb2_grpc.InferenceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Infer(pb2.InferRequest(prompt="x"), timeout=5)
@@ -293,20 +301,22 @@ async def test_backend_down_is_unavailable(tmp_path: Path) -> None:
         assert err.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
-async def test_no_endpoint_is_unavailable_with_retry_after(tmp_path: Path) -> None:
+async def test_no_endpoint_is_unavailable_with_retry_after(
+    tmp_path: Path, grpc_engine: str
+) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, weight=0)
-        async with proxied(policy) as (_, _, ch):
+        async with proxied(policy, grpc_engine) as (_, _, ch):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="x"))
     assert err.value.code() is grpc.StatusCode.UNAVAILABLE
     assert ("retry-after", "1") in pairs(err.value.trailing_metadata())
 
 
-async def test_message_over_limit_is_resource_exhausted(tmp_path: Path) -> None:
+async def test_message_over_limit_is_resource_exhausted(tmp_path: Path, grpc_engine: str) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, unary=[INFER], max_message=1024)
-        async with proxied(policy) as (_, _, ch):
+        async with proxied(policy, grpc_engine) as (_, _, ch):
             stub = pb2_grpc.InferenceStub(ch)
             assert (await stub.Infer(pb2.InferRequest(prompt="a" * 100))).text == "A" * 100
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -314,10 +324,12 @@ async def test_message_over_limit_is_resource_exhausted(tmp_path: Path) -> None:
     assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-async def test_unary_methods_are_discovered_through_reflection(tmp_path: Path) -> None:
+async def test_unary_methods_are_discovered_through_reflection(
+    tmp_path: Path, grpc_engine: str
+) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, discover=True)
-        async with proxied(policy) as (_, listener, ch):
+        async with proxied(policy, grpc_engine) as (_, listener, ch):
             methods = await listener.refresh_unary()
             assert INFER in methods
             assert GENERATE not in methods
@@ -326,10 +338,10 @@ async def test_unary_methods_are_discovered_through_reflection(tmp_path: Path) -
             assert response.text == "U"
 
 
-async def test_stop_lets_an_inflight_stream_finish(tmp_path: Path) -> None:
+async def test_stop_lets_an_inflight_stream_finish(tmp_path: Path, grpc_engine: str) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port)
-        async with proxied(policy) as (gateway, listener, ch):
+        async with proxied(policy, grpc_engine) as (gateway, listener, ch):
             stub = pb2_grpc.InferenceStub(ch)
             call = stub.Generate(pb2.InferRequest(prompt="slow", max_tokens=8))
             assert (await call.read()).text == "first"
@@ -345,10 +357,10 @@ async def test_stop_lets_an_inflight_stream_finish(tmp_path: Path) -> None:
             assert err.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
-async def test_refresh_unary_follows_a_reload(tmp_path: Path) -> None:
+async def test_refresh_unary_follows_a_reload(tmp_path: Path, grpc_engine: str) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port)
-        async with proxied(policy) as (gateway, listener, ch):
+        async with proxied(policy, grpc_engine) as (gateway, listener, ch):
             assert await listener.refresh_unary() == frozenset()
             write_policy(tmp_path, port, unary=[INFER])
             assert gateway.holder.reload().changed
