@@ -27,14 +27,16 @@ SECRET_ENV = "SLUICE_TEST_GRPC_SECRET"
 LIMIT = 65536  # limits.grpc_max_message_bytes
 
 
-def policy_text(backend: Backend, engine: str, grpc_port: int, admin: int) -> str:
+def policy_text(
+    backend: Backend, engine: str, grpc_port: int, admin: int, limits: str = "", tls: str = ""
+) -> str:
     return f"""\
 version: 1
 listeners:
   http: null
-  grpc: {{host: 127.0.0.1, port: {grpc_port}, engine: {engine}}}
+  grpc: {{host: 127.0.0.1, port: {grpc_port}, engine: {engine}{tls}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
-limits: {{grpc_max_message_bytes: {LIMIT}}}
+limits: {{grpc_max_message_bytes: {LIMIT}{limits}}}
 timeouts: {{first_byte_s: 5, drain_s: 10}}
 auth:
   providers:
