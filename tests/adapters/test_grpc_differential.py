@@ -113,7 +113,7 @@ def generate(rng: random.Random, i: int) -> dict[str, Any]:
     kind = rng.choice(KINDS)
     shape = rng.choice(("ok", "ok", "error", "deadline", "cancel", "large", "too_large"))
     md = [
-        (f"x-m{j}", rng.choice(("a", "b c", "ü"[:0] + "v" * rng.randint(1, 40))))
+        (f"x-m{j}", rng.choice(("a", "b c", "v" * rng.randint(1, 40))))
         for j in range(rng.randint(0, 3))
     ]
     if rng.random() < 0.5:
