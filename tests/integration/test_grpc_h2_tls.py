@@ -91,7 +91,9 @@ def test_rotation_reaches_new_connections(gw: TlsGateway) -> None:
 
 
 def test_tls_handshake_is_required(gw: TlsGateway) -> None:
-    with grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:
-        with pytest.raises(grpc.RpcError) as e:
-            ch.unary_unary("/sluice.inference.v1.Inference/Infer")(b"", timeout=3)
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch,
+        pytest.raises(grpc.RpcError) as e,
+    ):
+        ch.unary_unary("/sluice.inference.v1.Inference/Infer")(b"", timeout=3)
     assert e.value.code() is grpc.StatusCode.UNAVAILABLE
