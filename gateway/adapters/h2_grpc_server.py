@@ -1,7 +1,8 @@
 """The gRPC listener on Sluice's HTTP/2 engine (`listeners.grpc.engine: h2`): binds the socket
 (plaintext h2c with prior knowledge, or TLS with ALPN h2 through the listener's `TlsOwner`,
 rotated like the HTTP listener's), serves every connection with `h2_conn.H2Conn` under
-`limits.http2` (stream concurrency from `limits.grpc_max_concurrent_streams`) and every stream
+`limits.http2` (stream concurrency from `limits.grpc_max_concurrent_streams`, no cap on calls
+per connection) and every stream
 with `h2_grpc.H2GrpcHandler`, and drains with the two-step GOAWAY.
 """
 
@@ -11,6 +12,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from gateway.adapters.h2_grpc import H2GrpcHandler
+from gateway.adapters.h2_guard import MAX_STREAM_ID
 from gateway.adapters.h2_server import H2Server
 from gateway.forward.grpc import GrpcForward
 
@@ -55,8 +57,13 @@ async def start_h2_grpc(
         GrpcForward(gateway, loop), limits.grpc_max_message_bytes, policy.timeouts.body_read_s
     )
     handler.set_unary(gateway.active.policy.unary_methods)
+    # gRPC channels are long-lived and carry every call of a client: no calls-per-connection
+    # cap (grpc core's server has none; a GOAWAY every 1,000 calls costs a reconnect).
     h2_limits = limits.http2.model_copy(
-        update={"max_concurrent_streams": limits.grpc_max_concurrent_streams}
+        update={
+            "max_concurrent_streams": limits.grpc_max_concurrent_streams,
+            "max_requests_per_connection": MAX_STREAM_ID,
+        }
     )
     h2 = H2Server(
         loop, handler, h2_limits, policy.timeouts.header_read_s, policy.timeouts.keepalive_s, "grpc"
