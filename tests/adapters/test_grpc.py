@@ -384,3 +384,19 @@ def test_server_options_follow_limits() -> None:
     assert opts["grpc.http2.min_ping_interval_without_data_ms"] == 30_000
     assert opts["grpc.so_reuseport"] == 1
     assert "grpc.minimal_stack" not in opts  # it would stop enforcing the message size
+
+
+async def test_compressed_calls_pass_through(proxy: Any) -> None:
+    """A client that compresses its messages (grpc-encoding gzip) is served by both engines."""
+    _, stub, _ = proxy
+    response = await stub.Infer(
+        pb2.InferRequest(prompt="z" * 5000), compression=grpc.Compression.Gzip, timeout=5
+    )
+    assert response.text == "Z" * 5000
+
+    async def prompts() -> AsyncIterator[Any]:
+        for p in ("a" * 3000, "b"):
+            yield pb2.InferRequest(prompt=p)
+
+    collected = await stub.Collect(prompts(), compression=grpc.Compression.Deflate, timeout=5)
+    assert collected.text == "a" * 3000 + "+b"
