@@ -100,7 +100,7 @@ class H2GrpcExchange:
     __slots__ = (
         "stream", "conn", "loop", "info", "metadata", "deadline", "limit", "encoding", "buf",
         "head_sent", "ended", "writing", "timeout", "expired", "content_type", "method",
-        "refused",
+        "refused", "timeout_raw",
     )  # fmt: skip
 
     def __init__(
@@ -138,6 +138,7 @@ class H2GrpcExchange:
         self.encoding = encoding
         self.metadata: Metadata = md
         self.info = request_info(method, md, conn.peer, conn.client_cert)
+        self.timeout_raw = timeout
         self.timeout = parse_timeout(timeout) if timeout else None
         self.deadline = loop.time() + self.timeout if self.timeout is not None else None
         self.expired = False  # the client's deadline passed (the task was cancelled for it)
@@ -147,11 +148,11 @@ class H2GrpcExchange:
         self.writing = False  # a message is partly written: a status after it would cut it
         self.refused: MessageError | None = None  # why read() ended the call
 
-    def refusal(self, timeout_raw: bool) -> tuple[int, str] | None:
+    def refusal(self) -> tuple[int, str] | None:
         """Why this stream cannot be served as a gRPC call (status and details), or None."""
         if not self.content_type.startswith("application/grpc"):
             return GRPC_UNIMPLEMENTED, "not a gRPC request (content-type)"
-        if timeout_raw and self.timeout is None:
+        if self.timeout_raw and self.timeout is None:
             return GRPC_INTERNAL, "malformed grpc-timeout"
         if self.encoding not in ("", "identity") and self.encoding not in INFLATE_WBITS:
             return GRPC_UNIMPLEMENTED, f"message encoding {self.encoding!r} not supported"
@@ -304,7 +305,7 @@ class H2GrpcHandler:
             ex = H2GrpcExchange(stream, conn, self.forward.loop, self.limit)
             if stream.reset:
                 return  # reset before its task ran
-            refused = ex.refusal(any(n == b"grpc-timeout" for n, _ in stream.headers))
+            refused = ex.refusal()
             if refused is not None:
                 metrics.REJECTED.labels("bad_request", "grpc").inc()
                 ex.end(refused[0], refused[1], ())
@@ -335,9 +336,13 @@ class H2GrpcHandler:
         """The one request message of a unary call, read to the client's half-close within
         `timeouts.body_read_s`; None when the call was answered instead."""
         try:
-            async with asyncio.timeout(self.body_read_s):
+            if ex.stream.body_done:  # all of it came with the head: nothing to wait for
                 request = await ex.message()
                 extra = await ex.message() if request is not None else None
+            else:
+                async with asyncio.timeout(self.body_read_s):
+                    request = await ex.message()
+                    extra = await ex.message() if request is not None else None
         except MessageError as e:
             await ex.answer_refusal(e, self.body_read_s)
             return None
