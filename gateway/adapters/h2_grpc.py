@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING
 from h2.errors import ErrorCodes
 
 from gateway.adapters.h2_stream import H2Stream, StreamConn
+from gateway.core.outcome import Outcome
 from gateway.core.verdict import (
+    GRPC_CANCELLED,
     GRPC_DEADLINE_EXCEEDED,
     GRPC_INTERNAL,
     GRPC_RESOURCE_EXHAUSTED,
@@ -243,10 +245,10 @@ class H2GrpcExchange:
                 raise ConnectionResetError("stream reset")
             await stream.wait()
 
-    async def answer_refusal(self, e: MessageError, timeout: float) -> None:
-        """End the call for a message it cannot take once the client has half-closed, what it
-        still sends dropped as it comes (the window keeps moving, nothing is buffered), or
-        after `timeout`: a grpcio client still writing its requests when the status arrives
+    async def drain_request(self, timeout: float) -> None:
+        """Drop what the client still sends until it half-closes (the window keeps moving,
+        nothing is buffered), or `timeout`: a call refused for a message's size is answered
+        after it, because a grpcio client still writing its requests when the status arrives
         reports INTERNAL instead of the status (seen in the differential test; the grpcio
         engine's answer reaches it whole)."""
         stream = self.stream
@@ -261,7 +263,6 @@ class H2GrpcExchange:
                         await stream.wait()
         except (TimeoutError, ConnectionError):
             pass
-        self.end(e.code, e.details, ())
 
     def inflate(self, msg: bytes) -> bytes:
         wbits = INFLATE_WBITS.get(self.encoding)
@@ -301,30 +302,43 @@ class H2GrpcHandler:
         stream.started = True
         ex: H2GrpcExchange | None = None
         timer: asyncio.TimerHandle | None = None
+        served = False  # the lifecycle has the call (it records how it ends)
+        forward = self.forward
         try:
-            ex = H2GrpcExchange(stream, conn, self.forward.loop, self.limit)
-            if stream.reset:
-                return  # reset before its task ran
+            ex = H2GrpcExchange(stream, conn, forward.loop, self.limit)
+            if stream.reset:  # reset before its task ran: recorded, never forwarded
+                await forward.unserved(ex, Outcome.CLIENT_CANCELLED, GRPC_CANCELLED)
+                return
             refused = ex.refusal()
             if refused is not None:
                 metrics.REJECTED.labels("bad_request", "grpc").inc()
-                ex.end(refused[0], refused[1], ())
+                await forward.unserved(ex, Outcome.BAD_REQUEST, *refused)
                 return
             if ex.deadline is not None:
-                timer = self.forward.loop.call_at(ex.deadline, _expire, ex)
-            if ex.method in self.unary:
-                request = await self._unary_request(ex)
-                if request is not None:
-                    await self.forward.serve(ex, request)
-            else:
-                await self.forward.serve(ex, None)
-        except asyncio.CancelledError:
-            if ex is not None and ex.expired:
+                timer = forward.loop.call_at(ex.deadline, _expire, ex)
+            request = await self._unary_request(ex) if ex.method in self.unary else None
+            served = True
+            await forward.serve(ex, request)
+        except MessageError as e:  # the request of a unary call, before it was served
+            assert ex is not None
+            if e.code == GRPC_RESOURCE_EXHAUSTED:
+                await ex.drain_request(self.body_read_s)
+            await forward.unserved(ex, Outcome.BAD_REQUEST, e.code, e.details)
+        except (asyncio.CancelledError, ConnectionError):
+            if ex is None:
+                pass
+            elif not served:  # the client's deadline or reset came while its request did
+                if ex.expired:
+                    await forward.unserved(
+                        ex, Outcome.DEADLINE, GRPC_DEADLINE_EXCEEDED, DEADLINE_DETAILS
+                    )
+                else:
+                    await forward.unserved(ex, Outcome.CLIENT_CANCELLED, GRPC_CANCELLED)
+            elif ex.expired:  # recorded by the lifecycle as a deadline: the client's answer
                 ex.end(GRPC_DEADLINE_EXCEEDED, DEADLINE_DETAILS, ())
-            elif ex is not None and ex.refused is not None and not stream.reset:
-                await ex.answer_refusal(ex.refused, self.body_read_s)
-        except ConnectionError:
-            pass  # the client left: the call is recorded as cancelled
+            elif ex.refused is not None and not stream.reset:
+                await ex.drain_request(self.body_read_s)
+                ex.end(ex.refused.code, ex.refused.details, ())
         except Exception:  # a bug of ours: log it, reset this stream, keep serving others
             log.exception("gRPC call on HTTP/2 failed")
         finally:
@@ -332,9 +346,9 @@ class H2GrpcHandler:
                 timer.cancel()
             conn.stream_done(stream)  # a stream not ended cleanly is reset
 
-    async def _unary_request(self, ex: H2GrpcExchange) -> bytes | None:
+    async def _unary_request(self, ex: H2GrpcExchange) -> bytes:
         """The one request message of a unary call, read to the client's half-close within
-        `timeouts.body_read_s`; None when the call was answered instead."""
+        `timeouts.body_read_s`. Raises MessageError when it cannot be had."""
         try:
             if ex.stream.body_done:  # all of it came with the head: nothing to wait for
                 request = await ex.message()
@@ -343,15 +357,12 @@ class H2GrpcHandler:
                 async with asyncio.timeout(self.body_read_s):
                     request = await ex.message()
                     extra = await ex.message() if request is not None else None
-        except MessageError as e:
-            await ex.answer_refusal(e, self.body_read_s)
-            return None
         except TimeoutError:
-            ex.end(GRPC_DEADLINE_EXCEEDED, "request message not received in time", ())
-            return None
+            raise MessageError(
+                GRPC_DEADLINE_EXCEEDED, "request message not received in time"
+            ) from None
         if request is None or extra is not None:
-            ex.end(GRPC_UNIMPLEMENTED, "a unary call takes exactly one request message", ())
-            return None
+            raise MessageError(GRPC_UNIMPLEMENTED, "a unary call takes exactly one request message")
         return request
 
 

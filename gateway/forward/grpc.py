@@ -23,7 +23,13 @@ import grpc.aio
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.outcome import Outcome
-from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNAVAILABLE, GRPC_UNKNOWN
+from gateway.core.verdict import (
+    GRPC_CANCELLED,
+    GRPC_DEADLINE_EXCEEDED,
+    GRPC_OK,
+    GRPC_UNAVAILABLE,
+    GRPC_UNKNOWN,
+)
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
 from gateway.forward.grpc_exchange import GrpcExchange, Metadata
@@ -93,6 +99,23 @@ class GrpcForward:
             pending = self.lifecycle.finish(snap, ctx)
             if pending is not None:
                 await pending
+
+    async def unserved(
+        self, ex: GrpcExchange, outcome: Outcome, code: int, details: str = ""
+    ) -> None:
+        """A call the engine ended before it could be served (the client reset its stream
+        before its task ran, a message over the size limit, a malformed call): recorded
+        through `finish` like any other; no filter ran. CANCELLED is recorded only (the
+        client is gone); any other code is the client's answer."""
+        snap, ctx = self.lifecycle.begin(ex.info)
+        ctx.outcome = outcome
+        if code == GRPC_CANCELLED:
+            ctx.grpc_status = code
+        else:
+            end(ctx, ex, code, details)
+        pending = self.lifecycle.finish(snap, ctx)
+        if pending is not None:
+            await pending
 
     async def _unary(
         self, ex: GrpcExchange, ctx: RequestContext, chain: Chain, request: bytes

@@ -400,3 +400,33 @@ async def test_compressed_calls_pass_through(proxy: Any) -> None:
 
     collected = await stub.Collect(prompts(), compression=grpc.Compression.Deflate, timeout=5)
     assert collected.text == "a" * 3000 + "+b"
+
+
+def _requests(code: str) -> float:
+    from gateway.telemetry.metrics import REQUESTS
+
+    return sum(
+        s.value
+        for m in REQUESTS.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+        and s.labels.get("code") == code
+        and s.labels.get("protocol") == "grpc"
+    )
+
+
+async def test_calls_refused_before_the_lifecycle_are_counted(
+    tmp_path: Path, grpc_engine: str
+) -> None:
+    """A unary call whose message is over the limit never reaches the chain; the h2 engine still
+    records it (sluice_requests_total), as it does a call the client resets before it ran."""
+    async with upstream_server() as (_, port):
+        policy = write_policy(tmp_path, port, unary=[INFER], max_message=1024)
+        async with proxied(policy, grpc_engine) as (gateway, _, ch):
+            before = _requests("8")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="a" * 2000))
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert gateway.inflight.count == 0
+            if grpc_engine == "h2":  # grpc core refuses it before Sluice's handler runs
+                assert _requests("8") == before + 1
