@@ -35,7 +35,8 @@ def gw(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
     cert, key = tmp / "tls.crt", tmp / "tls.key"
     g = start_tls_gateway(
         backend, tmp, "native",
-        grpc_tls=tls_block(cert, key, ca.path, "optional") + ", engine: h2",
+        grpc_tls=tls_block(cert, key, ca.path, "optional"),
+        grpc_engine="h2",
         tail=LIMITS.format(secret=secret),
         ca=ca,
     )  # fmt: skip
