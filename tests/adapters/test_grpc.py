@@ -430,3 +430,66 @@ async def test_calls_refused_before_the_lifecycle_are_counted(
             assert gateway.inflight.count == 0
             if grpc_engine == "h2":  # grpc core refuses it before Sluice's handler runs
                 assert _requests("8") == before + 1
+
+
+async def test_h2_engine_drains_with_two_goaways(tmp_path: Path) -> None:
+    """Stopping the h2 engine's listener: GOAWAY(2^31-1) at once, then GOAWAY naming the last
+    stream taken (RFC 9113 §6.8); the call in flight is still served to its end."""
+    from hpack import Encoder
+    from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, SettingsFrame
+
+    def frame(f: Frame, flags: set[str], **attrs: Any) -> bytes:
+        for k, v in attrs.items():
+            setattr(f, k, v)
+        f.flags = flags  # type: ignore[assignment]
+        return f.serialize()
+
+    msg = pb2.InferRequest(prompt="late").SerializeToString()
+    block = Encoder().encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", "t"),
+            (":path", f"/{SERVICE}/Collect"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]  # fmt: skip
+    )
+    async with upstream_server() as (_, port):
+        gateway = Gateway(write_policy(tmp_path, port))
+        listener = await start_grpc(gateway, "127.0.0.1", 0, "h2")
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + SettingsFrame(0).serialize()
+            + frame(HeadersFrame(1), {"END_HEADERS"}, data=block)
+            + frame(DataFrame(1), set(), data=b"\x00" + len(msg).to_bytes(4) + msg)
+        )
+        await asyncio.sleep(0.1)  # the call is under way
+        stopping = asyncio.create_task(listener.stop(5.0))
+        goaways: list[int] = []
+        ended = False
+        buf = b""
+        try:
+            async with asyncio.timeout(5):
+                while True:  # until the listener closes the connection
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    buf += data
+                    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3]):
+                        f, n = Frame.parse_frame_header(memoryview(buf[:9]))
+                        f.parse_body(memoryview(buf[9 : 9 + n]))
+                        buf = buf[9 + n :]
+                        if isinstance(f, GoAwayFrame):
+                            goaways.append(f.last_stream_id)
+                            if len(goaways) == 1:  # half-close: the call can finish
+                                writer.write(frame(DataFrame(1), {"END_STREAM"}, data=b""))
+                        elif f.stream_id == 1 and "END_STREAM" in f.flags:
+                            ended = True
+        finally:
+            writer.close()
+            await stopping
+            await gateway.aclose()
+    assert goaways[0] == 2**31 - 1 and goaways[-1] == 1, goaways
+    assert ended
