@@ -4,8 +4,9 @@
 The loop (STYLE rule 19): `data_received` → the frame guard counts frame headers
 (`gateway.adapters.h2_guard`) → `receive_data` → every event handled → one `data_to_send()` →
 one write. Each new stream goes to the listener's `h2_server.StreamHandler` (HTTP routes:
-`gateway.adapters.h2_exchange.H2HttpHandler`; a gRPC handler plugs in the same way), which runs
-it in a task of its own.
+`h2_exchange.H2HttpHandler`; gRPC calls: `h2_grpc.H2GrpcHandler`), which runs it in a task of
+its own. A TLS listener that verifies client certificates (`mtls`) and hands connections to
+this engine directly has the identity read here.
 
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
