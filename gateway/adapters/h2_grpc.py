@@ -40,7 +40,7 @@ from gateway.core.verdict import (
     GRPC_RESOURCE_EXHAUSTED,
     GRPC_UNIMPLEMENTED,
 )
-from gateway.forward.grpc_exchange import Metadata, request_info
+from gateway.forward.grpc_exchange import MessageRefused, Metadata, request_info
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -56,15 +56,6 @@ CONTENT_TYPE = b"application/grpc"
 STATUS_200 = ((b":status", b"200"), (b"content-type", CONTENT_TYPE))
 DEADLINE_DETAILS = "Deadline Exceeded"  # what grpc core says for a deadline it enforced
 INFLATE_WBITS = {"gzip": 31, "deflate": 15}
-
-
-class MessageError(Exception):
-    """The client's messages cannot be taken: the call ends with `code`."""
-
-    def __init__(self, code: int, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 def parse_timeout(value: str) -> float | None:
@@ -148,7 +139,7 @@ class H2GrpcExchange:
         self.head_sent = False
         self.ended = False
         self.writing = False  # a message is partly written: a status after it would cut it
-        self.refused: MessageError | None = None  # why read() ended the call
+        self.refused: MessageRefused | None = None  # why read() ended the call
 
     def refusal(self) -> tuple[int, str] | None:
         """Why this stream cannot be served as a gRPC call (status and details), or None."""
@@ -172,12 +163,9 @@ class H2GrpcExchange:
     async def read(self) -> bytes | None:
         try:
             return await self.message()
-        except MessageError as e:  # the call ends here: its task (and the upstream call) too;
-            self.refused = e  # the handler answers it once the client half-closed
-            task = self.stream.task
-            if task is not None and not task.done():
-                task.cancel()
-            raise asyncio.CancelledError() from None
+        except MessageRefused as e:  # the lifecycle ends the call (and its upstream call);
+            self.refused = e  # the handler answers the client once it half-closed
+            raise
 
     async def send_initial_metadata(self, md: Metadata) -> None:
         if not self.head_sent:
@@ -216,7 +204,7 @@ class H2GrpcExchange:
 
     async def message(self) -> bytes | None:
         """The next whole request message; None once the client half-closed. Raises
-        MessageError past the size limit (on the prefix), for a cut message or a bad
+        MessageRefused past the size limit (on the prefix), for a cut message or a bad
         compressed one; ConnectionResetError when the stream is gone."""
         stream, buf = self.stream, self.buf
         while True:
@@ -225,7 +213,7 @@ class H2GrpcExchange:
                 if size > self.limit:
                     metrics.REJECTED.labels("grpc_message_too_large", "grpc").inc()
                     buf.clear()
-                    raise MessageError(  # in grpc core's words, as the grpcio engine answers
+                    raise MessageRefused(  # in grpc core's words, as the grpcio engine answers
                         GRPC_RESOURCE_EXHAUSTED,
                         f"SERVER: Received message larger than max ({size} vs. {self.limit})",
                     )
@@ -239,7 +227,7 @@ class H2GrpcExchange:
                 continue
             if stream.body_done:
                 if buf:
-                    raise MessageError(GRPC_INTERNAL, "request ended inside a message")
+                    raise MessageRefused(GRPC_INTERNAL, "request ended inside a message")
                 return None
             if stream.reset:
                 raise ConnectionResetError("stream reset")
@@ -267,14 +255,14 @@ class H2GrpcExchange:
     def inflate(self, msg: bytes) -> bytes:
         wbits = INFLATE_WBITS.get(self.encoding)
         if wbits is None:
-            raise MessageError(GRPC_INTERNAL, "compressed message without grpc-encoding")
+            raise MessageRefused(GRPC_INTERNAL, "compressed message without grpc-encoding")
         d = zlib.decompressobj(wbits)
         try:
             out = d.decompress(msg, self.limit + 1)
         except zlib.error:
-            raise MessageError(GRPC_INTERNAL, "message does not decompress") from None
+            raise MessageRefused(GRPC_INTERNAL, "message does not decompress") from None
         if len(out) > self.limit:
-            raise MessageError(
+            raise MessageRefused(
                 GRPC_RESOURCE_EXHAUSTED, f"Received message larger than max (> {self.limit})"
             )
         return out
@@ -319,7 +307,7 @@ class H2GrpcHandler:
             request = await self._unary_request(ex) if ex.method in self.unary else None
             served = True
             await forward.serve(ex, request)
-        except MessageError as e:  # the request of a unary call, before it was served
+        except MessageRefused as e:  # the request of a unary call, before it was served
             assert ex is not None
             if e.code == GRPC_RESOURCE_EXHAUSTED:
                 await ex.drain_request(self.body_read_s)
@@ -348,7 +336,7 @@ class H2GrpcHandler:
 
     async def _unary_request(self, ex: H2GrpcExchange) -> bytes:
         """The one request message of a unary call, read to the client's half-close within
-        `timeouts.body_read_s`. Raises MessageError when it cannot be had."""
+        `timeouts.body_read_s`. Raises MessageRefused when it cannot be had."""
         try:
             if ex.stream.body_done:  # all of it came with the head: nothing to wait for
                 request = await ex.message()
@@ -358,11 +346,13 @@ class H2GrpcHandler:
                     request = await ex.message()
                     extra = await ex.message() if request is not None else None
         except TimeoutError:
-            raise MessageError(
+            raise MessageRefused(
                 GRPC_DEADLINE_EXCEEDED, "request message not received in time"
             ) from None
         if request is None or extra is not None:
-            raise MessageError(GRPC_UNIMPLEMENTED, "a unary call takes exactly one request message")
+            raise MessageRefused(
+                GRPC_UNIMPLEMENTED, "a unary call takes exactly one request message"
+            )
         return request
 
 

@@ -32,7 +32,7 @@ from gateway.core.verdict import (
 )
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
-from gateway.forward.grpc_exchange import GrpcExchange, Metadata
+from gateway.forward.grpc_exchange import GrpcExchange, MessageRefused, Metadata
 from gateway.forward.grpc_status import (
     bounded_metadata,
     cancelled,
@@ -172,7 +172,7 @@ class GrpcForward:
             None, timeout=timeout, metadata=metadata
         )
         # The one extra task of a streaming call: client → upstream, as messages come.
-        pump = self.loop.create_task(_pump(ex, call, ctx))
+        pump = self.loop.create_task(_pump(ex, call, ctx, task))
         deadlines.start(task, timeout)
         try:
             try:
@@ -312,8 +312,12 @@ def _trailers(
     return md
 
 
-async def _pump(ex: GrpcExchange, call: StreamCall, ctx: RequestContext) -> None:
-    """Forward client messages upstream until the client half-closes or either side ends."""
+async def _pump(
+    ex: GrpcExchange, call: StreamCall, ctx: RequestContext, task: asyncio.Task[Any]
+) -> None:
+    """Forward client messages upstream until the client half-closes or either side ends. A
+    message the engine refuses ends the call (`task`, whose end cancels the upstream call)
+    with the engine's code."""
     try:
         while True:
             msg = await ex.read()
@@ -324,5 +328,8 @@ async def _pump(ex: GrpcExchange, call: StreamCall, ctx: RequestContext) -> None
         await call.done_writing()
     except asyncio.CancelledError:
         raise
+    except MessageRefused as e:
+        ctx.grpc_status, ctx.outcome = e.code, Outcome.BAD_REQUEST
+        task.cancel()
     except Exception:  # the upstream finished or the client went: the call reports it
         pass

@@ -419,7 +419,8 @@ async def test_calls_refused_before_the_lifecycle_are_counted(
     tmp_path: Path, grpc_engine: str
 ) -> None:
     """A unary call whose message is over the limit never reaches the chain; the h2 engine still
-    records it (sluice_requests_total), as it does a call the client resets before it ran."""
+    records it (sluice_requests_total), as it does a call the client resets before it ran, and
+    a streaming call refused for a message is recorded with its code (not as a cancel)."""
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, unary=[INFER], max_message=1024)
         async with proxied(policy, grpc_engine) as (gateway, _, ch):
@@ -427,9 +428,18 @@ async def test_calls_refused_before_the_lifecycle_are_counted(
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="a" * 2000))
             assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+            async def prompts() -> AsyncIterator[Any]:  # a streaming call: the lifecycle has it
+                yield pb2.InferRequest(prompt="small")
+                yield pb2.InferRequest(prompt="a" * 2000)
+
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await pb2_grpc.InferenceStub(ch).Collect(prompts(), timeout=5)
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            await asyncio.sleep(0.05)
             assert gateway.inflight.count == 0
-            if grpc_engine == "h2":  # grpc core refuses it before Sluice's handler runs
-                assert _requests("8") == before + 1
+            if grpc_engine == "h2":  # grpcio: grpc core refuses both before Sluice's handler
+                assert _requests("8") == before + 2
 
 
 async def test_h2_engine_drains_with_two_goaways(tmp_path: Path) -> None:
