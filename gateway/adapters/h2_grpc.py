@@ -9,7 +9,8 @@ grpc/grpc doc/PROTOCOL-HTTP2.md):
   (the lifecycle records a deadline) and the client gets DEADLINE_EXCEEDED.
 - messages: 5-byte prefix (compressed flag, length) read from the stream's DATA; the length is
   checked against `limits.grpc_max_message_bytes` as soon as the prefix is in, before the body is
-  buffered (RESOURCE_EXHAUSTED). The stream's window goes back to the client only as bytes are
+  buffered (RESOURCE_EXHAUSTED, answered once the client half-closed, what it still sends
+  dropped as it comes). The stream's window goes back to the client only as bytes are
   taken (`H2Stream.take`). A compressed message (`grpc-encoding` gzip or deflate) is inflated,
   bounded by the same limit: the upstream is a grpc.aio channel, which takes whole messages.
 - response: HEADERS (:status 200, content-type, initial metadata), DATA per message within the
@@ -18,6 +19,8 @@ grpc/grpc doc/PROTOCOL-HTTP2.md):
   is percent-encoded.
 - a client RST_STREAM (or a lost connection) cancels the call's task (`H2Conn`): the lifecycle
   cancels the upstream call and records a client cancel.
+- every stream is recorded: calls ended before the lifecycle had them (reset before their task
+  ran, malformed, a unary message over the limit) through `GrpcForward.unserved`.
 """
 
 from __future__ import annotations
@@ -170,15 +173,22 @@ class H2GrpcExchange:
     async def send_initial_metadata(self, md: Metadata) -> None:
         if not self.head_sent:
             self.head_sent = True
-            self.conn.send_headers(self.stream, [*STATUS_200, *metadata_headers(md)], False)
+            try:
+                self.conn.send_headers(self.stream, [*STATUS_200, *metadata_headers(md)], False)
+            except ConnectionError:  # reset under us: the client cancelled the call
+                raise asyncio.CancelledError() from None
 
     async def write(self, message: bytes) -> None:
-        if not self.head_sent:
-            self.head_sent = True
-            self.conn.send_headers(self.stream, list(STATUS_200), False)
-        self.writing = True
-        await self.conn.send_data(self.stream, b"\x00" + len(message).to_bytes(4) + message, False)
-        self.writing = False
+        try:
+            if not self.head_sent:
+                self.head_sent = True
+                self.conn.send_headers(self.stream, list(STATUS_200), False)
+            self.writing = True
+            frame = b"\x00" + len(message).to_bytes(4) + message
+            await self.conn.send_data(self.stream, frame, False)
+            self.writing = False
+        except ConnectionError:  # reset under us: the client cancelled the call
+            raise asyncio.CancelledError() from None
 
     def end(self, code: int, details: str, trailing: Metadata) -> None:
         if self.ended:
