@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import grpc.aio
@@ -96,10 +96,24 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return handler
 
 
+class MethodKinds(Protocol):
+    """Which methods an engine serves as unary (`_Proxy` for grpc.aio, `H2GrpcHandler`)."""
+
+    unary: frozenset[str]
+
+    def set_unary(self, methods: frozenset[str]) -> None: ...
+
+
+class Server(Protocol):
+    """A bound engine: grpc.aio's server, or `gateway.adapters.h2_grpc_server.H2GrpcServer`."""
+
+    async def stop(self, grace: float | None) -> None: ...
+
+
 class GrpcListener:
     """The bound gRPC server. `stop(grace)` drains; `refresh_unary()` after policy reloads."""
 
-    def __init__(self, gateway: Gateway, server: grpc.aio.Server, port: int, proxy: _Proxy) -> None:
+    def __init__(self, gateway: Gateway, server: Server, port: int, proxy: MethodKinds) -> None:
         self.port = port
         self._gw = gateway
         self._server = server
@@ -147,11 +161,23 @@ def _discoverable(compiled: CompiledPolicy) -> list[Endpoint]:
     return list(seen.values())
 
 
-async def start_grpc(gateway: Gateway, host: str, port: int) -> GrpcListener:
-    """Bind and start the gRPC listener; unary discovery runs in the background."""
+async def start_grpc(
+    gateway: Gateway, host: str, port: int, engine: str | None = None
+) -> GrpcListener:
+    """Bind and start the gRPC listener on `engine` (default: the policy's
+    `listeners.grpc.engine`); unary discovery runs in the background."""
+    policy = gateway.active.policy.policy
+    if engine is None:
+        engine = policy.listeners.grpc.engine if policy.listeners.grpc is not None else "grpcio"
+    if engine == "h2":
+        from gateway.adapters.h2_grpc_server import start_h2_grpc
+
+        h2_server, h2_port, kinds = await start_h2_grpc(gateway, host, port)
+        h2_listener = GrpcListener(gateway, h2_server, h2_port, kinds)
+        h2_listener.start_discovery()
+        return h2_listener
     proxy = _Proxy(gateway, asyncio.get_running_loop())
     proxy.set_unary(gateway.active.policy.unary_methods)
-    policy = gateway.active.policy.policy
     options = server_options(policy.limits)
     tls_cfg = policy.listeners.grpc.tls if policy.listeners.grpc is not None else None
     if tls_cfg is not None:

@@ -4,8 +4,9 @@
 The loop (STYLE rule 19): `data_received` → the frame guard counts frame headers
 (`gateway.adapters.h2_guard`) → `receive_data` → every event handled → one `data_to_send()` →
 one write. Each new stream goes to the listener's `h2_server.StreamHandler` (HTTP routes:
-`gateway.adapters.h2_exchange.H2HttpHandler`; a gRPC handler plugs in the same way), which runs
-it in a task of its own.
+`h2_exchange.H2HttpHandler`; gRPC calls: `h2_grpc.H2GrpcHandler`), which runs it in a task of
+its own. A TLS listener that verifies client certificates (`mtls`) and hands connections to
+this engine directly has the identity read here.
 
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
@@ -54,6 +55,7 @@ from gateway.adapters.h2_guard import (
     start_h2,
 )
 from gateway.adapters.h2_stream import H2Stream
+from gateway.adapters.tls_material import identity
 from gateway.telemetry import metrics
 
 if typing.TYPE_CHECKING:
@@ -76,6 +78,8 @@ class Listener(typing.Protocol):
     keepalive_s: float
     conns: set[H2Conn]
     draining: bool
+    mtls: bool  # a TLS listener verifying client certificates: read the identity at accept
+    protocol: str  # the metric label of its refusals: "http" or "grpc"
 
     def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
         """Hand a new stream to the listener's stream handler."""
@@ -117,6 +121,10 @@ class H2Conn(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = str(peer[0]) if peer else ""
         self.server.conns.add(self)
+        if self.server.mtls and not self.client_cert:  # accepted by this engine directly
+            sslobj = transport.get_extra_info("ssl_object")
+            if sslobj is not None:  # the handshake is over: a certificate here was verified
+                self.client_cert = identity(sslobj.getpeercert())
         start_h2(self.h2, self.limits)
         self.flush()
         self.arm(self.server.header_read_s)
@@ -173,7 +181,7 @@ class H2Conn(asyncio.Protocol):
             events = self.h2.receive_data(data)
         except ProtocolError as e:  # h2 has queued its GOAWAY
             log.debug("HTTP/2 protocol error from %s: %s", self.peer, e)
-            metrics.REJECTED.labels("h2_protocol_error", "http").inc()
+            metrics.REJECTED.labels("h2_protocol_error", self.server.protocol).inc()
             self.close()
             return
         for event in events:
@@ -239,7 +247,7 @@ class H2Conn(asyncio.Protocol):
             or self.goaway == 2
         ):
             self.early += 1
-            metrics.REJECTED.labels("h2_refused_stream", "http").inc()
+            metrics.REJECTED.labels("h2_refused_stream", self.server.protocol).inc()
             self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return
         headers = cast("list[tuple[bytes, bytes]]", e.headers or [])
@@ -379,7 +387,7 @@ class H2Conn(asyncio.Protocol):
     def calm(self, breach: Breach) -> None:
         """A limit was passed: GOAWAY with its code, then close."""
         log.info("HTTP/2 connection from %s ended: %s", self.peer, breach.reason)
-        metrics.REJECTED.labels("h2_" + breach.reason, "http").inc()
+        metrics.REJECTED.labels("h2_" + breach.reason, self.server.protocol).inc()
         try:
             self.h2.close_connection(breach.code)
         except H2Error:

@@ -22,7 +22,8 @@ __all__ = ["H2Server", "StreamHandler", "serve_h2"]
 
 
 class StreamHandler(typing.Protocol):
-    """Serves the streams of one listener: HTTP routes, or (later) gRPC."""
+    """Serves the streams of one listener: HTTP routes (`h2_exchange.H2HttpHandler`) or gRPC
+    calls (`h2_grpc.H2GrpcHandler`)."""
 
     def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
         """Run the stream in a task of its own; the task calls `conn.stream_done` as it ends."""
@@ -39,6 +40,7 @@ class H2Server:
         limits: Http2Limits,
         header_read_s: float,
         keepalive_s: float,
+        protocol: str = "http",
     ) -> None:
         self.loop = loop
         self.handler = handler
@@ -47,6 +49,8 @@ class H2Server:
         self.keepalive_s = keepalive_s
         self.conns: set[H2Conn] = set()
         self.draining = False
+        self.mtls = False  # set by a TLS listener that verifies client certificates
+        self.protocol = protocol
 
     def __call__(self) -> H2Conn:
         return H2Conn(self)

@@ -1,9 +1,10 @@
 """One HTTP/2 stream of Sluice's HTTP/2 engine, as its handler sees it: the request head, the
 request body as it arrives, and the waits (more body, send window) the connection ends.
 
-Engine-neutral within HTTP/2: the HTTP exchange (`gateway.adapters.h2_exchange`) uses it, and
-a gRPC handler can. Window is returned to the client only when the handler takes the bytes
-(`take`), so a stream whose consumer is slow holds at most its own window.
+Engine-neutral within HTTP/2: the HTTP exchange (`gateway.adapters.h2_exchange`) and the gRPC
+one (`gateway.adapters.h2_grpc`) use it. Window is returned to the client only when the
+handler takes the bytes (`take`), so a stream whose consumer is slow holds at most its own
+window.
 """
 
 from __future__ import annotations

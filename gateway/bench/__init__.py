@@ -1,7 +1,8 @@
 """`sluice bench`: measure the backend direct and through Sluice in one run, and print the ratios.
 
     python -m gateway bench [--duration 10] [--only http|grpc] [--json] [--no-access-log]
-                            [--engine both|native|aiohttp] [--filters a,b,c ...]
+                            [--engine both|native|aiohttp] [--grpc-engine both|grpcio|h2]
+                            [--filters a,b,c ...]
                             [--policy-extra FILE] [--tracing] [--auth]
     python -m tests.bench.run [same options]
 
@@ -22,8 +23,9 @@ Rows, each after a 2 s warm-up run of the same command:
   with an `auth` section: a route with auth off, a cached token, a fresh token per request
   (RS256, ES256). The "HTTP Sluice" row of the same engine, without `auth`, is the baseline.
 - gRPC backend direct: h2load (gRPC-framed unary `Infer`) → `sluice mock-backend`.
-- gRPC Sluice [(chain, + tail sampling)]: h2load → `sluice serve` → the same mock backend, one
-  row per chain × tracing (the HTTP engine plays no part).
+- gRPC Sluice (grpc engine[, chain][, + tail sampling]): h2load → `sluice serve` → the same
+  mock backend, one row per gRPC engine (`--grpc-engine both`: grpcio and h2) × chain × tracing
+  (the HTTP engine plays no part); the h2 row's CPU per call ÷ the grpcio row's is reported.
 
 Each Sluice variant runs in its own gateway, started before its row and stopped after it.
 Proxy CPU µs/req is utime+stime of the proxy process (and its children) from /proc/PID/stat,
@@ -72,6 +74,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("both", "native", "aiohttp"),
         default="both",
         help="Sluice's HTTP ingress engine (listeners.http.engine); both: one row each",
+    )
+    parser.add_argument(
+        "--grpc-engine",
+        choices=("both", "grpcio", "h2"),
+        default="both",
+        help="Sluice's gRPC engine (listeners.grpc.engine); both: one row each",
     )
     parser.add_argument(
         "--filters",

@@ -63,15 +63,18 @@ class Setup:
 @dataclass(frozen=True)
 class Variant:
     """One Sluice configuration: `engine` None for gRPC-only gateways, `chain` None for the
-    policy's default chain."""
+    policy's default chain, `grpc_engine` (listeners.grpc.engine) None for the policy's."""
 
     engine: str | None
     chain: tuple[str, ...] | None = None
     tracing: bool = False
+    grpc_engine: str | None = None
 
     @property
     def label(self) -> str:
         parts = [self.engine] if self.engine else []
+        if self.grpc_engine:
+            parts.append(self.grpc_engine)
         if self.chain is not None:
             parts.append(",".join(self.chain) or "no filters")
         if self.tracing:
@@ -119,6 +122,8 @@ def policy_doc(
     listeners["admin"] = {"host": "127.0.0.1", "port": ports["admin"]}
     if grpc_backend is not None:
         listeners["grpc"] = {"host": "127.0.0.1", "port": ports["grpc"]}
+        if variant.grpc_engine:
+            listeners["grpc"]["engine"] = variant.grpc_engine
         endpoints = [{"address": f"127.0.0.1:{grpc_backend}"}]
         backends.append(
             {"name": "bench-grpc", "protocol": "grpc", "endpoints": endpoints}

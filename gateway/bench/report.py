@@ -13,6 +13,7 @@ from typing import Any
 
 HTTP_TARGET_US = 60.0  # DESIGN.md: HTTP full chain ≤ 60 µs/req
 GRPC_TARGET_US = 300.0  # DESIGN.md: gRPC unary ≤ 300 µs/call
+GRPC_H2_TARGET = 0.75  # DESIGN.md: gRPC unary on the h2 engine ≤ 0.75 × grpc.aio's CPU per call
 WARMUP_S = 2
 
 
@@ -95,6 +96,11 @@ def summary(rows: list[Row]) -> dict[str, Any]:
         out["grpc_cpu_us"] = gsluice.cpu_us_per_req
         if gsluice.cpu_us_per_req is not None:
             out["grpc_pass"] = gsluice.cpu_us_per_req <= GRPC_TARGET_US
+    aio, h2 = _by_name(rows, "gRPC Sluice (grpcio"), _by_name(rows, "gRPC Sluice (h2")
+    if aio and h2:
+        ratio = _ratio(h2.cpu_us_per_req, aio.cpu_us_per_req)
+        out["grpc_h2_vs_grpcio"] = ratio
+        out["grpc_h2_pass"] = None if ratio is None else ratio <= GRPC_H2_TARGET
     return out
 
 
@@ -160,6 +166,12 @@ def render(rows: list[Row], summ: dict[str, Any], notes: list[str], duration: in
                 f"gRPC  verdict: {summ['grpc_cpu_us']:.1f} µs/call vs target ≤ "
                 f"{GRPC_TARGET_US:.0f} → {verdict}"
             )
+    if summ.get("grpc_h2_pass") is not None:
+        verdict = "PASS" if summ["grpc_h2_pass"] else "FAIL"
+        yield (
+            f"gRPC  h2 engine µs/call ÷ grpc.aio engine µs/call: "
+            f"{summ['grpc_h2_vs_grpcio']:.2f} vs target ≤ {GRPC_H2_TARGET} → {verdict}"
+        )
     yield ""
     yield "load commands (measured runs):"
     for r in rows:

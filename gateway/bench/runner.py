@@ -133,23 +133,25 @@ def run_all(s: Setup) -> list[Row]:
         stats = mock_stats(mock_admin)
         cmd, parse = s.grpc("grpc-direct", mock_grpc)
         rows.append(run(Row("gRPC backend direct (mock)"), cmd, parse, None, stats))
-        for chain in chains:
-            for tracing in tracings:
-                v = Variant(None, chain, tracing)
-                row = Row(f"gRPC Sluice {v.label}".rstrip())
+        grpc_engines = ["grpcio", "h2"] if a.grpc_engine == "both" else [a.grpc_engine]
+        for v in (
+            Variant(None, chain, tracing, grpc_engine)
+            for chain in chains
+            for tracing in tracings
+            for grpc_engine in grpc_engines
+        ):
+            row = Row(f"gRPC Sluice {v.label}".rstrip())
 
-                def probe(
-                    p: subprocess.Popen[bytes], ports: dict[str, int], row: Row = row
-                ) -> None:
-                    try:
-                        grpc_ok(f"127.0.0.1:{ports['grpc']}")
-                    except Exception as e:
-                        row.error = f"probe Infer through Sluice: {e}"
-                        return
-                    cmd, parse = s.grpc(f"grpc-sluice-{len(rows)}", ports["grpc"])
-                    run(row, cmd, parse, p.pid, stats)
+            def probe(p: subprocess.Popen[bytes], ports: dict[str, int], row: Row = row) -> None:
+                try:
+                    grpc_ok(f"127.0.0.1:{ports['grpc']}")
+                except Exception as e:
+                    row.error = f"probe Infer through Sluice: {e}"
+                    return
+                cmd, parse = s.grpc(f"grpc-sluice-{len(rows)}", ports["grpc"])
+                run(row, cmd, parse, p.pid, stats)
 
-                rows.append(gateway_row(s, row, v, (None, mock_grpc), probe))
+            rows.append(gateway_row(s, row, v, (None, mock_grpc), probe))
     return rows
 
 

@@ -23,10 +23,16 @@ import grpc.aio
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.outcome import Outcome
-from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED, GRPC_OK, GRPC_UNAVAILABLE, GRPC_UNKNOWN
+from gateway.core.verdict import (
+    GRPC_CANCELLED,
+    GRPC_DEADLINE_EXCEEDED,
+    GRPC_OK,
+    GRPC_UNAVAILABLE,
+    GRPC_UNKNOWN,
+)
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
-from gateway.forward.grpc_exchange import GrpcExchange, Metadata
+from gateway.forward.grpc_exchange import GrpcExchange, MessageRefused, Metadata
 from gateway.forward.grpc_status import (
     bounded_metadata,
     cancelled,
@@ -94,6 +100,23 @@ class GrpcForward:
             if pending is not None:
                 await pending
 
+    async def unserved(
+        self, ex: GrpcExchange, outcome: Outcome, code: int, details: str = ""
+    ) -> None:
+        """A call the engine ended before it could be served (the client reset its stream
+        before its task ran, a message over the size limit, a malformed call): recorded
+        through `finish` like any other; no filter ran. CANCELLED is recorded only (the
+        client is gone); any other code is the client's answer."""
+        snap, ctx = self.lifecycle.begin(ex.info)
+        ctx.outcome = outcome
+        if code == GRPC_CANCELLED:
+            ctx.grpc_status = code
+        else:
+            end(ctx, ex, code, details)
+        pending = self.lifecycle.finish(snap, ctx)
+        if pending is not None:
+            await pending
+
     async def _unary(
         self, ex: GrpcExchange, ctx: RequestContext, chain: Chain, request: bytes
     ) -> None:
@@ -149,7 +172,7 @@ class GrpcForward:
             None, timeout=timeout, metadata=metadata
         )
         # The one extra task of a streaming call: client → upstream, as messages come.
-        pump = self.loop.create_task(_pump(ex, call, ctx))
+        pump = self.loop.create_task(_pump(ex, call, ctx, task))
         deadlines.start(task, timeout)
         try:
             try:
@@ -289,8 +312,12 @@ def _trailers(
     return md
 
 
-async def _pump(ex: GrpcExchange, call: StreamCall, ctx: RequestContext) -> None:
-    """Forward client messages upstream until the client half-closes or either side ends."""
+async def _pump(
+    ex: GrpcExchange, call: StreamCall, ctx: RequestContext, task: asyncio.Task[Any]
+) -> None:
+    """Forward client messages upstream until the client half-closes or either side ends. A
+    message the engine refuses ends the call (`task`, whose end cancels the upstream call)
+    with the engine's code."""
     try:
         while True:
             msg = await ex.read()
@@ -301,5 +328,8 @@ async def _pump(ex: GrpcExchange, call: StreamCall, ctx: RequestContext) -> None
         await call.done_writing()
     except asyncio.CancelledError:
         raise
+    except MessageRefused as e:
+        ctx.grpc_status, ctx.outcome = e.code, Outcome.BAD_REQUEST
+        task.cancel()
     except Exception:  # the upstream finished or the client went: the call reports it
         pass

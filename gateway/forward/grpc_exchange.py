@@ -27,6 +27,17 @@ from gateway.core.request import RequestInfo
 Metadata = Sequence[tuple[str, str | bytes]]
 
 
+class MessageRefused(Exception):
+    """Raised by `read()` for a request message the engine will not take (over the size limit,
+    a compressed one that does not inflate): the lifecycle records `code`, ends the upstream
+    call and lets the engine's task end; the engine answers the client with `code`."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
 class GrpcExchange(Protocol):
     info: RequestInfo  # path: the full method name; headers: the text metadata; peer
     metadata: Metadata  # as the client sent it (binary values too), for the upstream call

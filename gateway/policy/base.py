@@ -103,7 +103,8 @@ class ListenerTls(PolicyModel):
         "a client without one gets in without identity), required (refused at the handshake "
         "without a valid one). A verified certificate's identity (first URI SAN, else first "
         "DNS SAN, else subject CN) is the rate-limit key part `client_cert` and the principal "
-        "of a request without a JWT. The grpcio engine offers off and required only",
+        "of a request without a JWT. The gRPC listener's grpcio engine offers off and required "
+        "only (its h2 engine all three)",
     )
 
     @field_validator("client_cert", mode="before")
@@ -133,12 +134,31 @@ class Listener(PolicyModel):
     )
 
 
+class GrpcListenerConfig(PolicyModel):
+    """The gRPC listener: a generic pass-through of any method (`listeners.grpc`)."""
+
+    host: str = Field(default="0.0.0.0", description="address to bind")
+    port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")
+    engine: Literal["grpcio", "h2"] = Field(
+        default="grpcio",
+        description="gRPC engine: grpcio (default), grpc.aio's server; or h2, Sluice's own "
+        "HTTP/2 engine (python-hyper h2 on asyncio), which applies limits.http2 to the gRPC "
+        "port (CONTINUATION, PING, SETTINGS, empty-frame and rapid-reset floods, stream "
+        "concurrency refused per stream), checks a message's size on its 5-byte prefix, and "
+        "offers client_cert optional under TLS. Read at start (a change needs a restart)",
+    )
+    tls: ListenerTls | None = Field(
+        default=None, description="terminate TLS on this listener (null = plaintext; ALPN h2)"
+    )
+
+
 class Listeners(PolicyModel):
     http: Listener | None = Field(
         default_factory=lambda: Listener(port=8080), description="HTTP/1.1 ingress (null = off)"
     )
-    grpc: Listener | None = Field(
-        default_factory=lambda: Listener(port=8081), description="gRPC ingress (null = off)"
+    grpc: GrpcListenerConfig | None = Field(
+        default_factory=lambda: GrpcListenerConfig(port=8081),
+        description="gRPC ingress (null = off)",
     )
     admin: Listener | None = Field(
         default_factory=lambda: Listener(host="127.0.0.1", port=9901),

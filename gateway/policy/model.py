@@ -204,12 +204,17 @@ def _tls_errors(p: Policy) -> list[tuple[Loc, str]]:
     lst = p.listeners
     if lst.admin is not None and lst.admin.tls is not None:
         errors.append((("listeners", "admin", "tls"), "the admin listener serves plaintext only"))
-    if lst.grpc is not None and lst.grpc.tls is not None and lst.grpc.tls.client_cert == "optional":
+    if (
+        lst.grpc is not None
+        and lst.grpc.engine == "grpcio"
+        and lst.grpc.tls is not None
+        and lst.grpc.tls.client_cert == "optional"
+    ):
         errors.append(
             (
                 ("listeners", "grpc", "tls", "client_cert"),
                 "grpcio either requires a client certificate or does not ask for one: use "
-                "off or required on the gRPC listener",
+                "off or required on the gRPC listener, or its engine h2",
             )
         )
     return errors

@@ -36,6 +36,7 @@ EXAMPLES: dict[tuple[str, str], list[Any]] = {
     ("RouteMatch", "headers"): [[{"name": "x-canary", "value": "1"}]],
     ("HeaderMatch", "name"): ["x-canary", "x-tenant"],
     ("Listener", "port"): [8080, 8081, 9901],
+    ("GrpcListenerConfig", "port"): [8081],
     ("Timeouts", "first_byte_s"): [60],
     ("Timeouts", "total_s"): [600],
     ("Limits", "max_body_bytes"): [1048576],

@@ -146,9 +146,11 @@ routes:
 
 
 @contextlib.asynccontextmanager
-async def proxied(policy: Path) -> AsyncIterator[tuple[Gateway, GrpcListener, grpc.aio.Channel]]:
+async def proxied(
+    policy: Path, engine: str = "grpcio"
+) -> AsyncIterator[tuple[Gateway, GrpcListener, grpc.aio.Channel]]:
     gateway = Gateway(policy)
-    listener = await start_grpc(gateway, "127.0.0.1", 0)
+    listener = await start_grpc(gateway, "127.0.0.1", 0, engine)
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}")
     try:
         yield gateway, listener, channel
@@ -162,13 +164,15 @@ Setup = Callable[..., contextlib.AbstractAsyncContextManager[tuple[Upstream, Any
 
 
 @pytest.fixture(params=["unary-handler", "stream-handler"])
-async def proxy(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+async def proxy(
+    request: pytest.FixtureRequest, tmp_path: Path, grpc_engine: str
+) -> AsyncIterator[Any]:
     """The gateway in front of the test upstream; Infer served by either handler kind."""
     unary = [INFER] if request.param == "unary-handler" else []
     async with contextlib.AsyncExitStack() as stack:
         servicer, port = await stack.enter_async_context(upstream_server())
         policy = write_policy(tmp_path, port, unary=unary)
-        _, listener, ch = await stack.enter_async_context(proxied(policy))
+        _, listener, ch = await stack.enter_async_context(proxied(policy, grpc_engine))
         assert (INFER in listener.unary_methods) is bool(unary)
         yield servicer, pb2_grpc.InferenceStub(ch), listener
 
@@ -281,8 +285,12 @@ async def test_no_route_is_unimplemented(proxy: Any) -> None:
     assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_backend_down_is_unavailable(tmp_path: Path) -> None:
-    async with proxied(write_policy(tmp_path, free_port(), unary=[INFER])) as (_, _, ch):
+async def test_backend_down_is_unavailable(tmp_path: Path, grpc_engine: str) -> None:
+    async with proxied(write_policy(tmp_path, free_port(), unary=[INFER]), grpc_engine) as (
+        _,
+        _,
+        ch,
+    ):
         stub = pb2_grpc.InferenceStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Infer(pb2.InferRequest(prompt="x"), timeout=5)
@@ -293,20 +301,22 @@ async def test_backend_down_is_unavailable(tmp_path: Path) -> None:
         assert err.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
-async def test_no_endpoint_is_unavailable_with_retry_after(tmp_path: Path) -> None:
+async def test_no_endpoint_is_unavailable_with_retry_after(
+    tmp_path: Path, grpc_engine: str
+) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, weight=0)
-        async with proxied(policy) as (_, _, ch):
+        async with proxied(policy, grpc_engine) as (_, _, ch):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="x"))
     assert err.value.code() is grpc.StatusCode.UNAVAILABLE
     assert ("retry-after", "1") in pairs(err.value.trailing_metadata())
 
 
-async def test_message_over_limit_is_resource_exhausted(tmp_path: Path) -> None:
+async def test_message_over_limit_is_resource_exhausted(tmp_path: Path, grpc_engine: str) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, unary=[INFER], max_message=1024)
-        async with proxied(policy) as (_, _, ch):
+        async with proxied(policy, grpc_engine) as (_, _, ch):
             stub = pb2_grpc.InferenceStub(ch)
             assert (await stub.Infer(pb2.InferRequest(prompt="a" * 100))).text == "A" * 100
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -314,10 +324,12 @@ async def test_message_over_limit_is_resource_exhausted(tmp_path: Path) -> None:
     assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-async def test_unary_methods_are_discovered_through_reflection(tmp_path: Path) -> None:
+async def test_unary_methods_are_discovered_through_reflection(
+    tmp_path: Path, grpc_engine: str
+) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port, discover=True)
-        async with proxied(policy) as (_, listener, ch):
+        async with proxied(policy, grpc_engine) as (_, listener, ch):
             methods = await listener.refresh_unary()
             assert INFER in methods
             assert GENERATE not in methods
@@ -326,10 +338,10 @@ async def test_unary_methods_are_discovered_through_reflection(tmp_path: Path) -
             assert response.text == "U"
 
 
-async def test_stop_lets_an_inflight_stream_finish(tmp_path: Path) -> None:
+async def test_stop_lets_an_inflight_stream_finish(tmp_path: Path, grpc_engine: str) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port)
-        async with proxied(policy) as (gateway, listener, ch):
+        async with proxied(policy, grpc_engine) as (gateway, listener, ch):
             stub = pb2_grpc.InferenceStub(ch)
             call = stub.Generate(pb2.InferRequest(prompt="slow", max_tokens=8))
             assert (await call.read()).text == "first"
@@ -345,10 +357,10 @@ async def test_stop_lets_an_inflight_stream_finish(tmp_path: Path) -> None:
             assert err.value.code() is grpc.StatusCode.UNAVAILABLE
 
 
-async def test_refresh_unary_follows_a_reload(tmp_path: Path) -> None:
+async def test_refresh_unary_follows_a_reload(tmp_path: Path, grpc_engine: str) -> None:
     async with upstream_server() as (_, port):
         policy = write_policy(tmp_path, port)
-        async with proxied(policy) as (gateway, listener, ch):
+        async with proxied(policy, grpc_engine) as (gateway, listener, ch):
             assert await listener.refresh_unary() == frozenset()
             write_policy(tmp_path, port, unary=[INFER])
             assert gateway.holder.reload().changed
@@ -372,3 +384,122 @@ def test_server_options_follow_limits() -> None:
     assert opts["grpc.http2.min_ping_interval_without_data_ms"] == 30_000
     assert opts["grpc.so_reuseport"] == 1
     assert "grpc.minimal_stack" not in opts  # it would stop enforcing the message size
+
+
+async def test_compressed_calls_pass_through(proxy: Any) -> None:
+    """A client that compresses its messages (grpc-encoding gzip) is served by both engines."""
+    _, stub, _ = proxy
+    response = await stub.Infer(
+        pb2.InferRequest(prompt="z" * 5000), compression=grpc.Compression.Gzip, timeout=5
+    )
+    assert response.text == "Z" * 5000
+
+    async def prompts() -> AsyncIterator[Any]:
+        for p in ("a" * 3000, "b"):
+            yield pb2.InferRequest(prompt=p)
+
+    collected = await stub.Collect(prompts(), compression=grpc.Compression.Deflate, timeout=5)
+    assert collected.text == "a" * 3000 + "+b"
+
+
+def _requests(code: str) -> float:
+    from gateway.telemetry.metrics import REQUESTS
+
+    return sum(
+        s.value
+        for m in REQUESTS.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+        and s.labels.get("code") == code
+        and s.labels.get("protocol") == "grpc"
+    )
+
+
+async def test_calls_refused_before_the_lifecycle_are_counted(
+    tmp_path: Path, grpc_engine: str
+) -> None:
+    """A unary call whose message is over the limit never reaches the chain; the h2 engine still
+    records it (sluice_requests_total), as it does a call the client resets before it ran, and
+    a streaming call refused for a message is recorded with its code (not as a cancel)."""
+    async with upstream_server() as (_, port):
+        policy = write_policy(tmp_path, port, unary=[INFER], max_message=1024)
+        async with proxied(policy, grpc_engine) as (gateway, _, ch):
+            before = _requests("8")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="a" * 2000))
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+            async def prompts() -> AsyncIterator[Any]:  # a streaming call: the lifecycle has it
+                yield pb2.InferRequest(prompt="small")
+                yield pb2.InferRequest(prompt="a" * 2000)
+
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await pb2_grpc.InferenceStub(ch).Collect(prompts(), timeout=5)
+            assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            await asyncio.sleep(0.05)
+            assert gateway.inflight.count == 0
+            if grpc_engine == "h2":  # grpcio: grpc core refuses both before Sluice's handler
+                assert _requests("8") == before + 2
+
+
+async def test_h2_engine_drains_with_two_goaways(tmp_path: Path) -> None:
+    """Stopping the h2 engine's listener: GOAWAY(2^31-1) at once, then GOAWAY naming the last
+    stream taken (RFC 9113 §6.8); the call in flight is still served to its end."""
+    from hpack import Encoder
+    from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, SettingsFrame
+
+    def frame(f: Frame, flags: set[str], **attrs: Any) -> bytes:
+        for k, v in attrs.items():
+            setattr(f, k, v)
+        f.flags = flags  # type: ignore[assignment]
+        return f.serialize()
+
+    msg = pb2.InferRequest(prompt="late").SerializeToString()
+    block = Encoder().encode(
+        [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", "t"),
+            (":path", f"/{SERVICE}/Collect"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]  # fmt: skip
+    )
+    async with upstream_server() as (_, port):
+        gateway = Gateway(write_policy(tmp_path, port))
+        listener = await start_grpc(gateway, "127.0.0.1", 0, "h2")
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            + SettingsFrame(0).serialize()
+            + frame(HeadersFrame(1), {"END_HEADERS"}, data=block)
+            + frame(DataFrame(1), set(), data=b"\x00" + len(msg).to_bytes(4) + msg)
+        )
+        await asyncio.sleep(0.1)  # the call is under way
+        stopping = asyncio.create_task(listener.stop(5.0))
+        goaways: list[int] = []
+        ended = False
+        buf = b""
+        try:
+            async with asyncio.timeout(5):
+                while True:  # until the listener closes the connection
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    buf += data
+                    while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3]):
+                        f, n = Frame.parse_frame_header(memoryview(buf[:9]))
+                        f.parse_body(memoryview(buf[9 : 9 + n]))
+                        buf = buf[9 + n :]
+                        if isinstance(f, GoAwayFrame):
+                            goaways.append(f.last_stream_id)
+                            if len(goaways) == 1:  # half-close: the call can finish
+                                writer.write(frame(DataFrame(1), {"END_STREAM"}, data=b""))
+                        elif f.stream_id == 1 and "END_STREAM" in f.flags:
+                            ended = True
+        finally:
+            writer.close()
+            await stopping
+            await gateway.aclose()
+    assert goaways[0] == 2**31 - 1 and goaways[-1] == 1, goaways
+    assert ended

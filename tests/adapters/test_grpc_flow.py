@@ -180,10 +180,10 @@ class NonReadingClient:
         self.sock.close()
 
 
-async def test_non_reading_client_holds_the_upstream_back(tmp_path: Path) -> None:
+async def test_non_reading_client_holds_the_upstream_back(tmp_path: Path, grpc_engine: str) -> None:
     async with backend_server() as (backend, port):
         gw = Gateway(_policy(tmp_path, port, idle_s=30))
-        listener = await start_grpc(gw, "127.0.0.1", 0)
+        listener = await start_grpc(gw, "127.0.0.1", 0, grpc_engine)
         client = NonReadingClient(listener.port)
         try:
             streams = [client.open_call() for _ in range(20)]
@@ -201,10 +201,12 @@ async def test_non_reading_client_holds_the_upstream_back(tmp_path: Path) -> Non
             await gw.aclose()
 
 
-async def test_stalled_stream_is_cancelled_both_ways_after_idle(tmp_path: Path) -> None:
+async def test_stalled_stream_is_cancelled_both_ways_after_idle(
+    tmp_path: Path, grpc_engine: str
+) -> None:
     async with backend_server() as (backend, port):
         gw = Gateway(_policy(tmp_path, port, idle_s=0.5))
-        listener = await start_grpc(gw, "127.0.0.1", 0)
+        listener = await start_grpc(gw, "127.0.0.1", 0, grpc_engine)
         client = NonReadingClient(listener.port)
         try:
             streams = {client.open_call() for _ in range(3)}
@@ -229,11 +231,11 @@ async def test_stalled_stream_is_cancelled_both_ways_after_idle(tmp_path: Path) 
             await gw.aclose()
 
 
-async def test_first_byte_timeout_applies_to_grpc(tmp_path: Path) -> None:
+async def test_first_byte_timeout_applies_to_grpc(tmp_path: Path, grpc_engine: str) -> None:
     """A hanging backend and a client with no deadline: first_byte_s ends the call."""
     async with backend_server() as (_, port):
         gw = Gateway(_policy(tmp_path, port, idle_s=30, first_byte_s=0.3))
-        listener = await start_grpc(gw, "127.0.0.1", 0)
+        listener = await start_grpc(gw, "127.0.0.1", 0, grpc_engine)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}") as ch:
                 for method, kind in (
@@ -283,13 +285,15 @@ class TrailerProbe:
         self.outcomes.append(ctx.outcome)
 
 
-async def test_grpc_verdict_headers_trailers_event_and_cut(tmp_path: Path) -> None:
+async def test_grpc_verdict_headers_trailers_event_and_cut(
+    tmp_path: Path, grpc_engine: str
+) -> None:
     async with backend_server() as (_, port):
         gw = Gateway(_policy(tmp_path, port, idle_s=30))
         probe = TrailerProbe()
         compiled = gw.active.policy
         gw.holder._active = Snapshot(compiled, Chain([probe, RouteFilter(compiled)]))
-        listener = await start_grpc(gw, "127.0.0.1", 0)
+        listener = await start_grpc(gw, "127.0.0.1", 0, grpc_engine)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}") as ch:
                 echo = ch.unary_unary("/t.Flow/Echo")

@@ -68,7 +68,7 @@ def policy_yaml(backend: Backend, http: int, grpc: int, admin: int, **extra: str
 version: 1
 listeners:
   http: {{host: 127.0.0.1, port: {http}, engine: {extra.get("engine", "aiohttp")}}}
-  grpc: {{host: 127.0.0.1, port: {grpc}}}
+  grpc: {{host: 127.0.0.1, port: {grpc}, engine: {extra.get("grpc_engine", "grpcio")}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
 limits:
   max_body_bytes: 1048576
@@ -156,8 +156,13 @@ def start_gateway(backend: Backend, tmp: Path, workers: int = 1, **extra: str) -
 def gateway(
     request: pytest.FixtureRequest, backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
-    """A gateway process per HTTP ingress engine (listeners.http.engine)."""
-    gw = start_gateway(backend, tmp_path_factory.mktemp("gateway"), engine=request.param)
+    """A gateway process per HTTP ingress engine (listeners.http.engine); the native one
+    serves gRPC on the h2 engine, the aiohttp one on grpcio, so the proxy tests cover both gRPC
+    engines without more processes."""
+    grpc_engine = "h2" if request.param == "native" else "grpcio"
+    gw = start_gateway(
+        backend, tmp_path_factory.mktemp("gateway"), engine=request.param, grpc_engine=grpc_engine
+    )
     try:
         yield gw
     finally:

@@ -64,6 +64,7 @@ def start_tls_gateway(
     tail: str = "",
     ca: TestCA | None = None,
     workers: int = 1,
+    grpc_engine: str = "grpcio",
 ) -> TlsGateway:
     """A gateway whose HTTP and gRPC listeners serve TLS with a certificate of `ca`."""
     ca = ca or TestCA(tmp / "ca")
@@ -73,13 +74,13 @@ def start_tls_gateway(
     replace_atomically(served.key, key)
     http, grpc_port, admin = free_port(), free_port(), free_port()
     text = policy_yaml(
-        backend, http, grpc_port, admin, engine=engine, tail=tail,
+        backend, http, grpc_port, admin, engine=engine, tail=tail, grpc_engine=grpc_engine,
         timeouts="first_byte_s: 5\n  drain_s: 5\n  tls_handshake_s: 2",
     )  # fmt: skip
     text = text.replace(
         f"engine: {engine}}}", f"engine: {engine}, tls: {http_tls or tls_block(cert, key)}}}"
     ).replace(
-        f"port: {grpc_port}}}", f"port: {grpc_port}, tls: {grpc_tls or tls_block(cert, key)}}}"
+        f"port: {grpc_port}, ", f"port: {grpc_port}, tls: {grpc_tls or tls_block(cert, key)}, "
     )
     policy = tmp / "policy.yaml"
     policy.write_text(text)

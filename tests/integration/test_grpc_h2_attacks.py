@@ -1,0 +1,143 @@
+"""The HTTP/2 attack table against the gRPC listener on the HTTP/2 engine
+(`listeners.grpc.engine: h2`, h2c, no datapath): each flood ends the attacking connection
+within 2 s, counted under its reason, with bounded memory, while a grpcio client is served."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+from hyperframe.frame import GoAwayFrame, RstStreamFrame
+
+from gateway.proto import load
+from tests.integration.conftest import Backend, wait_ready
+from tests.integration.h2_support import REFUSED_STREAM, H2Gateway, RawH2
+from tests.integration.test_grpc_engines import SECRET_ENV, policy_text
+from tests.integration.test_h2_attacks import ATTACKS, flood
+from tests.support import Proc, free_port
+
+pytestmark = pytest.mark.integration
+
+pb2, pb2_grpc = load()
+CLOSE_WITHIN_S = 2.0
+COLLECT = "/sluice.inference.v1.Inference/Collect"
+GRPC_HEADERS = [("content-type", "application/grpc"), ("te", "trailers")]
+
+
+@pytest.fixture(scope="module")
+def gw(backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H2Gateway]:
+    tmp = tmp_path_factory.mktemp("grpc-h2-attacks")
+    port, admin = free_port(), free_port()
+    path = tmp / "policy.yaml"
+    path.write_text(
+        policy_text(backend, "h2", port, admin, limits=", grpc_max_concurrent_streams: 100")
+    )
+    proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env={SECRET_ENV: "s" * 32})
+    wait_ready(admin, proc)
+    try:
+        yield H2Gateway(proc, port, admin)
+    finally:
+        assert proc.stop() == 0, proc.output()
+
+
+class GrpcBystander:
+    """A grpcio client calling all along; every call must succeed within 2 s."""
+
+    def __init__(self, gw: H2Gateway) -> None:
+        self.gw = gw
+        self.stop = threading.Event()
+        self.results: list[tuple[bool | str, float]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{self.gw.port}") as ch:
+            stub = pb2_grpc.InferenceStub(ch)
+            req = pb2.InferRequest(prompt="x", max_tokens=1)
+            md = (("x-rl-tenant", "bystander"),)  # not the attackers' shared bucket
+            while not self.stop.is_set():
+                t = time.monotonic()
+                try:
+                    ok = stub.Infer(req, metadata=md, timeout=5).usage
+                    good: bool | str = ok.total_tokens > 0
+                except grpc.RpcError as e:
+                    good = str(e)
+                self.results.append((good, time.monotonic() - t))
+                time.sleep(0.05)
+
+    def __enter__(self) -> GrpcBystander:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        assert self.results, "the normal client made no call"
+        assert all(good is True for good, _ in self.results), self.results
+        assert max(t for _, t in self.results) < 2.0, self.results
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_flood_closes_the_connection_quickly(gw: H2Gateway, name: str) -> None:
+    reason, make, pause = ATTACKS[name]
+    label = "h2_" + reason
+    before = gw.metric("sluice_rejected_total", reason=label, protocol="grpc")
+    rss = gw.rss_kb()
+    with GrpcBystander(gw):
+        conn = RawH2(gw.port)
+        elapsed = flood(conn, make(conn), pause)
+        conn.close()
+        time.sleep(0.3)
+    assert elapsed < CLOSE_WITHIN_S, f"{name}: connection open after {elapsed:.1f}s"
+    assert gw.metric("sluice_rejected_total", reason=label, protocol="grpc") == before + 1
+    assert gw.rss_kb() - rss < 20 * 1024, "memory grew more than 20 MB"
+
+
+def _calls(conn: RawH2, batch: int) -> Callable[[int], bytes]:
+    """Batches of client-streaming calls that never send a message (held open)."""
+
+    def chunk(i: int) -> bytes:
+        return b"".join(
+            conn.headers(1 + 2 * (i * batch + k), "POST", COLLECT, False, extra=GRPC_HEADERS)
+            for k in range(batch)
+        )
+
+    return chunk
+
+
+def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
+    """Calls past max concurrent streams (100 here) get RST_STREAM REFUSED_STREAM and the
+    connection lives on; a client that keeps opening streams it cannot have gets GOAWAY."""
+    conn = RawH2(gw.port)
+    make = _calls(conn, 50)
+    conn.send(make(0) + make(1) + make(2))
+    refused: set[int] = set()
+    goaway = None
+    for f in conn.frames(1.0):
+        if isinstance(f, RstStreamFrame) and f.error_code == REFUSED_STREAM:
+            refused.add(f.stream_id)
+        elif isinstance(f, GoAwayFrame):
+            goaway = f
+    assert goaway is None
+    assert len(refused) == 50 and min(refused) == 201, sorted(refused)[:3]
+    with GrpcBystander(gw):
+        elapsed = flood(conn, lambda i: make(3 + i), 0.005)
+    conn.close()
+    assert elapsed < CLOSE_WITHIN_S
+
+
+def test_memory_after_the_table_is_bounded(gw: H2Gateway) -> None:
+    rss = gw.rss_kb()
+    for _ in range(3):
+        for name in ("continuation", "ping_never_read", "rapid_reset"):
+            _, make, pause = ATTACKS[name]
+            conn = RawH2(gw.port)
+            flood(conn, make(conn), pause)
+            conn.close()
+    time.sleep(0.5)
+    assert gw.rss_kb() - rss < 20 * 1024
+    with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+        reply = pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="x"), timeout=5)
+        assert reply.usage.total_tokens > 0
