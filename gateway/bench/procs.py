@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -149,8 +150,13 @@ def wait_until(
 
 
 def http_get(url: str) -> tuple[int, bytes]:
+    ctx = None
+    if url.startswith("https:"):  # a readiness probe of a bench process on a private CA
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
             return int(r.status), r.read()
     except urllib.error.HTTPError as e:
         return int(e.code), e.read()
@@ -173,7 +179,11 @@ def models_ok(url: str) -> bool:
 # ---------------------------------------------------------------------------- nginx
 
 
-def nginx_conf(tmp: Path, port: int, upstream: int | None) -> str:
+def nginx_conf(
+    tmp: Path, port: int, upstream: int | None, tls: tuple[Path, Path] | None = None
+) -> str:
+    """nginx serving `/v1/models` itself (`upstream` None) or proxying to `upstream`; with `tls`
+    (certificate chain, key) it listens with TLS (the stock nginx settings otherwise)."""
     if upstream is None:
         location = (
             f"location /v1/models {{ default_type application/json; return 200 '{MODELS_JSON}'; }}"
@@ -203,7 +213,8 @@ http {{
   keepalive_requests 1000000;
   {upstream_block}
   server {{
-    listen 127.0.0.1:{port} backlog=4096;
+    listen 127.0.0.1:{port} backlog=4096{" ssl" if tls else ""};
+    {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""}
     {location}
   }}
 }}
@@ -211,15 +222,19 @@ http {{
 
 
 def start_nginx(
-    procs: Procs, name: str, cpus: str, upstream: int | None
+    procs: Procs,
+    name: str,
+    cpus: str,
+    upstream: int | None,
+    tls: tuple[Path, Path] | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     d = procs.tmp / name
     d.mkdir()
     port = free_port()
-    (d / "nginx.conf").write_text(nginx_conf(d, port, upstream))
+    (d / "nginx.conf").write_text(nginx_conf(d, port, upstream, tls))
     cmd = ["nginx", "-p", str(d), "-c", str(d / "nginx.conf"), "-e", str(d / "error.log")]
     p = procs.start(name, pinned(cpus, cmd))
-    url = f"http://127.0.0.1:{port}/v1/models"
+    url = f"http{'s' if tls else ''}://127.0.0.1:{port}/v1/models"
     try:
         wait_until(name, lambda: models_ok(url), [p])
     except Exception as e:

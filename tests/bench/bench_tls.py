@@ -3,8 +3,9 @@
 Starts the simulated backend and two gateways (native engine, default chain, access log off):
 one plaintext, one TLS (a private CA's ECDSA P-256 certificate). wrk drives `GET /v1/models`:
 keep-alive on both (CPU µs per request in the gateway process, and their ratio; the target is
-TLS ÷ plaintext ≤ 1.25), then `Connection: close` on the TLS one (one full handshake per request:
-handshakes per second and CPU µs per handshake). Gateway CPU comes from /proc (utime+stime).
+TLS ÷ plaintext ≤ 1.25), then `Connection: close` on the TLS one and on an nginx TLS proxy to the
+same backend with the same certificate (one full handshake per request: handshakes per second
+and CPU µs per handshake, Sluice beside nginx). Gateway CPU comes from /proc (utime+stime).
 Unpinned: on a shared machine run it twice and take the lower figures.
 """
 
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from gateway.bench.loads import parse_wrk, run_load
-from gateway.bench.procs import Procs, cpu_seconds, free_port, http_ok, models_ok
+from gateway.bench.procs import Procs, cpu_seconds, free_port, http_ok, models_ok, start_nginx
 from gateway.bench.procs import wait_until as wait_ready
 from gateway.bench.report import Row
 from tests.tls_support import TestCA
@@ -86,11 +87,18 @@ def main(argv: list[str]) -> int:
                       f"p50 {row.p50_ms:.2f} ms  failed {row.failed}")  # fmt: skip
             print(f"TLS ÷ plaintext (keep-alive, gateway CPU per request): "
                   f"{results['tls'] / results['plain']:.2f}")  # fmt: skip
-            pid, url = gateways["tls"]
-            t0 = time.monotonic()
-            row, us = measure(pid, url, seconds, conns, ["-H", "Connection: close"])
-            print(f"   tls  handshakes: {row.rps:9.0f} /s     {us:6.1f} µs CPU/handshake+request "
-                  f"({time.monotonic() - t0:.0f} s, failed {row.failed})")  # fmt: skip
+            # Full handshakes (one request per connection), Sluice beside an nginx TLS proxy to
+            # the same backend with the same certificate (one worker, stock TLS settings).
+            nginx, nport = start_nginx(procs, "nginx-tls", "", backend, (cert.cert, cert.key))
+            gateways["nginx"] = (nginx.pid, f"https://127.0.0.1:{nport}/v1/models")
+            measure(nginx.pid, gateways["nginx"][1], 1, conns, [])  # warm-up
+            for name in ("tls", "nginx"):
+                pid, url = gateways[name]
+                t0 = time.monotonic()
+                row, us = measure(pid, url, seconds, conns, ["-H", "Connection: close"])
+                label = "Sluice" if name == "tls" else "nginx"
+                print(f"{label:>6} handshakes: {row.rps:9.0f} /s  {us:6.1f} µs CPU/handshake"
+                      f"+request ({time.monotonic() - t0:.0f} s, failed {row.failed})")  # fmt: skip
         finally:
             procs.stop_all()
     return 0
