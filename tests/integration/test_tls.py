@@ -1,7 +1,7 @@
 """TLS on both listeners of a live gateway, with a private CA: the openai SDK (plain and
 streaming) and curl over HTTPS, grpcio over a secure channel, certificate rotation under load
 with no failed request, a certificate file that does not load keeping the old one, on both HTTP
-engines."""
+engines; h2load over TLS on the HTTP listener and the gRPC listener's HTTP/2 engine."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.proto import inference_pb2
 from tests.integration.conftest import Backend
+from tests.integration.h2_support import H2Gateway
 from tests.integration.tls_gateway import (
     CHAT,
+    INFER,
     TlsGateway,
     grpc_infer,
     https,
@@ -291,5 +294,40 @@ def test_every_worker_rotates(backend: Backend, tmp_path: Path) -> None:
         conn = https(gw)
         assert post_chat(conn)[0] == 200
         conn.close()
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+
+
+def test_h2load_over_tls_on_http_and_grpc(backend: Backend, tmp_path: Path) -> None:
+    """h2load (h2 by ALPN; it does not verify the certificate) on the HTTP listener and on the
+    gRPC listener with the HTTP/2 engine: every request succeeds, and every gRPC call ends with
+    grpc-status 0 (h2load sees only the HTTP status, so the gateway's count is checked)."""
+    h2load = require_binary("h2load")
+    gw = start_tls_gateway(backend, tmp_path, "native", grpc_engine="h2")
+    try:
+        chat = tmp_path / "chat.json"
+        chat.write_text(json.dumps(CHAT))
+        message = inference_pb2.InferRequest(
+            model="m", prompt="hi", max_tokens=2
+        ).SerializeToString()
+        infer = tmp_path / "infer.bin"
+        infer.write_bytes(b"\x00" + len(message).to_bytes(4, "big") + message)
+        runs = {
+            "http": [f"https://localhost:{gw.http_port}/v1/chat/completions",
+                     "-d", str(chat), "-H", "content-type: application/json"],
+            "grpc": [f"https://localhost:{gw.grpc_port}{INFER}", "-d", str(infer),
+                     "-H", "content-type: application/grpc", "-H", "te: trailers"],
+        }  # fmt: skip
+        metrics = H2Gateway(gw.proc, gw.grpc_port, gw.admin_port)
+        before = metrics.metric("sluice_requests_total", protocol="grpc", code="0")
+        for name, args in runs.items():
+            out = subprocess.run(
+                [h2load, "-n", "600", "-c", "3", "-m", "10", *args],
+                capture_output=True, text=True, timeout=120, check=False,
+            ).stdout  # fmt: skip
+            assert "TLS Protocol: TLSv1.3" in out and "Application protocol: h2" in out, out
+            assert "600 succeeded, 0 failed, 0 errored" in out, (name, out)
+            assert "600 2xx" in out, (name, out)
+        assert metrics.metric("sluice_requests_total", protocol="grpc", code="0") == before + 600
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
