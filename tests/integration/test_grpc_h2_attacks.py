@@ -10,11 +10,10 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
-from hyperframe.frame import GoAwayFrame, RstStreamFrame
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, wait_ready
-from tests.integration.h2_support import REFUSED_STREAM, H2Gateway, RawH2
+from tests.integration.h2_support import H2Gateway, RawH2, refused_streams
 from tests.integration.test_grpc_engines import SECRET_ENV, policy_text
 from tests.integration.test_h2_attacks import ATTACKS, flood
 from tests.support import Proc, free_port
@@ -113,13 +112,7 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
     conn = RawH2(gw.port)
     make = _calls(conn, 50)
     conn.send(make(0) + make(1) + make(2))
-    refused: set[int] = set()
-    goaway = None
-    for f in conn.frames(1.0):
-        if isinstance(f, RstStreamFrame) and f.error_code == REFUSED_STREAM:
-            refused.add(f.stream_id)
-        elif isinstance(f, GoAwayFrame):
-            goaway = f
+    refused, goaway = refused_streams(conn)
     assert goaway is None
     assert len(refused) == 50 and min(refused) == 201, sorted(refused)[:3]
     with GrpcBystander(gw):

@@ -14,7 +14,6 @@ import pytest
 from hyperframe.frame import (
     GoAwayFrame,
     PriorityFrame,
-    RstStreamFrame,
     WindowUpdateFrame,
 )
 
@@ -22,13 +21,13 @@ from tests.integration.conftest import Backend
 from tests.integration.h2_support import (
     CHAT,
     ENHANCE_YOUR_CALM,
-    REFUSED_STREAM,
     H2Gateway,
     RawH2,
     continuation,
     empty_data,
     frame,
     ping,
+    refused_streams,
     rst,
     settings,
     start_h2_gateway,
@@ -192,13 +191,7 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
     conn = RawH2(gw.port)
     make = _streams(50, body=True, reset=False)(conn)
     conn.send(make(0) + make(1) + make(2))  # 150 streams that never send their bodies
-    refused: set[int] = set()
-    goaway = None
-    for f in conn.frames(1.0):
-        if isinstance(f, RstStreamFrame) and f.error_code == REFUSED_STREAM:
-            refused.add(f.stream_id)
-        elif isinstance(f, GoAwayFrame):
-            goaway = f
+    refused, goaway = refused_streams(conn)
     assert goaway is None
     assert len(refused) == 50 and min(refused) == 201, sorted(refused)[:3]
     with Bystander(gw):
