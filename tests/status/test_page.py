@@ -148,7 +148,9 @@ def test_page_shows_colour_and_every_member_then_follows_a_killed_backend(
         b_proc, b_http, b_grpc = site.backends[1]
         b_proc.popen.kill()  # the backend dies; the page is not reloaded
         b_proc.popen.wait(10)
-        http_failed, grpc_failed = traffic(site)
+        # Each request draws its member at random (power of two choices over two idle members):
+        # 20 of them reach the dead one with all but a 2^-20 chance (6 left it out 1 in 64).
+        http_failed, grpc_failed = traffic(site, 20)
         assert http_failed > 0 and grpc_failed > 0, (http_failed, grpc_failed)
 
         # The page refreshes itself (every 1 s here) and turns the gateway colour.
