@@ -44,6 +44,7 @@ class Verdict:
     reason: str = ""  # short human text, safe to show the client (never a secret or a token)
     retry_after: float | None = None  # seconds; sent as Retry-After (HTTP and gRPC trailer)
     headers: Headers = ()  # HTTP response headers / gRPC trailing metadata, lower-case names
+    body: bytes = b""  # HTTP: the JSON body to answer instead of the standard error body
 
     @property
     def allowed(self) -> bool:
@@ -64,6 +65,14 @@ def reject(
     return Verdict(
         Action.REJECT, http_status, grpc_status, error_type, reason, retry_after, headers
     )
+
+
+def answer(
+    http_status: int, grpc_status: int, error_type: str, reason: str, body: bytes
+) -> Verdict:
+    """An answer of Sluice's own with its JSON `body` (HTTP): an OpenAI-style error, or a 200
+    (e.g. a model list) that ends the request without a backend."""
+    return Verdict(Action.REJECT, http_status, grpc_status, error_type, reason, body=body)
 
 
 # The refusals of the request path itself (filters add their own).

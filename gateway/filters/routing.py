@@ -20,12 +20,13 @@ to the canary even while it is guarded (an explicit opt-in, e.g. a tester); `0`,
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext, Status
 from gateway.core.balancer import SmoothWeightedRoundRobin, hash_key, split_sticky
 from gateway.core.canary import CanaryGuard
+from gateway.core.models import ALL, Serving
 from gateway.core.outcome import Outcome
 from gateway.core.retry import RetryBudget, RetryParams, retriable
 from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.routing")
 
+Servings = tuple[Serving | None, ...]  # per backend of a route's split: who serves the model
+
 CANARY_ON = frozenset({"1", "true", "canary", "yes"})
 CANARY_OFF = frozenset({"0", "false", "stable", "no"})
 _PROBE_MASK = 0xFF
@@ -50,7 +53,7 @@ class RoutePicker:
 
     __slots__ = (
         "route", "groups", "weights", "swrr", "canary", "guard", "budget", "override", "sticky",
-        "retry", "clock",
+        "retry", "clock", "models", "prefix_bytes", "load_factor",
     )  # fmt: skip
 
     def __init__(self, route: CompiledRoute, policy: CompiledPolicy, pool: BackendPool) -> None:
@@ -59,6 +62,10 @@ class RoutePicker:
             pool.view(policy.backends[n]) for n, _ in route.targets
         )
         self.weights = tuple(float(w) for _, w in route.targets)
+        # by_model: what each backend serves (None: any model, it has no `models` section).
+        self.models = tuple(g.models for g in self.groups) if route.by_model else ()
+        self.prefix_bytes = route.prefix_bytes
+        self.load_factor = route.load_factor
         self.swrr = SmoothWeightedRoundRobin(self.weights)
         self.clock = pool.clock
         c = route.canary
@@ -110,7 +117,17 @@ class RoutePicker:
         weights = self._split({}, None, now)
         return {st.name: w for st, w in zip(self.groups, weights, strict=True)}
 
-    def first(self, ctx: RequestContext, now: float) -> Attempt | None:
+    def serving(self, model: str) -> Servings | None:
+        """Who serves `model` in each backend of the split (by_model routes), or None when no
+        backend does."""
+        out = tuple(
+            ALL if mv is None else mv.index().serving(model) for mv in self.models
+        )  # fmt: skip
+        return out if any(x is not None for x in out) else None
+
+    def first(
+        self, ctx: RequestContext, now: float, choice: Choice | None = None
+    ) -> Attempt | None:
         headers = ctx.info.headers
         key = None
         if self.sticky is not None:
@@ -118,30 +135,73 @@ class RoutePicker:
             if v:
                 key = hash_key(v)
         groups = self.groups
-        if len(groups) == 1:
-            got = groups[0].take(now, key)
-            g = 0
+        if choice is None:
+            if len(groups) == 1:
+                got = groups[0].take(now, key)
+                g = 0
+            else:
+                weights = self._split(headers, key, now)
+                g_ = split_sticky(weights, key) if key is not None else self.swrr.pick_with(weights)
+                if g_ is None:
+                    return None
+                g = g_
+                got = groups[g].take(now, key)
+                if got is None:
+                    for i, w in enumerate(weights):
+                        if i != g and w > 0:
+                            got = groups[i].take(now, key)
+                            if got is not None:
+                                g = i
+                                break
         else:
-            weights = self._split(headers, key, now)
-            g_ = split_sticky(weights, key) if key is not None else self.swrr.pick_with(weights)
-            if g_ is None:
-                return None
-            g = g_
-            got = groups[g].take(now, key)
-            if got is None:
-                for i, w in enumerate(weights):
-                    if i != g and w > 0:
-                        got = groups[i].take(now, key)
-                        if got is not None:
-                            g = i
-                            break
+            if key is not None:
+                choice.prefix = None  # the sticky header wins over the prompt's prefix
+            got, g = self._choose(choice, headers, key, now, ())
         if got is None:
             return None
         a = self._attempt(ctx, got[0], got[1], now, g)
+        a.choice = choice
         budget = self.budget
         if budget is not None:
             budget.active += 1
         return a
+
+    def _choose(
+        self,
+        c: Choice,
+        headers: Mapping[str, str],
+        key: int | None,
+        now: float,
+        tried: tuple[Member, ...],
+        skip: int = -1,
+    ) -> tuple[tuple[Member, int] | None, int]:
+        """A member for a request routed on its body (model, prompt prefix): the backend by
+        the split among those serving the model (by the key when there is one), then the
+        member among those serving it; another serving backend when that one has none."""
+        groups = self.groups
+        weights = self._split(headers, key, now) if len(groups) > 1 else [1.0]
+        sv = c.servings
+        if sv is not None:
+            weights = [w if sv[i] is not None else 0.0 for i, w in enumerate(weights)]
+        if skip >= 0:
+            order = [skip]
+        else:
+            k = key if key is not None else c.prefix
+            g_ = split_sticky(weights, k) if k is not None else self.swrr.pick_with(weights)
+            if g_ is None:
+                return None, 0
+            order = [g_]
+        order += [i for i, w in enumerate(weights) if w > 0 and i != order[0]]
+        for g in order:
+            s = sv[g] if sv is not None else None
+            members = s.members if s is not None else None
+            ok = None
+            if members is not None or tried:
+                ok = _admits(members, tried)
+            got = groups[g].take(now, key, ok=ok, prefix=c.prefix, load_factor=self.load_factor)
+            if got is not None:
+                return got, g
+        return None, 0
 
     def _attempt(self, ctx: RequestContext, m: Member, ticket: int, now: float, g: int) -> Attempt:
         m.core.in_flight += 1
@@ -170,9 +230,13 @@ class RoutePicker:
         if self.sticky is not None:
             v = ctx.info.headers.get(self.sticky)
             key = hash_key(v) if v else None
-        got = self.groups[a.group].take(now, key, tried)
-        g = a.group
-        if got is None and len(self.groups) > 1:
+        choice: Choice | None = a.choice
+        if choice is not None:
+            got, g = self._choose(choice, ctx.info.headers, key, now, tried, a.group)
+        else:
+            got = self.groups[a.group].take(now, key, tried)
+            g = a.group
+        if got is None and choice is None and len(self.groups) > 1:
             weights = self._split(ctx.info.headers, key, now)
             for i, w in enumerate(weights):
                 if i != a.group and w > 0:
@@ -187,6 +251,7 @@ class RoutePicker:
         na = self._attempt(ctx, got[0], got[1], now, g)
         na.retry = True
         na.tried = tried
+        na.choice = choice
         ctx.upstream_attempt = na
         ctx.endpoint = na.member.endpoint
         # The next try starts clean: its own outcome and status.
@@ -242,34 +307,53 @@ class RoutePicker:
         return out
 
 
+class Choice:
+    """What a request routed on its body brings to the member choice (kept for its retries):
+    who serves its model in each backend (None: no model routing), its prompt-prefix key."""
+
+    __slots__ = ("servings", "prefix")
+
+    def __init__(self, servings: Servings | None, prefix: int | None) -> None:
+        self.servings = servings
+        self.prefix = prefix
+
+
+def _admits(members: frozenset[str] | None, tried: tuple[Member, ...]) -> Callable[[Member], bool]:
+    if members is None:
+        return lambda m: m not in tried
+    if not tried:
+        return lambda m: m.address in members
+    return lambda m: m.address in members and m not in tried
+
+
 class RouteFilter:
     name = "route"
 
     def __init__(self, policy: CompiledPolicy, pool: BackendPool | None = None) -> None:
-        self._policy = policy
+        self.policy = policy
         private = pool is None
         if pool is None:  # a filter of its own (tests, tools): private state, live at once
             from gateway.services import Services
 
             pool = BackendPool(Services())
-        self._pool = pool
-        self._pickers = {r.name: RoutePicker(r, policy, pool) for r in policy.routes}
-        self._views = [pool.view(b) for b in policy.policy.backends]
-        self._clock = pool.clock
+        self.pool = pool
+        self.pickers = {r.name: RoutePicker(r, policy, pool) for r in policy.routes}
+        self.views = [pool.view(b) for b in policy.policy.backends]
+        self.clock = pool.clock
         if private:
             self.activate()
 
     def activate(self) -> None:
-        self._pool.activate(self._views, self._pickers)
+        self.pool.activate(self.views, self.pickers)
 
     def on_request(self, ctx: RequestContext) -> Status:
-        route = self._policy.match(ctx.info)
+        route = self.policy.match(ctx.info)
         if route is None:
             return ctx.stop(NO_ROUTE)
         ctx.route = route
-        if not self._pool.started:
-            self._pool.start()
-        a = self._pickers[route.name].first(ctx, self._clock.now())
+        if not self.pool.started:
+            self.pool.start()
+        a = self.pickers[route.name].first(ctx, self.clock.now())
         if a is None:
             return ctx.stop(NO_ENDPOINT)
         ctx.upstream_attempt = a
@@ -283,4 +367,6 @@ class RouteFilter:
 
 
 def build(section: CompiledPolicy, services: Services) -> RouteFilter:
+    """Without body routing (the registry builds the route filter through
+    `gateway.filters.model_routing.build`, which picks this or the model-aware one)."""
     return RouteFilter(section, services.get(BACKENDS, lambda: BackendPool(services)))

@@ -128,7 +128,8 @@ class HttpForward:
             status = await status  # type: ignore[misc]
         if status is Status.STOP:
             return ctx.verdict
-        if ctx.route is None or ctx.endpoint is None:
+        # A route that needs the body's model or prompt takes its member in the body phase.
+        if ctx.route is None or (ctx.endpoint is None and not ctx.route.needs_body):
             return NO_ROUTE
         cl = info.content_length
         if cl is not None and cl > limits.max_body_bytes:
@@ -136,8 +137,8 @@ class HttpForward:
         return None
 
     async def _forward(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> None:
-        route, endpoint = ctx.route, ctx.endpoint
-        assert route is not None and endpoint is not None
+        route = ctx.route
+        assert route is not None
         policy = snap.policy.policy
         limits, timeouts = policy.limits, route.timeouts
         info = ctx.info
@@ -161,9 +162,6 @@ class HttpForward:
                         body = whole
                         ctx.bytes_in = len(whole)
                     else:
-                        if pool.uploads(endpoint) >= limits.max_streamed_uploads_per_backend:
-                            await self._reject(ex, ctx, UPLOADS_FULL)
-                            return
                         body = self._counted(ex, ctx, limits.max_body_bytes)
                         streamed = True
                 if snap.chain.has_body:
@@ -175,6 +173,18 @@ class HttpForward:
                     if b is not None and b.dirty and b.doc is not None:
                         body = _rewritten(b)
                         ctx.bytes_in = len(body)
+                    if ctx.route is not route:  # decided on the body: its own deadline
+                        route = ctx.route
+                        assert route is not None
+                        timeouts = route.timeouts
+                        deadlines.start(task, timeouts.total_s)
+                endpoint = ctx.endpoint
+                if endpoint is None:
+                    await self._reject(ex, ctx, NO_ROUTE)
+                    return
+                if streamed and pool.uploads(endpoint) >= limits.max_streamed_uploads_per_backend:
+                    await self._reject(ex, ctx, UPLOADS_FULL)
+                    return
                 path = route.upstream_path(info.path)
                 if ex.query:
                     path += "?" + ex.query
@@ -329,11 +339,12 @@ class HttpForward:
 
     async def _reject(self, ex: Exchange, ctx: RequestContext, v: Verdict) -> None:
         ctx.verdict = v
-        ctx.outcome = Outcome.REJECTED
+        ctx.outcome = Outcome.REJECTED if v.http_status >= 400 else Outcome.OK
         close = v.http_status in (408, 413, 417, 431)  # the rest is not worth reading
         await self._answer(
-            ex, ctx, v.http_status, v.error_type, v.reason, v.retry_after, v.headers, close
-        )
+            ex, ctx, v.http_status, v.error_type, v.reason, v.retry_after, v.headers, close,
+            v.body,
+        )  # fmt: skip
 
     async def _answer(
         self,
@@ -345,10 +356,11 @@ class HttpForward:
         retry_after: float | None = None,
         extra: tuple[tuple[str, str], ...] = (),
         close: bool = False,
+        body: bytes = b"",
     ) -> None:
-        """A JSON error response, whole, in one write."""
+        """A JSON error response (or `body`), whole, in one write."""
         ctx.http_status = status
-        body = error_body(error_type or "error", message)
+        body = body or error_body(error_type or "error", message)
         lines = response_lines(ctx, retry_after, extra)
         if close or self.gateway.draining:
             ex.close_after = True

@@ -16,7 +16,8 @@ from pydantic import (
 )
 
 from gateway.policy.auth import RouteAuthSetting
-from gateway.policy.base import HostPort, PolicyModel, RedisUrl, Timeouts, fill_unset
+from gateway.policy.base import HostPort, PolicyModel, RedisUrl, Timeouts, UrlPath, fill_unset
+from gateway.policy.llm import Affinity, ModelGlob, Models
 
 
 class Endpoint(PolicyModel):
@@ -70,11 +71,8 @@ class Discovery(PolicyModel):
 class HealthCheck(PolicyModel):
     """Active checks: HTTP `GET path` (2xx = pass) or gRPC `grpc.health.v1` (SERVING = pass)."""
 
-    path: str = Field(
-        default="/healthz?deep=true",
-        pattern=r"^/[\x21-\x7e]*$",
-        max_length=1024,
-        description="HTTP backends: the path checked",
+    path: UrlPath = Field(
+        default="/healthz?deep=true", description="HTTP backends: the path checked"
     )
     grpc_service: str = Field(
         default="", max_length=256, description="gRPC backends: service name ('' = server)"
@@ -255,6 +253,11 @@ class Backend(PolicyModel):
         True,
         description="ask the gRPC backend's server reflection which methods are unary at load",
     )
+    models: Models | None = Field(
+        default=None,
+        description="the models and LoRA adapters it serves, for `by_model` routes (null = "
+        "any model)",
+    )
 
     @field_validator("endpoints")
     @classmethod
@@ -280,6 +283,12 @@ class RouteMatch(PolicyModel):
         default_factory=list, description="HTTP methods; empty = any (gRPC is always POST)"
     )
     headers: list[HeaderMatch] = Field(default_factory=list, description="all must match")
+    model: list[ModelGlob] = Field(
+        default_factory=list,
+        max_length=256,
+        description="globs on the JSON body's `model` (gRPC: the request's `model_name`); one "
+        "must match; empty = any request, with or without a model",
+    )
 
 
 class WeightedBackend(PolicyModel):
@@ -331,6 +340,12 @@ class Retries(PolicyModel):
         default_factory=lambda: list(RETRY_ON),
         description="connect_failure; unavailable (HTTP 503 / gRPC UNAVAILABLE)",
     )
+    before_first_token: bool = Field(
+        default=False,
+        description="streams: hold the head and role-only events until the first content (up "
+        "to timeouts.first_byte_s and 64 KiB), and retry a member that fails before it "
+        "(reset, 5xx, an SSE error event, a stall); never once content reached the client",
+    )
 
 
 class Sticky(PolicyModel):
@@ -365,6 +380,15 @@ class Route(PolicyModel):
         default=None,
         description="required | optional | off, or {required, claims, providers}; "
         "null = `auth.default`",
+    )
+    by_model: bool = Field(
+        default=False,
+        description="the body's model keeps only the backends and members that serve it "
+        "(`backends[].models`); a model none serves is a 404 model_not_found; GET /v1/models "
+        "answers the union",
+    )
+    affinity: Affinity | None = Field(
+        default=None, description="requests with the same prompt prefix to the same member"
     )
 
     @model_validator(mode="after")

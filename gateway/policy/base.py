@@ -26,6 +26,9 @@ HostPort = Annotated[
     ),
 ]
 
+# A request path Sluice sends itself (health check, model listing): printable ASCII, bounded.
+UrlPath = Annotated[str, Field(pattern=r"^/[\x21-\x7e]*$", max_length=1024)]
+
 
 def is_loopback(host: str) -> bool:
     """True for `localhost` or a loopback address (IPv6 with or without brackets)."""

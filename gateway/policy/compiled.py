@@ -8,8 +8,10 @@ the route's `targets` and the members' live state, kept in the services (`gatewa
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,6 +66,12 @@ class CompiledRoute:
     sticky: Sticky | None = None
     try_timeouts: Timeouts | None = None  # `timeouts` with connect and first byte capped per try
     static_weights: tuple[float, ...] = ()  # each static endpoint's share of the route
+    model_re: re.Pattern[str] | None = None  # `match.model` globs, compiled into one
+    by_model: bool = False
+    prefix_bytes: int = 0  # `affinity.prefix.bytes` (0 = no prefix affinity)
+    load_factor: float = 0.0
+    # The route is decided after the body phase (it needs the body's model or prompt).
+    needs_body: bool = False
     _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
 
     def matches(self, info: RequestInfo) -> bool:
@@ -104,7 +112,22 @@ class CompiledPolicy:
     backends: dict[str, Backend]
     unary_methods: frozenset[str]
 
-    def match(self, info: RequestInfo) -> CompiledRoute | None:
+    body_routing: bool = False  # some route needs the body's model or prompt
+
+    def match(self, info: RequestInfo, model: str | None = None) -> CompiledRoute | None:
+        """The first route that matches; a route with `match.model` only for a `model` one of
+        its globs matches (a request without a model never takes it)."""
+        for r in self.routes:
+            if r.matches(info):
+                mr = r.model_re
+                if mr is not None and (model is None or mr.match(model) is None):
+                    continue
+                return r
+        return None
+
+    def match_head(self, info: RequestInfo) -> CompiledRoute | None:
+        """The first route whose protocol, path, methods and headers match, `match.model` not
+        looked at: if it needs the body (`needs_body`), the route is decided after it."""
         for r in self.routes:
             if r.matches(info):
                 return r
@@ -134,6 +157,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         for e in backends[name].endpoints
     ]
     timeouts = r.timeouts or p.timeouts
+    prefix = r.affinity.prefix if r.affinity is not None else None
     try_timeouts = None
     if r.retries is not None and r.retries.per_try_timeout_s is not None:
         cap = r.retries.per_try_timeout_s
@@ -158,7 +182,19 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         sticky=r.sticky,
         try_timeouts=try_timeouts,
         static_weights=tuple(shares),
+        model_re=model_pattern(r.match.model),
+        by_model=r.by_model,
+        prefix_bytes=prefix.bytes if prefix is not None else 0,
+        load_factor=prefix.load_factor if prefix is not None else 0.0,
+        needs_body=bool(r.match.model) or r.by_model or prefix is not None,
     )
+
+
+def model_pattern(globs: list[str]) -> re.Pattern[str] | None:
+    """The globs as one case-sensitive regular expression (None for no globs)."""
+    if not globs:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
 
 
 def policy_version(p: Policy) -> str:
@@ -169,10 +205,12 @@ def policy_version(p: Policy) -> str:
 def compile_policy(p: Policy) -> CompiledPolicy:
     backends = {b.name: b for b in p.backends}
     unary = frozenset(m for b in p.backends for m in b.unary_methods)
+    routes = tuple(_compile_route(r, p, backends) for r in p.routes)
     return CompiledPolicy(
         policy=p,
         version=policy_version(p),
-        routes=tuple(_compile_route(r, p, backends) for r in p.routes),
+        routes=routes,
         backends=backends,
         unary_methods=unary,
+        body_routing=any(r.needs_body for r in routes),
     )

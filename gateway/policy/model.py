@@ -249,6 +249,11 @@ def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:
                 "to the CA that signed the backend's certificate",
             )
         )
+    if b.models is not None and b.models.discover and b.protocol != "http":
+        errors.append(
+            (("backends", j, "models", "discover"), "models are discovered on http backends only "
+             "(GET /v1/models): list `names` for a grpc backend")
+        )  # fmt: skip
     h = b.health
     if h is not None and h.failing_interval_s > h.interval_s:
         errors.append(

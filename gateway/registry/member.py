@@ -217,7 +217,7 @@ class Attempt:
 
     __slots__ = (
         "member", "ticket", "started", "retry", "reported", "done", "group", "tried", "ctx",
-        "picker",
+        "picker", "choice",
     )  # fmt: skip
 
     def __init__(
@@ -233,6 +233,7 @@ class Attempt:
         self.group = group  # index of the backend in the route's split
         self.tried: tuple[Member, ...] = ()  # members earlier tries of the request used
         self.ctx: Any = None
+        self.choice: Any = None  # a body-routed request's model and prefix (routing.Choice)
 
     def next_try(self, ctx: Any) -> Endpoint | None:
         """After this try failed (`ctx.outcome`, `ctx.http_status`, `ctx.grpc_status`,

@@ -39,6 +39,7 @@ from gateway.core.outlier import Outlier, OutlierParams
 from gateway.core.retry import RetryBudget
 from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
+from gateway.registry.models import MODELS
 from gateway.registry.view import BackendView
 from gateway.services import ServiceKey
 from gateway.upstream.tls import client_tls
@@ -201,6 +202,11 @@ class BackendPool:
                 held.add(id(v.watcher))
                 if id(v) in working:
                     checked.add(id(v.watcher))
+            if v.models is not None:
+                boxes = {id(b) for b in v.models.boxes.values()}
+                held |= boxes
+                if id(v) in working:
+                    checked |= boxes
         _forget(self.cores, held)
         _forget(self.boxes, held)
         _forget(self.outliers, held)
@@ -214,6 +220,9 @@ class BackendPool:
                 w.stop()
             if id(w) not in held:
                 del self.watchers[wk]
+        book = self.services.peek(MODELS)
+        if book is not None:
+            book.forget(held, checked)
         # Guards and budgets of older policies: their pickers still hold them; only a later
         # build of the same section would find them here (a guard re-armed by then is right:
         # its section changed in between).

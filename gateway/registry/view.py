@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.core.affinity import pick_affinity, pick_allowed
 from gateway.core.balancer import MemberStatus, Plan, build_plan, pick, pick_excluding, pick_sticky
 from gateway.core.breaker import BreakerParams, Change, State
 from gateway.core.health import HealthParams
@@ -22,6 +23,7 @@ from gateway.core.outlier import Outlier, OutlierParams, max_ejected
 from gateway.policy.compiled import endpoint_of
 from gateway.registry.health import start_checker
 from gateway.registry.member import Attempt, Member, MemberBooks, Result, classify, timed_out
+from gateway.registry.models import models_view
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -96,6 +98,7 @@ class BackendView:
         self.op = outlier_params(cfg)
         self.hp = health_params(cfg)
         self.members: dict[str, Member] = {}
+        self.models = models_view(pool.services, cfg)  # what its members serve (`models`)
         for e in cfg.endpoints:
             ep = endpoint_of(cfg, e.address, e.weight, e.priority)
             self.members[ep.address] = self._member(ep, "static")
@@ -115,6 +118,8 @@ class BackendView:
         hbox = None
         if self.hp is not None and self.cfg.health is not None:
             hbox = pool.health(name, ep, self.hp, self.cfg.health)
+        if self.models is not None:
+            self.models.track(ep)
         return Member(ep, source, pool.core(name, addr), box, outlier, hbox)
 
     def _sync_discovered(self) -> None:
@@ -130,6 +135,8 @@ class BackendView:
         for address in [a for a, m in self.members.items() if m.source == "registry"]:
             if address not in w.found:
                 del self.members[address]
+                if self.models is not None:
+                    self.models.forget(address)
 
     def fresh_until(self, m: Member) -> float:
         if m.source != "registry" or self.watcher is None:
@@ -173,6 +180,8 @@ class BackendView:
                 ejected = True
                 expires = min(expires, m.outlier.ejected_until)
             healthy = m.hbox is None or m.hbox.state.healthy
+            if self.models is not None:
+                self.models.health(m.address, healthy)
             statuses.append(
                 MemberStatus(
                     m, m.priority, m.weight, healthy and not ejected and closed, closed, probing
@@ -221,21 +230,41 @@ class BackendView:
 
     # --- picking and results ----------------------------------------------------------------
     def take(
-        self, now: float, key: int | None, exclude: Collection[Member] = ()
+        self,
+        now: float,
+        key: int | None,
+        exclude: Collection[Member] = (),
+        ok: Callable[[Member], bool] | None = None,
+        prefix: int | None = None,
+        load_factor: float = 0.0,
     ) -> tuple[Member, int] | None:
-        """A member and its breaker ticket (probes of half-open members first), or None."""
+        """A member and its breaker ticket (probes of half-open members first), or None. `ok`
+        admits only some members (they serve the model; not tried yet); `prefix` is the
+        prompt's key, picked by bounded-load rendezvous (`gateway.core.affinity`) unless a
+        sticky `key` is given."""
         plan = self.plan(now)
         self.last_pick = now
         if plan.probing:
             for p in plan.probing:
                 pb = p.breaker
-                if pb is not None and p not in exclude and self.fresh_until(p) > now:
+                if (
+                    pb is not None
+                    and p not in exclude
+                    and (ok is None or ok(p))
+                    and self.fresh_until(p) > now
+                ):
                     t = pb.allow(now)
                     if t >= 0:
                         self.pool.changed()  # plans must now see this probe's deadline
                         return p, t
         m: Member | None
-        if exclude:
+        if key is not None and ok is not None:
+            m = pick_sticky(plan, key, [x for x in self.members.values() if not ok(x)])
+        elif prefix is not None:
+            m = pick_affinity(plan, prefix, load_factor, ok)
+        elif ok is not None:
+            m = pick_allowed(plan, self.pool.random, ok)
+        elif exclude:
             if key is None:
                 m = pick_excluding(plan, self.pool.random, exclude)
             else:
@@ -325,6 +354,8 @@ class BackendView:
                 start_checker(services, self.pool, m.hbox)
         if self.watcher is not None:
             self.watcher.start()
+        if self.models is not None:
+            self.models.start()
 
     def state(self, now: float) -> dict[str, object]:
         plan = self.plan(now)
@@ -353,4 +384,6 @@ class BackendView:
         }
         if self.watcher is not None:
             out["registry"] = self.watcher.state()
+        if self.models is not None:
+            out["models"] = self.models.state()
         return out

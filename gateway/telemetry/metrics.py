@@ -370,6 +370,12 @@ HEALTH_CHECKS = Counter(
     ["backend", "result"],
     registry=REGISTRY,
 )
+MODEL_LISTINGS = Counter(
+    "sluice_model_listings_total",
+    "Reads of members' model listings (GET /v1/models) by backend and result (ok, error).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
 REGISTRY_POLLS = Counter(
     "sluice_registry_polls_total",
     "Reads of the heartbeat registry by backend and result (ok, error).",

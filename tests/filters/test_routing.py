@@ -189,7 +189,7 @@ def test_retry_goes_to_another_member_and_respects_the_budget() -> None:
     second = next_try(ctx)
     assert second is not None and second.address != first.address
     assert ctx.outcome is Outcome.OK  # reset for the next try
-    budget = rig.f._pickers["chat"].budget
+    budget = rig.f.pickers["chat"].budget
     assert budget is not None and budget.retrying == 1
     # a second request's retry finds the budget (1 in flight) used up
     other = rig.ctx()
@@ -232,7 +232,7 @@ def test_canary_guard_sets_canary_weight_to_zero_until_the_policy_changes() -> N
         ctx.first_byte_at = rig.clock.t + 0.01
         rig.clock.t += 0.01
         rig.f.on_response(ctx)
-    guard = rig.f._pickers["chat"].guard
+    guard = rig.f.pickers["chat"].guard
     assert guard is not None and guard.tripped
     got = Counter(rig.send().endpoint.backend for _ in range(200))  # type: ignore[union-attr]
     assert got == Counter({"stable": 200})
@@ -243,10 +243,10 @@ def test_canary_guard_sets_canary_weight_to_zero_until_the_policy_changes() -> N
     other = policy(canary=doc["routes"][0]["canary"])
     other["routes"][1]["name"] = "solo2"
     rig.load(other)
-    assert rig.f._pickers["chat"].guard is guard and guard.tripped
+    assert rig.f.pickers["chat"].guard is guard and guard.tripped
     doc["routes"][0]["canary"]["max_error_ratio"] = 0.05
     rig.load(doc)
-    assert not rig.f._pickers["chat"].guard.tripped  # type: ignore[union-attr]
+    assert not rig.f.pickers["chat"].guard.tripped  # type: ignore[union-attr]
     got = Counter(rig.send().endpoint.backend for _ in range(100))  # type: ignore[union-attr]
     assert got["canary"] == 10
 

@@ -167,3 +167,21 @@ def gateway(
         yield gw
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Any]:
+    """Start simulated backends (`backends_support.start_sims`); every one is stopped at the
+    end of the test."""
+    from tests.integration.backends_support import Sim, start_sims
+
+    started: list[Sim] = []
+
+    def start(n: int, *args: str) -> list[Sim]:
+        sims = start_sims(tmp_path, n, *args)
+        started.extend(sims)
+        return sims
+
+    yield start
+    for s in started:
+        s.proc.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -20,27 +19,11 @@ from tests.integration.backends_support import (
     Spawn,
     rewrite,
     start_gateway,
-    start_sims,
     wait_until,
 )
 from tests.support import free_port
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Spawn]:
-    """Start simulated backends; every one is stopped at the end of the test."""
-    started: list[Sim] = []
-
-    def start(n: int, *args: str) -> list[Sim]:
-        sims = start_sims(tmp_path, n, *args)
-        started.extend(sims)
-        return sims
-
-    yield start
-    for s in started:
-        s.proc.stop()
 
 
 def endpoints(sims: list[Sim], priority: dict[int, int] | None = None) -> str:

@@ -1,0 +1,122 @@
+"""Routing on what an LLM request asks for: the route filter of a policy that has a route
+needing the body (`match.model`, `by_model`, `affinity`).
+
+Routes still match in order. An HTTP request whose first matching route (by protocol, path,
+methods and headers) needs the body is routed once, in the body phase: the first route that
+matches the body's `model` too (`match.model` globs; a request without a model never takes such
+a route), then, on a `by_model` route, only the backends and members that serve the model
+(`gateway.core.models`), and with `affinity.prefix` the member chosen for the prompt's prefix
+with bounded load (`gateway.core.affinity`). Requests whose first matching route does not
+need the body, and gRPC calls, are routed as before, when their head arrives.
+
+Answers of its own: a model no backend of a `by_model` route serves is a 404 with an
+OpenAI-style error (`code: model_not_found`); `GET /v1/models` through a `by_model` route
+answers the union of what its backends serve, de-duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from gateway.context import RequestContext, Status
+from gateway.core.affinity import prefix_key
+from gateway.core.body import RequestBody
+from gateway.core.request import Protocol
+from gateway.core.verdict import GRPC_NOT_FOUND, GRPC_OK, NO_ENDPOINT, NO_ROUTE, Verdict, answer
+from gateway.filters.routing import Choice, RouteFilter, RoutePicker
+from gateway.filters.routing import build as build_plain
+from gateway.registry.pool import BACKENDS, BackendPool
+
+if TYPE_CHECKING:
+    from gateway.policy.compiled import CompiledPolicy
+    from gateway.services import Services
+
+MODEL_LIST_PATH = "/v1/models"
+
+
+def model_not_found(model: str) -> Verdict:
+    message = f"The model `{model[:256]}` does not exist or is not served here."
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": "model",
+                      "code": "model_not_found"}}  # fmt: skip
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return answer(404, GRPC_NOT_FOUND, "model_not_found", message, raw)
+
+
+def model_list(picker: RoutePicker) -> Verdict:
+    """The union of what the route's backends serve (first backend naming a model owns it)."""
+    data: dict[str, dict[str, object]] = {}
+    for view in picker.groups:
+        mv = view.models
+        if mv is None:
+            continue
+        ix = mv.index()
+        for name in sorted(ix.names()):
+            if name not in data:
+                item: dict[str, object] = {"id": name, "object": "model", "created": 0,
+                                           "owned_by": view.name}  # fmt: skip
+                parent = ix.parent(name)
+                if parent is not None:
+                    item["parent"] = parent
+                data[name] = item
+    raw = json.dumps({"object": "list", "data": list(data.values())}, separators=(",", ":"))
+    return answer(200, GRPC_OK, "", "", raw.encode())
+
+
+class ModelRouteFilter(RouteFilter):
+    """The route filter with the body phase (see the module docstring)."""
+
+    def on_request(self, ctx: RequestContext) -> Status:
+        info = ctx.info
+        if info.protocol is Protocol.HTTP:
+            route = self.policy.match_head(info)
+            if route is None:
+                return ctx.stop(NO_ROUTE)
+            if route.needs_body:
+                ctx.route = route  # provisional: the body phase decides
+                return Status.CONTINUE
+        return super().on_request(ctx)
+
+    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
+        if ctx.endpoint is not None or ctx.route is None or not ctx.route.needs_body:
+            return Status.CONTINUE  # routed at its head
+        info = ctx.info
+        model = body.model
+        route = self.policy.match(info, model)
+        if route is None:
+            return ctx.stop(model_not_found(model) if model is not None else NO_ROUTE)
+        ctx.route = route
+        if not self.pool.started:
+            self.pool.start()
+        picker = self.pickers[route.name]
+        if (
+            route.by_model
+            and info.method == "GET"
+            and route.upstream_path(info.path).rstrip("/") == MODEL_LIST_PATH
+        ):
+            return ctx.stop(model_list(picker))
+        choice = None
+        doc = body.doc
+        if doc is not None:
+            servings = None
+            if route.by_model and model is not None:
+                servings = picker.serving(model)
+                if servings is None:
+                    return ctx.stop(model_not_found(model))
+            prefix = prefix_key(doc, route.prefix_bytes) if route.prefix_bytes else None
+            if servings is not None or prefix is not None:
+                choice = Choice(servings, prefix)
+        a = picker.first(ctx, self.clock.now(), choice)
+        if a is None:
+            return ctx.stop(NO_ENDPOINT)
+        ctx.upstream_attempt = a
+        ctx.endpoint = a.member.endpoint
+        return Status.CONTINUE
+
+
+def build(section: CompiledPolicy, services: Services) -> RouteFilter:
+    """The route filter of a policy: the model-aware one when a route needs the body (its
+    `on_body` makes every request's body be read and parsed), else the plain one."""
+    if not section.body_routing:
+        return build_plain(section, services)
+    return ModelRouteFilter(section, services.get(BACKENDS, lambda: BackendPool(services)))

@@ -1,0 +1,18 @@
+"""Helpers for the LLM-routing tests: the chat bodies they send, the endpoint lists of their
+policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.backends_support import Sim
+
+
+def chat(model: str, system: str = "", user: str = "hi", **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": user})
+    return {"model": model, "messages": messages, "max_tokens": 1, **extra}
+
+
+def addresses(sims: list[Sim]) -> str:
+    return ", ".join(f'{{address: "{s.address}"}}' for s in sims)
