@@ -64,10 +64,13 @@ def parse_listing(doc: Any, max_models: int) -> Listing | None:
 @dataclass(frozen=True, slots=True)
 class Serving:
     """The answer for one model: every member (`members` None), or these addresses;
-    `via_parent`: an adapter sent to its parent's members, to be loaded there."""
+    `via_parent`: an adapter sent to its parent's members, to be loaded there. `fallback`:
+    for an adapter some members have loaded, the parent's members (load on demand), to be
+    used when none of those can take it."""
 
     members: frozenset[str] | None
     via_parent: bool = False
+    fallback: Serving | None = None
 
 
 ALL = Serving(None)
@@ -80,26 +83,35 @@ class ModelIndex:
     __slots__ = ("static", "by_name", "parents", "on_demand")
 
     def __init__(
-        self, static: Iterable[str], listings: Mapping[str, Listing], on_demand: bool
+        self,
+        static: Iterable[str],
+        listings: Mapping[str, Listing],
+        on_demand: bool,
+        parents: Mapping[str, str] | None = None,
     ) -> None:
+        """`parents`: adapters seen before (with their parent) that no member may list now."""
         self.static = frozenset(static)
         self.on_demand = on_demand
         by_name: dict[str, set[str]] = {}
-        parents: dict[str, str] = {}
+        known = dict(parents or {})
         for address, listing in listings.items():
             for name in listing.names():
                 by_name.setdefault(name, set()).add(address)
-            parents.update(listing.adapters)
+            known.update(listing.adapters)
         self.by_name = {n: frozenset(a) for n, a in by_name.items()}
-        self.parents = parents
+        self.parents = known
 
     def serving(self, model: str) -> Serving | None:
         """Who serves `model` (see the module docstring); None: nobody."""
         if model in self.static:
             return ALL
         got = self.by_name.get(model)
+        via = self._via_parent(model)
         if got is not None:
-            return Serving(got)
+            return Serving(got, fallback=via) if via is not None else Serving(got)
+        return via
+
+    def _via_parent(self, model: str) -> Serving | None:
         parent = self.parents.get(model)
         if parent is None or not self.on_demand:
             return None

@@ -192,15 +192,22 @@ class RoutePicker:
                 return None, 0
             order = [g_]
         order += [i for i, w in enumerate(weights) if w > 0 and i != order[0]]
-        for g in order:
-            s = sv[g] if sv is not None else None
-            members = s.members if s is not None else None
-            ok = None
-            if members is not None or tried:
-                ok = _admits(members, tried)
-            got = groups[g].take(now, key, ok=ok, prefix=c.prefix, load_factor=self.load_factor)
-            if got is not None:
-                return got, g
+        tiers: list[Servings | None] = [sv]
+        if sv is not None and any(s is not None and s.fallback is not None for s in sv):
+            tiers.append(tuple(s.fallback if s is not None else None for s in sv))
+        for tier in tiers:  # an adapter's loaded members first, then its parent's
+            for g in order:
+                s = tier[g] if tier is not None else None
+                if tier is not None and s is None:
+                    continue
+                members = s.members if s is not None else None
+                ok = None
+                if members is not None or tried:
+                    ok = _admits(members, tried)
+                got = groups[g].take(now, key, ok=ok, prefix=c.prefix,
+                                     load_factor=self.load_factor)  # fmt: skip
+                if got is not None:
+                    return got, g
         return None, 0
 
     def _attempt(self, ctx: RequestContext, m: Member, ticket: int, now: float, g: int) -> Attempt:

@@ -46,6 +46,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--error-rate", type=float, default=0.0, help="share of requests failed")
     parser.add_argument("--failure", choices=FAILURE_MODES, default="none", help="inject a failure")
     parser.add_argument("--seed", type=int, default=0, help="seed of the error_rate draws")
+    parser.add_argument(
+        "--models",
+        default="",
+        help="comma-separated models served (listed in /v1/models; other models get 404); "
+        "default: the built-in list, any model answered",
+    )
+    parser.add_argument(
+        "--adapters",
+        default="",
+        help="comma-separated LoRA adapters as ADAPTER=PARENT (listed with their parent)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level")
 
 
@@ -61,6 +72,8 @@ async def _serve(args: argparse.Namespace) -> int:
         "error_rate": args.error_rate,
         "failure": args.failure,
         "seed": args.seed,
+        "models": [m for m in args.models.split(",") if m],
+        "adapters": dict(a.partition("=")[::2] for a in args.adapters.split(",") if a),
     }
     try:
         knobs = Knobs().validated(patch)

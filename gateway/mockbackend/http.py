@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.mockbackend.knobs import (
+    MAX_MODELS,
     Call,
     Knobs,
     MockState,
@@ -189,6 +190,12 @@ async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
         knobs = dataclasses.replace(state.knobs)  # this request's snapshot
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         model = body.get("model")
+        loadable = knobs.load_adapters and len(knobs.adapters) < MAX_MODELS
+        if not serves(knobs, model) and loadable and isinstance(model, str):
+            state.knobs.adapters[model[:256]] = knobs.models[0]  # loaded on demand
+        elif not serves(knobs, model):  # vLLM's answer
+            call.fail()
+            return error_response(404, f"The model `{model}` does not exist.", "NotFoundError")
         job = _Completion(
             chat=chat,
             model=model if isinstance(model, str) and model else MODELS[0],
@@ -245,14 +252,34 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
+    """The model list as vLLM gives it: base models (`parent` null), then the LoRA adapters
+    with their parent."""
     state = request.app[STATE]
     record_headers(state, request)
-    with state.stats.track("GET /v1/models"):
+    with state.stats.track("GET /v1/models") as call:
         created = int(time.time())
+        knobs = state.knobs
+        if knobs.failure == "http_5xx":  # a server failing everything fails its listing too
+            call.fail()
+            return error_response(knobs.error_status, "mock failure", "server_error")
         data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "sluice"} for m in MODELS
-        ]
+            {"id": m, "object": "model", "created": created, "owned_by": "sluice", "root": m,
+             "parent": None}
+            for m in (knobs.models or MODELS)
+        ]  # fmt: skip
+        data += [
+            {"id": a, "object": "model", "created": created, "owned_by": "sluice", "root": a,
+             "parent": p}
+            for a, p in knobs.adapters.items()
+        ]  # fmt: skip
         return web.json_response({"object": "list", "data": data})
+
+
+def serves(knobs: Knobs, model: object) -> bool:
+    """With a model list set (`models` knob), only its models and adapters are answered."""
+    if not knobs.models:
+        return True
+    return isinstance(model, str) and (model in knobs.models or model in knobs.adapters)
 
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

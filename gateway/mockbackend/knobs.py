@@ -30,6 +30,8 @@ MAX_NAMES = 100  # header / metadata names remembered per request
 MAX_NAME_CHARS = 64  # longer names are cut (a name is not a value, but it is client input)
 MAX_REQUEST_ID_CHARS = 128
 MAX_TOKENS_CAP = 100_000  # same upper bound as the policy's completion_tokens
+MAX_MODELS = 1024  # models, and adapters, one backend may list
+MAX_MODEL_CHARS = 256
 
 # Words the fake completions are made of: one word = one token.
 _WORDS = ("sluice", "gates", "hold", "the", "river", "while", "tokens", "flow", "past", "quietly")
@@ -50,6 +52,14 @@ class Knobs:
     waiting: int = 0  # reported as vllm:num_requests_waiting
     healthy: bool = True  # false: /healthz 503 and grpc.health NOT_SERVING
     seed: int = 0  # seed of the error_rate draws; setting it restarts the sequence
+    # The models it serves (empty: the built-in list, and any model is answered) and its LoRA
+    # adapters (adapter -> parent model); both in /v1/models, and a request for another model
+    # gets vLLM's 404. Changing them at run time is a model list changing under the gateway.
+    models: list[str] = field(default_factory=list)
+    adapters: dict[str, str] = field(default_factory=dict)
+    # An adapter it does not list is loaded when asked for (as vLLM's runtime LoRA resolver
+    # does): added to `adapters` with the first model as its parent, then answered.
+    load_adapters: bool = False
 
     @classmethod
     def from_policy(cls, cfg: MockBackend) -> Knobs:
@@ -75,6 +85,10 @@ class Knobs:
         return Knobs(**values)
 
 
+def _model_name(v: object) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= MAX_MODEL_CHARS and v.isprintable()
+
+
 def _check(name: str, value: object) -> object:
     """Validate one knob value; returns it normalised (ints to floats where floats are wanted)."""
     if name == "failure":
@@ -85,9 +99,23 @@ def _check(name: str, value: object) -> object:
         if not isinstance(value, str) or not value or value != value.lower() or " " in value:
             raise ValueError("usage_trailer must be a non-empty lower-case metadata key")
         return value
-    if name == "healthy":
+    if name == "models":
+        if not isinstance(value, list) or not all(_model_name(v) for v in value):
+            raise ValueError("models must be a list of model names")
+        if len(value) > MAX_MODELS:
+            raise ValueError(f"at most {MAX_MODELS} models")
+        return list(value)
+    if name == "adapters":
+        if not isinstance(value, dict) or not all(
+            _model_name(k) and _model_name(v) for k, v in value.items()
+        ):
+            raise ValueError("adapters must map adapter names to their parent model's name")
+        if len(value) > MAX_MODELS:
+            raise ValueError(f"at most {MAX_MODELS} adapters")
+        return dict(value)
+    if name in ("healthy", "load_adapters"):
         if not isinstance(value, bool):
-            raise ValueError("healthy must be true or false")
+            raise ValueError(f"{name} must be true or false")
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number")

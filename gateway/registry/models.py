@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.models")
 
 MAX_LISTING_BYTES = 4 << 20
+MAX_PARENTS = 4096  # adapters remembered with their parent, per backend section
 
 
 class ListingBox:
@@ -203,13 +204,16 @@ MODELS: Final = ServiceKey[ModelBook]("models")  # every member's model listing
 class ModelsView:
     """One backend section's models: its static names, its members' listings, the index."""
 
-    __slots__ = ("book", "cfg", "boxes", "_index", "_epoch", "_size")
+    __slots__ = ("book", "cfg", "boxes", "parents", "_index", "_epoch", "_size")
 
     def __init__(self, book: ModelBook, cfg: Backend) -> None:
         assert cfg.models is not None
         self.book = book
         self.cfg = cfg
         self.boxes: dict[str, ListingBox] = {}
+        # Adapters listed once (with their parent): an adapter a member unloaded can still be
+        # sent to its parent's members (models.lora: load_on_demand). Bounded.
+        self.parents: dict[str, str] = {}
         self._index: ModelIndex | None = None
         self._epoch = -1
         self._size = -1
@@ -242,7 +246,10 @@ class ModelsView:
             m = self.cfg.models
             assert m is not None
             listings = {a: b.listing for a, b in self.boxes.items() if b.listing is not None}
-            ix = self._index = ModelIndex(m.names, listings, m.lora == "load_on_demand")
+            ix = ModelIndex(m.names, listings, m.lora == "load_on_demand", self.parents)
+            if len(ix.parents) <= MAX_PARENTS:
+                self.parents = dict(ix.parents)
+            self._index = ix
             self._epoch, self._size = self.book.epoch, len(self.boxes)
         return ix
 

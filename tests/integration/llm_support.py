@@ -16,3 +16,8 @@ def chat(model: str, system: str = "", user: str = "hi", **extra: Any) -> dict[s
 
 def addresses(sims: list[Sim]) -> str:
     return ", ".join(f'{{address: "{s.address}"}}' for s in sims)
+
+
+def chats(sim: Sim) -> int:
+    """Chat completions the simulated backend answered (model listings are not counted)."""
+    return int(sim.stats()["requests"].get("POST /v1/chat/completions", 0))
