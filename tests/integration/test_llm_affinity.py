@@ -1,0 +1,96 @@
+"""Prompt-prefix affinity with real simulated backends: the same prefix stays on one member,
+losing a member moves only its prefixes (retried on the next member in the prefix's order),
+and a hot prefix spreads once its member passes load_factor x the mean."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.backends_support import Sim, Spawn, start_gateway
+from tests.integration.llm_support import addresses, chat
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = "You are a helpful assistant for group {0}. " * 20
+
+
+def policy(sims: list[Sim], factor: float = 1.25) -> str:
+    return f"""\
+timeouts: {{connect_s: 1, first_byte_s: 10}}
+backends:
+  - name: pool
+    endpoints: [{addresses(sims)}]
+routes:
+  - name: openai
+    match: {{protocol: http, path_prefix: /v1/}}
+    backend: pool
+    affinity: {{prefix: {{bytes: 512, load_factor: {factor}}}}}
+    retries: {{attempts: 3}}
+"""
+
+
+def where(sims: list[Sim]) -> dict[str, int]:
+    """Request id → the index of the simulated backend that saw it."""
+    out: dict[str, int] = {}
+    for i, s in enumerate(sims):
+        for seen in s.stats()["seen"]:
+            if seen["request_id"]:
+                out[seen["request_id"]] = i
+    return out
+
+
+async def send(c: httpx.AsyncClient, group: int, rid: str) -> None:
+    body = chat("m", system=SYSTEM.format(group), user=f"question {rid}")
+    r = await c.post("/v1/chat/completions", json=body, headers={"x-request-id": rid})
+    assert r.status_code == 200, r.text
+
+
+async def test_prefixes_stay_and_a_lost_member_moves_only_its_own(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    sims = spawn(4, "--ttft-ms", "1", "--completion-tokens", "1")
+    gw = start_gateway(tmp_path, policy(sims))
+    groups = range(16)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+        for g in groups:
+            for j in range(3):
+                await send(c, g, f"a{g}-{j}")
+        seen = where(sims)
+        home = {}
+        for g in groups:
+            at = {seen[f"a{g}-{j}"] for j in range(3)}
+            assert len(at) == 1, (g, at)  # one prefix, one member
+            home[g] = at.pop()
+        per = Counter(home.values())
+        assert len(per) >= 3, per
+        victim = per.most_common(1)[0][0]
+        sims[victim].kill()
+        alive = [s for i, s in enumerate(sims) if i != victim]
+        for s in alive:
+            s.reset()
+        for g in groups:
+            for j in range(2):
+                await send(c, g, f"b{g}-{j}")
+        seen = where(alive)
+        for g in groups:
+            at = {alive[seen[f"b{g}-{j}"]].port for j in range(2)}
+            assert len(at) == 1, (g, at)
+            if home[g] != victim:
+                assert at == {sims[home[g]].port}, g  # untouched by the loss
+    gw.stop()
+
+
+async def test_a_hot_prefix_spreads_within_the_load_factor(tmp_path: Path, spawn: Spawn) -> None:
+    sims = spawn(4, "--ttft-ms", "600", "--completion-tokens", "1")
+    gw = start_gateway(tmp_path, policy(sims, 1.25))
+    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as c:
+        await asyncio.gather(*(send(c, 7, f"h{i}") for i in range(16)))
+    per = Counter(where(sims).values())
+    # Placed one after another, each sees the others in flight: at most 1.25 x 16 / 4 = 5.
+    assert sum(per.values()) == 16 and max(per.values()) <= 5, per
+    gw.stop()
