@@ -133,6 +133,10 @@ class RequestContext:
     first_token_at: float | None = None
     last_token_at: float | None = None
     stream_events: int = 0
+    # Time spent waiting for upstream heads (every try), and what Sluice itself took until the
+    # answer's head: `x-sluice-overhead-ms` (set when the head is made).
+    upstream_s: float = 0.0
+    overhead_s: float | None = None
 
     def stop(self, verdict: Verdict) -> Status:
         self.verdict = verdict

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -161,8 +162,15 @@ def client_head(
         block += b"x-request-id: %b\r\n" % ctx.request_id.encode("latin-1")
     for name, value in ctx.response_headers:
         block += _line(name, value)
-    head.lines = block
+    head.lines = block + overhead_line(ctx)
     return head
+
+
+def overhead_line(ctx: RequestContext) -> bytes:
+    """`x-sluice-overhead-ms`: the time since the request arrived, the upstream's time to its
+    heads excluded (as LiteLLM's `x-litellm-overhead-duration-ms`); kept for the metric."""
+    s = ctx.overhead_s = max(0.0, time.monotonic() - ctx.started - ctx.upstream_s)
+    return b"x-sluice-overhead-ms: %.3f\r\n" % (s * 1000.0)
 
 
 def response_lines(
@@ -180,7 +188,7 @@ def response_lines(
         out += _line(name, value)
     for name, value in ctx.response_headers:
         out += _line(name, value)
-    return out
+    return out + overhead_line(ctx)
 
 
 def _line(name: str, value: str) -> bytes:

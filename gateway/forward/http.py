@@ -193,6 +193,7 @@ class HttpForward:
                 headers = request_headers(ex.raw_headers, ctx, endpoint)
                 if streamed:  # a streamed body cannot be sent twice: one try
                     pool.upload_started(endpoint)
+                    sent = time.monotonic()
                     try:
                         up = await pool.request(
                             endpoint,
@@ -205,6 +206,7 @@ class HttpForward:
                         )
                     finally:
                         pool.upload_done(endpoint)
+                        ctx.upstream_s += time.monotonic() - sent
                 else:
                     assert body is None or isinstance(body, bytes)
                     up = await self._tries(ctx, ex, info.method, path, headers, body, timeouts)
@@ -255,15 +257,21 @@ class HttpForward:
         pool = self.gateway.http_pool
         route = ctx.route
         assert route is not None and ctx.endpoint is not None
+        sent = time.monotonic()
         if route.retries is None:
-            return await pool.request(ctx.endpoint, method, path, headers, body, timeouts)
+            try:
+                return await pool.request(ctx.endpoint, method, path, headers, body, timeouts)
+            finally:
+                ctx.upstream_s += time.monotonic() - sent
         per_try = route.try_timeouts or timeouts
         while True:
             endpoint = ctx.endpoint
             assert endpoint is not None
+            sent = time.monotonic()
             try:
                 up = await pool.request(endpoint, method, path, headers, body, per_try)
             except UpstreamError as e:
+                ctx.upstream_s += time.monotonic() - sent
                 f = failure_for(e)
                 never_sent = isinstance(e, UpstreamConnectError) or (
                     isinstance(e, UpstreamTimeout) and e.phase == "connect"
@@ -274,6 +282,7 @@ class HttpForward:
                 if nxt is None:
                     raise
             else:
+                ctx.upstream_s += time.monotonic() - sent
                 if up.status != 503:
                     return up
                 ctx.try_first_byte(time.monotonic(), 503)

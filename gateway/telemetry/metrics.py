@@ -40,6 +40,14 @@ UPSTREAM_FIRST_BYTE_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+OVERHEAD_SECONDS = Histogram(
+    "sluice_overhead_seconds",
+    "Time spent in Sluice until the answer's head, the upstream's time excluded (the "
+    "x-sluice-overhead-ms header).",
+    ["route", "protocol"],
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0),
+    registry=REGISTRY,
+)
 IN_FLIGHT = Gauge(
     "sluice_requests_in_flight",
     "Requests being served now (sampled every second; summed over workers).",
@@ -103,6 +111,7 @@ WORKER_RESTARTS = Counter(
 _MAX_CACHED = 4096
 _requests_children: dict[tuple[str, str, str, str], Any] = {}
 _seconds_children: dict[tuple[str, str], Any] = {}
+_overhead_children: dict[tuple[str, str], Any] = {}
 
 
 def record_request(ctx: RequestContext) -> None:
@@ -131,6 +140,13 @@ def record_request(ctx: RequestContext) -> None:
         if len(_seconds_children) < _MAX_CACHED:
             _seconds_children[key2] = hist
     hist.observe(ctx.elapsed, exemplar)
+    if ctx.overhead_s is not None:
+        oh = _overhead_children.get(key2)
+        if oh is None:
+            oh = OVERHEAD_SECONDS.labels(*key2)
+            if len(_overhead_children) < _MAX_CACHED:
+                _overhead_children[key2] = oh
+        oh.observe(ctx.overhead_s)
     if ctx.first_token_at is not None or ctx.usage is not None:
         _record_llm(ctx, route, backend, exemplar)
     if ctx.cancelled:

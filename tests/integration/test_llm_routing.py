@@ -51,20 +51,27 @@ async def test_the_body_model_picks_the_backend_and_unknown_models_get_404(
             r = await c.post("/v1/chat/completions", json=chat("qwen-7b"))
             assert r.status_code == 200, r.text
             assert r.json()["model"] == "qwen-7b"
-        assert [s.served() for s in sims] == [0, 0, 6]
+            assert 0 <= float(r.headers["x-sluice-overhead-ms"]) < 1000
+        async with c.stream(
+            "POST", "/v1/chat/completions", json=chat("qwen-7b", stream=True)
+        ) as st:
+            assert st.status_code == 200 and "x-sluice-overhead-ms" in st.headers
+            assert b"[DONE]" in b"".join([x async for x in st.aiter_bytes()])
+        assert [s.served() for s in sims] == [0, 0, 7]
         for _ in range(6):
             r = await c.post("/v1/chat/completions", json=chat("meta-llama/Llama-3.1-8B"))
             assert r.status_code == 200, r.text
-        assert sims[0].served() + sims[1].served() == 6 and sims[2].served() == 6
+        assert sims[0].served() + sims[1].served() == 6 and sims[2].served() == 7
         r = await c.post("/v1/chat/completions", json=chat("pinned-x"))  # the glob route
         assert r.status_code == 200 and gw.backends()["routes"]
-        assert sims[2].served() == 7
+        assert sims[2].served() == 8
         r = await c.post("/v1/chat/completions", json=chat("gpt-4o"))
+        assert 0 <= float(r.headers["x-sluice-overhead-ms"]) < 1000  # Sluice's own answer too
         assert r.status_code == 404
         err = r.json()["error"]
         assert err["type"] == "invalid_request_error" and err["code"] == "model_not_found"
         assert "gpt-4o" in err["message"]
-        assert sum(s.served() for s in sims) == 13  # no backend saw the unknown model
+        assert sum(s.served() for s in sims) == 14  # no backend saw the unknown model
     client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
     listed = sorted(m.id for m in (await client.models.list()).data)
     assert listed == sorted(
@@ -80,6 +87,7 @@ async def test_the_body_model_picks_the_backend_and_unknown_models_get_404(
     )
     assert got.model == "qwen-7b"
     await client.close()
+    assert 'sluice_overhead_seconds_count{protocol="http",route="openai"}' in gw.metrics()
     gw.stop()
 
 
