@@ -4,7 +4,9 @@ Pure. A try may be retried only when the request surely did not reach the model 
 refused it outright, and nothing of the answer has reached the client:
 
 - the connection could not be made (connect refused / timed out, no free connection), or
-- the backend answered 503 (HTTP) / UNAVAILABLE (gRPC) before any byte went to the client.
+- the backend answered 503 (HTTP) / UNAVAILABLE (gRPC) before any byte went to the client, or
+- with `before_first_token`: the backend failed (reset, 5xx, an SSE error event, a stall) before
+  the answer's first token, which the forwarding path holds back until then.
 
 Never once a response started streaming (the client already has part of an answer), never for
 a timeout after the request was sent (the model may be generating: a retry would run it twice).
@@ -24,6 +26,10 @@ from gateway.core.verdict import GRPC_UNAVAILABLE
 
 # Outcomes of a try that never reached the backend's application.
 _CONNECT = frozenset({Outcome.UPSTREAM_CONNECT, Outcome.UPSTREAM_TLS})
+# Failures of a try whose answer had not begun (with `before_first_token`).
+_BEFORE_TOKEN = frozenset(
+    {Outcome.UPSTREAM_PROTOCOL, Outcome.UPSTREAM_TIMEOUT, Outcome.UPSTREAM_ERROR}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,9 @@ class RetryParams:
     per_try_timeout_s: float | None = None  # each try, up to its first response byte
     on_connect_failure: bool = True
     on_unavailable: bool = True
+    # Also a reset, an error, a 5xx or a stall before the answer's first token (the forwarding
+    # path holds a stream's start until then, so nothing reached the client).
+    before_first_token: bool = False
 
 
 def retriable(
@@ -48,6 +57,8 @@ def retriable(
         return False
     if outcome in _CONNECT:
         return p.on_connect_failure
+    if p.before_first_token and outcome in _BEFORE_TOKEN:
+        return True
     if not p.on_unavailable:
         return False
     if grpc_status is not None:

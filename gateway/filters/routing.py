@@ -85,6 +85,7 @@ class RoutePicker:
                 per_try_timeout_s=r.per_try_timeout_s,
                 on_connect_failure="connect_failure" in r.retry_on,
                 on_unavailable="unavailable" in r.retry_on,
+                before_first_token=r.before_first_token,
             )
         )
         self.budget: RetryBudget | None = (

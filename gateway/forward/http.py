@@ -39,7 +39,7 @@ from gateway.core.verdict import (
     reject,
 )
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.forward import relay
+from gateway.forward import first_token, relay
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
 from gateway.forward.failures import TLS, failure_for
@@ -209,7 +209,11 @@ class HttpForward:
                         ctx.upstream_s += time.monotonic() - sent
                 else:
                     assert body is None or isinstance(body, bytes)
-                    up = await self._tries(ctx, ex, info.method, path, headers, body, timeouts)
+                    up = await self.tries(ctx, ex, info.method, path, headers, body, timeouts)
+                    if route.retries is not None and route.retries.before_first_token:
+                        up = await first_token.until_first_token(
+                            self.tries, ctx, ex, info.method, path, body, up, snap
+                        )
                 ctx.try_first_byte(time.monotonic(), up.status)
             except BodyTooLarge:
                 await self._reject(ex, ctx, BODY_TOO_LARGE)
@@ -239,7 +243,7 @@ class HttpForward:
             deadlines.stop(task)
             ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
 
-    async def _tries(
+    async def tries(
         self,
         ctx: RequestContext,
         ex: Exchange,

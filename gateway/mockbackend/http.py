@@ -138,6 +138,18 @@ class _Completion:
             choice |= {"text": self.text(), "logprobs": None}
         return self.envelope(False) | {"choices": [choice], "usage": self.usage()}
 
+    def preamble(self, include_usage: bool) -> dict[str, Any]:
+        """The role-only chunk a chat stream may start with (no token)."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": ""}
+        else:
+            choice |= {"text": "", "logprobs": None}
+        out = self.envelope(True) | {"choices": [choice]}
+        if include_usage:
+            out["usage"] = None
+        return out
+
     def chunk(self, index: int | None, include_usage: bool) -> dict[str, Any]:
         """Token `index`'s chunk, or (index None) the chunk carrying finish_reason."""
         choice: dict[str, Any] = {"index": 0, "finish_reason": None}
@@ -225,6 +237,11 @@ async def _stream(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await resp.prepare(request)
+    failure = job.knobs.failure
+    if job.knobs.role_preamble or failure in EARLY_FAILURES:
+        await resp.write(_sse(job.preamble(include_usage)))
+    if failure in EARLY_FAILURES:
+        return await _fail_early(request, resp, call, failure)
     await asyncio.sleep(job.knobs.ttft_ms / 1000)
     for i in range(job.n):
         if i:
@@ -240,6 +257,25 @@ async def _stream(
         await resp.write(_sse(job.envelope(True) | {"choices": [], "usage": job.usage()}))
     await resp.write(_DONE)
     await resp.write_eof()
+    return resp
+
+
+EARLY_FAILURES = ("reset_before_first_token", "error_event", "stall_before_first_token")
+
+
+async def _fail_early(
+    request: web.Request, resp: web.StreamResponse, call: Call, failure: str
+) -> web.StreamResponse:
+    """A stream that fails after its head and role-only chunk, before any token."""
+    call.fail()
+    if failure == "stall_before_first_token":
+        await asyncio.Event().wait()  # until the client goes away
+    if failure == "error_event":  # what vLLM sends when generation fails
+        err = {"error": {"message": "mock failure", "type": "InternalServerError", "code": 500}}
+        await resp.write(_sse(err) + _DONE)
+        await resp.write_eof()
+        return resp
+    _abort(request, call)
     return resp
 
 

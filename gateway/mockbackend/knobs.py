@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 if TYPE_CHECKING:
     from gateway.policy.model import MockBackend
 
-FailureMode = Literal["none", "hang", "reset", "http_5xx", "unavailable"]
+FailureMode = Literal[
+    "none", "hang", "reset", "http_5xx", "unavailable",
+    # Streams that fail before their first token, after the head and a role-only chunk:
+    "reset_before_first_token", "error_event", "stall_before_first_token",
+]  # fmt: skip
 FAILURE_MODES: tuple[str, ...] = get_args(FailureMode)
 
 MAX_RECORDED = 100  # bound on the remembered requests (`Stats.seen`)
@@ -60,6 +64,8 @@ class Knobs:
     # An adapter it does not list is loaded when asked for (as vLLM's runtime LoRA resolver
     # does): added to `adapters` with the first model as its parent, then answered.
     load_adapters: bool = False
+    # Streams start with a role-only chunk (`delta: {role, content: ""}`), as vLLM's do.
+    role_preamble: bool = False
 
     @classmethod
     def from_policy(cls, cfg: MockBackend) -> Knobs:
@@ -113,7 +119,7 @@ def _check(name: str, value: object) -> object:
         if len(value) > MAX_MODELS:
             raise ValueError(f"at most {MAX_MODELS} adapters")
         return dict(value)
-    if name in ("healthy", "load_adapters"):
+    if name in ("healthy", "load_adapters", "role_preamble"):
         if not isinstance(value, bool):
             raise ValueError(f"{name} must be true or false")
         return value

@@ -48,6 +48,13 @@ OVERHEAD_SECONDS = Histogram(
     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0),
     registry=REGISTRY,
 )
+FIRST_TOKEN_RETRIES = Counter(
+    "sluice_first_token_retries_total",
+    "Streams tried again on another member because the backend failed before the first token, "
+    "by route and failure (reset, error_event, stall, http_5xx).",
+    ["route", "kind"],
+    registry=REGISTRY,
+)
 IN_FLIGHT = Gauge(
     "sluice_requests_in_flight",
     "Requests being served now (sampled every second; summed over workers).",

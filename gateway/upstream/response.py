@@ -15,16 +15,24 @@ class UpstreamResponse:
     pool only if the body was read to its end and keep-alive holds, otherwise it is closed.
     """
 
-    __slots__ = ("status", "reason", "headers", "_conn")
+    __slots__ = ("status", "reason", "headers", "_conn", "_held")
 
     def __init__(self, conn: UpstreamConn) -> None:
         self.status = conn.status
         self.reason = conn.reason.decode("latin-1")
         self.headers = conn.headers
         self._conn: UpstreamConn | None = conn
+        self._held: list[bytes] = []
+
+    def hold(self, chunks: list[bytes]) -> None:
+        """Chunks read ahead (a stream held until its first token): `read_chunk` gives them
+        again, in order, before the rest of the body."""
+        self._held = chunks + self._held
 
     async def read_chunk(self) -> bytes:
         """The next body chunk as it arrived; b"" at the end of the body."""
+        if self._held:
+            return self._held.pop(0)
         conn = self._conn
         if conn is None:
             return b""
@@ -52,6 +60,8 @@ class UpstreamResponse:
 
     @property
     def complete(self) -> bool:
+        if self._held:
+            return False
         return self._conn is None or (self._conn.complete and not self._conn.chunks)
 
     def release(self) -> None:

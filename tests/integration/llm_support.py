@@ -21,3 +21,17 @@ def addresses(sims: list[Sim]) -> str:
 def chats(sim: Sim) -> int:
     """Chat completions the simulated backend answered (model listings are not counted)."""
     return int(sim.stats()["requests"].get("POST /v1/chat/completions", 0))
+
+
+def pool_policy(sims: list[Sim], first_byte_s: float, route: str) -> str:
+    """One backend `pool` of `sims`, one route `openai` on /v1/ to it with `route`'s lines."""
+    return f"""\
+timeouts: {{connect_s: 1, first_byte_s: {first_byte_s}}}
+backends:
+  - name: pool
+    endpoints: [{addresses(sims)}]
+routes:
+  - name: openai
+    match: {{protocol: http, path_prefix: /v1/}}
+    backend: pool
+{route}"""

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.integration.backends_support import Sim, Spawn, start_gateway
-from tests.integration.llm_support import addresses, chat
+from tests.integration.llm_support import chat, pool_policy
 
 pytestmark = pytest.mark.integration
 
@@ -20,18 +20,14 @@ SYSTEM = "You are a helpful assistant for group {0}. " * 20
 
 
 def policy(sims: list[Sim], factor: float = 1.25) -> str:
-    return f"""\
-timeouts: {{connect_s: 1, first_byte_s: 10}}
-backends:
-  - name: pool
-    endpoints: [{addresses(sims)}]
-routes:
-  - name: openai
-    match: {{protocol: http, path_prefix: /v1/}}
-    backend: pool
+    return pool_policy(
+        sims,
+        10,
+        f"""\
     affinity: {{prefix: {{bytes: 512, load_factor: {factor}}}}}
     retries: {{attempts: 3}}
-"""
+""",
+    )
 
 
 def where(sims: list[Sim]) -> dict[str, int]:
