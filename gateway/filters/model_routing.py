@@ -7,7 +7,10 @@ matches the body's `model` too (`match.model` globs; a request without a model n
 a route), then, on a `by_model` route, only the backends and members that serve the model
 (`gateway.core.models`), and with `affinity.prefix` the member chosen for the prompt's prefix
 with bounded load (`gateway.core.affinity`). Requests whose first matching route does not
-need the body, and gRPC calls, are routed as before, when their head arrives.
+need the body are routed as before, when their head arrives. A unary gRPC call is routed the
+same way on the `model_name` its request message names (field 1, read from the raw bytes by
+`gateway.core.protowire`; KServe v2 / Triton), before its chain runs: a model nobody serves is
+NOT_FOUND. Streaming gRPC calls are routed on their head (their first message comes later).
 
 Answers of its own: a model no backend of a `by_model` route serves is a 404 with an
 OpenAI-style error (`code: model_not_found`); `GET /v1/models` through a `by_model` route
@@ -75,12 +78,18 @@ class ModelRouteFilter(RouteFilter):
             if route.needs_body:
                 ctx.route = route  # provisional: the body phase decides
                 return Status.CONTINUE
-        return super().on_request(ctx)
+            return super().on_request(ctx)
+        b = ctx.body  # gRPC: a unary call's model_name, read by the forwarding path
+        if b is None or b.model is None:
+            return super().on_request(ctx)
+        return self.on_body(ctx, b)
 
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
-        if ctx.endpoint is not None or ctx.route is None or not ctx.route.needs_body:
+        if ctx.endpoint is not None:
             return Status.CONTINUE  # routed at its head
         info = ctx.info
+        if info.protocol is Protocol.HTTP and (ctx.route is None or not ctx.route.needs_body):
+            return Status.CONTINUE
         model = body.model
         route = self.policy.match(info, model)
         if route is None:
@@ -95,17 +104,16 @@ class ModelRouteFilter(RouteFilter):
             and route.upstream_path(info.path).rstrip("/") == MODEL_LIST_PATH
         ):
             return ctx.stop(model_list(picker))
-        choice = None
+        choice = servings = prefix = None
+        if route.by_model and model is not None:
+            servings = picker.serving(model)
+            if servings is None:
+                return ctx.stop(model_not_found(model))
         doc = body.doc
-        if doc is not None:
-            servings = None
-            if route.by_model and model is not None:
-                servings = picker.serving(model)
-                if servings is None:
-                    return ctx.stop(model_not_found(model))
-            prefix = prefix_key(doc, route.prefix_bytes) if route.prefix_bytes else None
-            if servings is not None or prefix is not None:
-                choice = Choice(servings, prefix)
+        if doc is not None and route.prefix_bytes:
+            prefix = prefix_key(doc, route.prefix_bytes)
+        if servings is not None or prefix is not None:
+            choice = Choice(servings, prefix)
         a = picker.first(ctx, self.clock.now(), choice)
         if a is None:
             return ctx.stop(NO_ENDPOINT)

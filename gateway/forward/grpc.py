@@ -22,7 +22,9 @@ import grpc
 import grpc.aio
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.core.body import RequestBody
 from gateway.core.outcome import Outcome
+from gateway.core.protowire import string_field
 from gateway.core.verdict import (
     GRPC_CANCELLED,
     GRPC_DEADLINE_EXCEEDED,
@@ -80,6 +82,8 @@ class GrpcForward:
         snap, ctx = self.lifecycle.begin(ex.info)
         if request is not None:
             ctx.bytes_in = len(request)
+            if snap.policy.body_routing:  # the model it names (field 1), for model routes
+                ctx.body = RequestBody(b"", len(request), model=string_field(request, 1))
         try:
             if await snap.chain.on_request(ctx) is Status.STOP:
                 reject(ctx, ex)

@@ -28,6 +28,7 @@ from gateway.mockbackend.knobs import (
     Seen,
     completion_count,
     estimate_tokens,
+    serves,
 )
 from gateway.mockbackend.knobs import token_text as _token_text
 from gateway.proto import load
@@ -119,6 +120,8 @@ class InferenceServicer:
     async def Infer(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:  # noqa: N802
         with self._state.stats.track("grpc Infer") as call:
             ctx = await self._begin(context, call)
+            if not serves(ctx.knobs, request.model):  # as Triton answers an unknown model
+                await self._abort(context, call, ctx, grpc.StatusCode.NOT_FOUND, "unknown model")
             sleep_ms = ctx.metadata.get("x-mock-sleep-ms")
             if isinstance(sleep_ms, str) and sleep_ms.strip().isdigit():
                 await asyncio.sleep(int(sleep_ms) / 1000)

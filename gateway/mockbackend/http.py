@@ -22,6 +22,7 @@ from gateway.mockbackend.knobs import (
     Seen,
     completion_count,
     estimate_tokens,
+    serves,
     token_text,
 )
 
@@ -309,13 +310,6 @@ async def models(request: web.Request) -> web.Response:
             for a, p in knobs.adapters.items()
         ]  # fmt: skip
         return web.json_response({"object": "list", "data": data})
-
-
-def serves(knobs: Knobs, model: object) -> bool:
-    """With a model list set (`models` knob), only its models and adapters are answered."""
-    if not knobs.models:
-        return True
-    return isinstance(model, str) and (model in knobs.models or model in knobs.adapters)
 
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:

@@ -281,3 +281,10 @@ def completion_count(knobs: Knobs, max_tokens: object) -> int:
 def token_text(index: int) -> str:
     """The text of token `index` (a word and a space), deterministic."""
     return _WORDS[index % len(_WORDS)] + " "
+
+
+def serves(knobs: Knobs, model: object) -> bool:
+    """With a model list set (`models` knob), only its models and adapters are answered."""
+    if not knobs.models:
+        return True
+    return isinstance(model, str) and (model in knobs.models or model in knobs.adapters)

@@ -177,8 +177,8 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
 
     started: list[Sim] = []
 
-    def start(n: int, *args: str) -> list[Sim]:
-        sims = start_sims(tmp_path, n, *args)
+    def start(n: int, *args: str, grpc: bool = False) -> list[Sim]:
+        sims = start_sims(tmp_path, n, *args, grpc=grpc)
         started.extend(sims)
         return sims
 
