@@ -86,13 +86,18 @@ async def post_knobs(request: web.Request) -> web.Response:
 
 
 async def get_stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STATE].stats.as_dict())
+    state = request.app[STATE]
+    cache = state.cache
+    prefix = {"blocks": len(cache.blocks), "hit_tokens": cache.stats.hit_tokens,
+              "miss_tokens": cache.stats.miss_tokens}  # fmt: skip
+    return web.json_response(state.stats.as_dict() | {"prefix_cache": prefix})
 
 
 async def post_reset(request: web.Request) -> web.Response:
-    stats = request.app[STATE].stats
-    stats.reset()
-    return web.json_response(stats.as_dict())
+    state = request.app[STATE]
+    state.stats.reset()
+    state.cache.clear()  # the prefix cache starts cold too
+    return web.json_response(state.stats.as_dict())
 
 
 def add_health_routes(app: web.Application) -> None:

@@ -53,6 +53,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "default: the built-in list, any model answered",
     )
     parser.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=0,
+        help="prompt-prefix blocks its cache keeps (LRU; 0 = no cache)",
+    )
+    parser.add_argument(
+        "--uncached-token-ms",
+        type=float,
+        default=0.0,
+        help="time to first token per prompt token not in the cache, on top of --ttft-ms",
+    )
+    parser.add_argument(
+        "--prefill-slots", type=int, default=0, help="prefills served at once (0 = no limit)"
+    )
+    parser.add_argument(
         "--adapters",
         default="",
         help="comma-separated LoRA adapters as ADAPTER=PARENT (listed with their parent)",
@@ -72,6 +87,9 @@ async def _serve(args: argparse.Namespace) -> int:
         "error_rate": args.error_rate,
         "failure": args.failure,
         "seed": args.seed,
+        "prefix_cache_blocks": args.prefix_cache_blocks,
+        "uncached_token_ms": args.uncached_token_ms,
+        "prefill_slots": args.prefill_slots,
         "models": [m for m in args.models.split(",") if m],
         "adapters": dict(a.partition("=")[::2] for a in args.adapters.split(",") if a),
     }

@@ -25,6 +25,7 @@ from gateway.mockbackend.knobs import (
     serves,
     token_text,
 )
+from gateway.mockbackend.prefix_cache import PrefixCache
 
 STATE = web.AppKey("mock_state", MockState)
 MAX_BODY = 1 << 20  # request body limit (bytes); larger bodies get 413
@@ -87,6 +88,18 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
     return "".join(parts)
 
 
+async def prefill(cache: PrefixCache, text: str, knobs: Knobs) -> None:
+    """Wait as long as the prompt's prefill takes (see the module docstring)."""
+    uncached = cache.lookup(text, knobs.prefix_block_chars, knobs.prefix_cache_blocks)
+    seconds = (knobs.ttft_ms + knobs.uncached_token_ms * uncached / 4) / 1000
+    slots = cache.slots(knobs.prefill_slots)
+    if slots is None:
+        await asyncio.sleep(seconds)
+        return
+    async with slots:
+        await asyncio.sleep(seconds)
+
+
 def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
@@ -100,6 +113,7 @@ class _Completion:
     n: int
     prompt_tokens: int
     knobs: Knobs
+    prompt: str = ""
     ident: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
@@ -215,6 +229,7 @@ async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
             n=completion_count(knobs, max_tokens),
             prompt_tokens=estimate_tokens(prompt),
             knobs=knobs,
+            prompt=prompt,
         )
         failure = await _inject(state, job, call)
         if failure is not None:
@@ -223,7 +238,8 @@ async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
             return await _stream(request, job, call, include_usage)
-        await asyncio.sleep((knobs.ttft_ms + knobs.token_delay_ms * max(job.n - 1, 0)) / 1000)
+        await prefill(state.cache, prompt, knobs)
+        await asyncio.sleep(knobs.token_delay_ms * max(job.n - 1, 0) / 1000)
         if knobs.failure == "reset":
             _abort(request, call)
             return web.Response()
@@ -243,7 +259,7 @@ async def _stream(
         await resp.write(_sse(job.preamble(include_usage)))
     if failure in EARLY_FAILURES:
         return await _fail_early(request, resp, call, failure)
-    await asyncio.sleep(job.knobs.ttft_ms / 1000)
+    await prefill(request.app[STATE].cache, job.prompt, job.knobs)
     for i in range(job.n):
         if i:
             await asyncio.sleep(job.knobs.token_delay_ms / 1000)

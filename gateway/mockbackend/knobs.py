@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from gateway.mockbackend.prefix_cache import PrefixCache
+
 if TYPE_CHECKING:
     from gateway.policy.model import MockBackend
 
@@ -66,6 +68,13 @@ class Knobs:
     load_adapters: bool = False
     # Streams start with a role-only chunk (`delta: {role, content: ""}`), as vLLM's do.
     role_preamble: bool = False
+    # The prefix cache and prefill cost (gateway.mockbackend.prefix_cache): blocks kept (0 =
+    # no cache), characters per block, ms per uncached prompt token on top of ttft_ms, and
+    # prefills served at once (0 = no limit).
+    prefix_cache_blocks: int = 0
+    prefix_block_chars: int = 256
+    uncached_token_ms: float = 0.0
+    prefill_slots: int = 0
 
     @classmethod
     def from_policy(cls, cfg: MockBackend) -> Knobs:
@@ -134,6 +143,10 @@ def _check(name: str, value: object) -> object:
         "load": (0, 1, False),
         "waiting": (0, 1_000_000, True),
         "seed": (-(2**63), 2**63 - 1, True),
+        "prefix_cache_blocks": (0, 1_000_000, True),
+        "prefix_block_chars": (1, 1 << 20, True),
+        "uncached_token_ms": (0, 60_000, False),
+        "prefill_slots": (0, 10_000, True),
     }
     low, high, integer = bounds[name]
     if integer and not isinstance(value, int):
@@ -243,6 +256,7 @@ class MockState:
         self.stats = Stats()
         self.started = time.monotonic()
         self._rng = random.Random(knobs.seed)
+        self.cache = PrefixCache()
         self._listeners: list[KnobsListener] = []
 
     def on_change(self, listener: KnobsListener) -> None:
