@@ -10,17 +10,17 @@ Pure: plans come from `gateway.core.balancer`, `ok` says which members may take 
 - **Bounded-load rendezvous** (consistent hashing with bounded loads, Mirrokni et al. 2018, on
   rendezvous hashing so that losing a member moves only its own keys): the members of the level
   are ordered by their weighted rendezvous score for the key; the first whose load after taking
-  the request, `(in_flight + heartbeat load / 10 + 1) / weight`, stays within `load_factor` ×
-  the level's mean `(Σ in_flight + Σ load / 10 + 1) / Σ weight` takes it. The least loaded
-  member always qualifies (it is at or below the mean), so the walk always ends; a hot prefix
-  spills to the next members in its own order instead of piling onto one.
+  the request, `in_flight + heartbeat load / 10 + 1`, stays within its capacity
+  `ceil(load_factor × (Σ load + 1) × weight / Σ weight)` (its weighted share of the load after
+  placing, times the factor) takes it. The least loaded member always fits, so the walk always
+  ends; a hot prefix spills to the next members in its own order instead of piling onto one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from gateway.core.balancer import LOAD_GAIN, Candidate, Level, Plan, Random, mix
@@ -29,32 +29,41 @@ M = TypeVar("M", bound=Candidate)
 Ok = Callable[[Any], bool]
 _SEED = 0x5EED
 _UNIT = float(1 << 53)
+_GOLDEN = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
 
 
 def prompt_prefix(doc: dict[str, Any], nbytes: int) -> bytes:
     """The first `nbytes` bytes of the prompt of an OpenAI chat or completion body (b"" when
     it has none)."""
     messages = doc.get("messages")
-    parts: list[str] = []
-    size = 0
     if isinstance(messages, list):
-        system = [m for m in messages if isinstance(m, dict) and m.get("role") == "system"]
-        rest = [m for m in messages if isinstance(m, dict) and m.get("role") != "system"]
-        for m in system + rest:
-            if size >= nbytes:
-                break
-            text = _text(m.get("content"))
+        first = messages[0] if messages else None
+        if isinstance(first, dict) and first.get("role") == "system":
+            content = first.get("content")
+            if isinstance(content, str) and len(content) >= nbytes:  # a long system prompt
+                return f"system\x1f{content[:nbytes]}".encode("utf-8", "surrogatepass")[:nbytes]
+        ms = [m for m in messages if isinstance(m, dict)]
+        if any(m.get("role") == "system" for m in ms[1:]):  # system prompts first
+            ms = [m for m in ms if m.get("role") == "system"] + [
+                m for m in ms if m.get("role") != "system"
+            ]
+        parts: list[str] = []
+        size = 0
+        for m in ms:
             role = m.get("role")
-            piece = f"{role if isinstance(role, str) else ''}\x1f{text}\x1e"
+            piece = f"{role if isinstance(role, str) else ''}\x1f{_text(m.get('content'))}\x1e"
             parts.append(piece)
             size += len(piece)  # characters ≤ bytes: enough text is gathered
+            if size >= nbytes:
+                break
+        text = "".join(parts)
     else:
         prompt = doc.get("prompt")
-        if isinstance(prompt, str):
-            parts.append(prompt[:nbytes])
-        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            parts.append(prompt[0][:nbytes])
-    return "".join(parts).encode("utf-8", "surrogatepass")[:nbytes]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        text = prompt[:nbytes] if isinstance(prompt, str) else ""
+    return text.encode("utf-8", "surrogatepass")[:nbytes]
 
 
 def _text(content: Any) -> str:
@@ -72,7 +81,9 @@ def prefix_key(doc: dict[str, Any], nbytes: int) -> int | None:
     prefix = prompt_prefix(doc, nbytes)
     if not prefix:
         return None
-    return int.from_bytes(hashlib.blake2b(prefix, digest_size=8).digest(), "big")
+    # CRC-32 spread to 64 bits: the same in every process and replica, and ~3x cheaper than a
+    # cryptographic hash of 2 KB; a collision only makes two prefixes share a member.
+    return mix(zlib.crc32(prefix), len(prefix))
 
 
 def score(m: Candidate) -> float:
@@ -80,26 +91,45 @@ def score(m: Candidate) -> float:
     return c.in_flight + c.load * LOAD_GAIN
 
 
-def _rendezvous(key: int, m: Candidate) -> float:
-    u = ((mix(key, m.hash_key) >> 11) + 0.5) / _UNIT
-    return m.weight / -math.log(u)
-
-
-def bounded_order(members: list[M], key: int, load_factor: float) -> M | None:
-    """The first of `members` in the key's rendezvous order whose load stays within
-    `load_factor` × the mean (see the module docstring)."""
-    if not members:
-        return None
-    if len(members) == 1:
-        return members[0]
-    total_w = sum(m.weight for m in members)
-    total_l = sum(score(m) for m in members)
-    cap = load_factor * (total_l + 1.0) / total_w
-    ranked = sorted(members, key=lambda m: _rendezvous(key, m), reverse=True)
-    for m in ranked:
-        if (score(m) + 1.0) / m.weight <= cap:
+def bounded_order(
+    members: Sequence[M], key: int, load_factor: float, uniform: bool = False
+) -> M | None:
+    """The first of `members` in the key's rendezvous order whose load stays within its
+    capacity (see the module docstring). `uniform`: all weights are equal (the order is then
+    the plain hash order, no logarithm needed)."""
+    n = len(members)
+    if n <= 1:
+        return members[0] if members else None
+    total_w = total_l = 0.0
+    best: M = members[0]
+    best_r = -1.0
+    best_l = 0.0
+    for m in members:
+        c = m.core
+        load = c.in_flight + c.load * LOAD_GAIN
+        total_l += load
+        total_w += m.weight
+        h = ((key ^ m.hash_key) * _GOLDEN) & _MASK  # _rank, inlined: the hot loop
+        h ^= h >> 29
+        r = float(h) if uniform else m.weight / -math.log(((h >> 11) + 0.5) / _UNIT)
+        if r > best_r:
+            best, best_r, best_l = m, r, load
+    share = load_factor * (total_l + 1.0) / total_w
+    if best_l + 1.0 <= math.ceil(share * best.weight):
+        return best  # the common case: the prefix's own member has room
+    ranked = sorted(members, key=lambda m: _rank(key, m, uniform), reverse=True)
+    for m in ranked[1:]:
+        if score(m) + 1.0 <= math.ceil(share * m.weight):
             return m
-    return min(ranked, key=lambda m: (score(m) + 1.0) / m.weight)  # rounding: the least loaded
+    return best  # unreachable: the least loaded member always fits
+
+
+def _rank(key: int, m: Candidate, uniform: bool) -> float:
+    """The member's rendezvous score for the key: one multiply-xorshift round of both (enough
+    to order a few members), weighted as `weight / -ln(u)` unless all weights are equal."""
+    h = ((key ^ m.hash_key) * _GOLDEN) & _MASK
+    h ^= h >> 29
+    return float(h) if uniform else m.weight / -math.log(((h >> 11) + 0.5) / _UNIT)
 
 
 def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
@@ -118,10 +148,14 @@ def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
 def pick_affinity(plan: Plan[M], key: int, load_factor: float, ok: Ok | None) -> M | None:
     """The member for prefix `key` (bounded-load rendezvous) among those `ok` admits; the level
     by the key's own bits, the next levels when none there is admitted."""
+    levels = plan.levels
+    if len(levels) == 1 and ok is None:
+        lv = levels[0]
+        return bounded_order(lv.members, key, load_factor, lv.uniform)
     for lv in _levels(plan, ((mix(key, _SEED) >> 11) + 0.5) / _UNIT):
         members = [m for m in lv.members if ok is None or ok(m)]
         if members:
-            return bounded_order(members, key, load_factor)
+            return bounded_order(members, key, load_factor, lv.uniform)
     return None
 
 

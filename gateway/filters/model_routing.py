@@ -91,7 +91,9 @@ class ModelRouteFilter(RouteFilter):
         if info.protocol is Protocol.HTTP and (ctx.route is None or not ctx.route.needs_body):
             return Status.CONTINUE
         model = body.model
-        route = self.policy.match(info, model)
+        route = ctx.route
+        if route is None or route.model_re is not None:  # else the head's route is the one
+            route = self.policy.match(info, model)
         if route is None:
             return ctx.stop(model_not_found(model) if model is not None else NO_ROUTE)
         ctx.route = route

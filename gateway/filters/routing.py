@@ -41,7 +41,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.routing")
 
-Servings = tuple[Serving | None, ...]  # per backend of a route's split: who serves the model
+MAX_SERVED = 1024  # models remembered per route picker
+Servings = tuple[Serving | None, ...]
+Served = tuple[Servings, Servings | None]  # who serves a model; who would load it (adapters)
+_MISSING = object()  # per backend of a route's split: who serves the model
 
 CANARY_ON = frozenset({"1", "true", "canary", "yes"})
 CANARY_OFF = frozenset({"0", "false", "stable", "no"})
@@ -53,7 +56,8 @@ class RoutePicker:
 
     __slots__ = (
         "route", "groups", "weights", "swrr", "canary", "guard", "budget", "override", "sticky",
-        "retry", "clock", "models", "prefix_bytes", "load_factor",
+        "retry", "clock", "models", "prefix_bytes", "load_factor", "served", "served_epoch",
+        "book",
     )  # fmt: skip
 
     def __init__(self, route: CompiledRoute, policy: CompiledPolicy, pool: BackendPool) -> None:
@@ -66,6 +70,10 @@ class RoutePicker:
         self.models = tuple(g.models for g in self.groups) if route.by_model else ()
         self.prefix_bytes = route.prefix_bytes
         self.load_factor = route.load_factor
+        # serving() answers by model, while no listing or membership changed (bounded).
+        self.served: dict[str, Served | None] = {}
+        self.served_epoch = -1
+        self.book = next((mv.book for mv in self.models if mv is not None), None)
         self.swrr = SmoothWeightedRoundRobin(self.weights)
         self.clock = pool.clock
         c = route.canary
@@ -118,13 +126,31 @@ class RoutePicker:
         weights = self._split({}, None, now)
         return {st.name: w for st, w in zip(self.groups, weights, strict=True)}
 
-    def serving(self, model: str) -> Servings | None:
-        """Who serves `model` in each backend of the split (by_model routes), or None when no
-        backend does."""
+    def serving(self, model: str) -> Served | None:
+        """Who serves `model` in each backend of the split (by_model routes), and who would
+        load it (an adapter's parent's members, per backend; None when none would), or None
+        when no backend serves it."""
+        book = self.book
+        epoch = book.epoch if book is not None else 0
+        served = self.served
+        if epoch != self.served_epoch or len(served) >= MAX_SERVED:
+            served.clear()
+            self.served_epoch = epoch
+        else:
+            got = served.get(model, _MISSING)
+            if got is not _MISSING:
+                return got  # type: ignore[return-value]
         out = tuple(
             ALL if mv is None else mv.index().serving(model) for mv in self.models
         )  # fmt: skip
-        return out if any(x is not None for x in out) else None
+        res: Served | None = None
+        if any(x is not None for x in out):
+            fb = None
+            if any(x is not None and x.fallback is not None for x in out):
+                fb = tuple(x.fallback if x is not None else None for x in out)
+            res = (out, fb)
+        served[model] = res
+        return res
 
     def first(
         self, ctx: RequestContext, now: float, choice: Choice | None = None
@@ -180,22 +206,27 @@ class RoutePicker:
         the split among those serving the model (by the key when there is one), then the
         member among those serving it; another serving backend when that one has none."""
         groups = self.groups
-        weights = self._split(headers, key, now) if len(groups) > 1 else [1.0]
         sv = c.servings
-        if sv is not None:
-            weights = [w if sv[i] is not None else 0.0 for i, w in enumerate(weights)]
+        live = [0] if len(groups) == 1 else [i for i, s in enumerate(sv) if s] if sv else []
+        weights: list[float] = [1.0]
+        if len(live) != 1:  # the split between the backends that serve the model
+            weights = self._split(headers, key, now)
+            if sv is not None:
+                weights = [w if sv[i] is not None else 0.0 for i, w in enumerate(weights)]
+            live = [i for i, w in enumerate(weights) if w > 0]
         if skip >= 0:
             order = [skip]
+        elif len(live) == 1:
+            order = live  # one backend serves the model: no split to make
         else:
             k = key if key is not None else c.prefix
             g_ = split_sticky(weights, k) if k is not None else self.swrr.pick_with(weights)
             if g_ is None:
                 return None, 0
             order = [g_]
-        order += [i for i, w in enumerate(weights) if w > 0 and i != order[0]]
-        tiers: list[Servings | None] = [sv]
-        if sv is not None and any(s is not None and s.fallback is not None for s in sv):
-            tiers.append(tuple(s.fallback if s is not None else None for s in sv))
+        if len(live) > 1 or skip >= 0:
+            order += [i for i in live if i != order[0]]
+        tiers: tuple[Servings | None, ...] = (sv,) if c.fallback is None else (sv, c.fallback)
         for tier in tiers:  # an adapter's loaded members first, then its parent's
             for g in order:
                 s = tier[g] if tier is not None else None
@@ -319,10 +350,13 @@ class Choice:
     """What a request routed on its body brings to the member choice (kept for its retries):
     who serves its model in each backend (None: no model routing), its prompt-prefix key."""
 
-    __slots__ = ("servings", "prefix")
+    __slots__ = ("servings", "fallback", "prefix")
 
-    def __init__(self, servings: Servings | None, prefix: int | None) -> None:
-        self.servings = servings
+    def __init__(self, served: Served | None, prefix: int | None) -> None:
+        self.servings: Servings | None = None
+        self.fallback: Servings | None = None
+        if served is not None:
+            self.servings, self.fallback = served
         self.prefix = prefix
 
 

@@ -135,7 +135,7 @@ class ModelBook:
     def __init__(self, services: Services) -> None:
         self.services = services
         self.boxes: dict[tuple[str, str, str], ListingBox] = {}
-        self.epoch = 0  # counts listing changes: indexes rebuild when it moves
+        self.epoch = 0  # counts listing and membership changes: indexes rebuild when it moves
 
     def box(self, backend: str, ep: Endpoint, cfg: Models) -> ListingBox:
         key = (backend, ep.upstream_key, cfg.model_dump_json())
@@ -204,7 +204,7 @@ MODELS: Final = ServiceKey[ModelBook]("models")  # every member's model listing
 class ModelsView:
     """One backend section's models: its static names, its members' listings, the index."""
 
-    __slots__ = ("book", "cfg", "boxes", "parents", "_index", "_epoch", "_size")
+    __slots__ = ("book", "cfg", "boxes", "parents", "_index", "_epoch")
 
     def __init__(self, book: ModelBook, cfg: Backend) -> None:
         assert cfg.models is not None
@@ -216,15 +216,16 @@ class ModelsView:
         self.parents: dict[str, str] = {}
         self._index: ModelIndex | None = None
         self._epoch = -1
-        self._size = -1
 
     def track(self, ep: Endpoint) -> None:
         m = self.cfg.models
         if m is not None and m.discover:
             self.boxes[ep.address] = self.book.box(self.cfg.name, ep, m)
+            self.book.epoch += 1
 
     def forget(self, address: str) -> None:
-        self.boxes.pop(address, None)
+        if self.boxes.pop(address, None) is not None:
+            self.book.epoch += 1
 
     def start(self) -> None:
         for b in self.boxes.values():
@@ -242,7 +243,7 @@ class ModelsView:
 
     def index(self) -> ModelIndex:
         ix = self._index
-        if ix is None or self._epoch != self.book.epoch or self._size != len(self.boxes):
+        if ix is None or self._epoch != self.book.epoch:
             m = self.cfg.models
             assert m is not None
             listings = {a: b.listing for a, b in self.boxes.items() if b.listing is not None}
@@ -250,7 +251,7 @@ class ModelsView:
             if len(ix.parents) <= MAX_PARENTS:
                 self.parents = dict(ix.parents)
             self._index = ix
-            self._epoch, self._size = self.book.epoch, len(self.boxes)
+            self._epoch = self.book.epoch
         return ix
 
     def state(self) -> dict[str, object]:

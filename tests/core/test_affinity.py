@@ -72,7 +72,8 @@ def order_of(ms: list[M], key: int) -> list[M]:
         ([5, 0, 0, 0], 1.25, 1),  # it is busier than 1.25 x the mean: the next one
         ([5, 5, 0, 0], 1.25, 2),
         ([2, 1, 1, 1], 2.0, 0),  # within 2 x the mean: stays
-        ([3, 1, 1, 1], 2.0, 1),
+        ([3, 1, 1, 1], 2.0, 0),  # 4 fits ceil(2 x 7 / 4)
+        ([4, 1, 1, 1], 2.0, 1),
         ([2, 2, 2, 2], 1.0, 0),  # all equal: the first still fits
         ([9, 9, 9, 0], 1.25, 3),
     ],
