@@ -39,7 +39,8 @@ REQUEST_DROP = HOP_BY_HOP | {
     b"x-forwarded-for",
     b"x-forwarded-proto",
 }
-RESPONSE_DROP = HOP_BY_HOP | {b"content-length"}
+# An upstream's own overhead figure (a Sluice in front of a Sluice) is replaced by this one's.
+RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"x-sluice-overhead-ms"}
 
 JSON = "application/json"  # content type of `error_body`
 
