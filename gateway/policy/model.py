@@ -181,6 +181,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         if r.strip_prefix and not r.strip_prefix.startswith("/"):
             errors.append((("routes", i, "strip_prefix"), "must start with '/'"))
         errors += _route_errors(i, r)
+    errors += _model_route_auth_errors(p.routes)
     errors += auth_reference_errors(p.auth, [r.auth for r in p.routes], p.filters)
     hb, cap = p.datapath.max_header_block_bytes, p.limits.grpc_max_metadata_bytes
     if p.datapath.enabled and hb and hb < 2 * cap:  # HPACK output stays below the metadata size
@@ -288,4 +289,28 @@ def _route_errors(i: int, r: Route) -> list[tuple[Loc, str]]:
             )
     if len(set(names)) != len(names):
         errors.append((("routes", i, "backends"), "a backend appears twice in the split"))
+    return errors
+
+
+def _model_route_auth_errors(routes: list[Route]) -> list[tuple[Loc, str]]:
+    """A route with `match.model` is decided on the body, after the auth filter authorised the
+    request against the first route its head matches: every later route that may take the same
+    requests (same listener, one path prefix within the other) must ask for the same `auth`,
+    or a request could be let in under one route's setting and served by another's."""
+    errors: list[tuple[Loc, str]] = []
+    for i, r in enumerate(routes):
+        if not r.match.model:
+            continue
+        for later in routes[i + 1 :]:
+            m, n = r.match, later.match
+            same_listener = "any" in (m.protocol, n.protocol) or m.protocol == n.protocol
+            a, b = m.path_prefix, n.path_prefix
+            if same_listener and (a.startswith(b) or b.startswith(a)) and later.auth != r.auth:
+                errors.append((
+                    ("routes", i, "auth"),
+                    f"route {r.name!r} matches on the model and so is decided after "
+                    f"authentication: give it the same `auth` as route {later.name!r}, which "
+                    "may take the same requests",
+                ))  # fmt: skip
+                break
     return errors

@@ -102,3 +102,26 @@ routes:
 """
     errors = load(tmp_path, text)
     assert errors and errors[0].startswith(error), errors
+
+
+def test_a_model_route_asks_for_the_auth_of_the_routes_it_shadows(tmp_path: Path) -> None:
+    text = """\
+backends:
+  - name: b
+    endpoints: [{address: "127.0.0.1:1"}]
+routes:
+  - name: pinned
+    match: {path_prefix: /v1/, model: ["llama-*"]}
+    backend: b
+    auth: off
+  - name: other
+    match: {path_prefix: /v2/}
+    backend: b
+  - name: openai
+    match: {path_prefix: /}
+    backend: b
+"""
+    errors = load(tmp_path, text)
+    assert len(errors) == 1 and errors[0].startswith("8:11: routes[0].auth: route 'pinned'")
+    assert "route 'openai'" in errors[0]
+    assert load(tmp_path, text.replace("    auth: off\n", "")) == []
