@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.backends_support import Gw, Spawn, start_gateway, wait_until
+from tests.integration.backends_support import Gw, Spawn, rewrite, start_gateway, wait_until
 from tests.integration.llm_support import addresses, chat, chats
 
 pytestmark = pytest.mark.integration
@@ -135,4 +135,29 @@ routes:
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         r = await c.post("/v1/chat/completions", json=chat("sql-lora"))
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    gw.stop()
+
+
+async def test_a_reload_keeps_what_was_discovered(tmp_path: Path, spawn: Spawn) -> None:
+    (a,) = spawn(1, "--ttft-ms", "1", "--completion-tokens", "1", "--models", "llama-3-8b")
+    body = f"""\
+backends:
+  - name: llama
+    endpoints: [{addresses([a])}]
+    models: {{discover: true, interval_s: 3600}}
+routes:
+  - name: openai
+    match: {{protocol: http, path_prefix: /v1/}}
+    backend: llama
+    by_model: true
+"""
+    gw = start_gateway(tmp_path, body)
+    await wait_until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b"])
+    before = gw.version()
+    rewrite(gw, body.replace("name: openai", "name: openai2"))  # a reload, same backend section
+    await wait_until(lambda: gw.version() != before)
+    state = gw.backends()["backends"]["llama"]["models"]["members"][a.address]
+    assert state["models"] == ["llama-3-8b"] and state["reads"] == 1  # kept, not listed again
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
+        assert await served_by(c, "llama-3-8b", 2) == 2
     gw.stop()
