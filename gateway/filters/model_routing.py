@@ -27,7 +27,8 @@ from gateway.core.affinity import prefix_key
 from gateway.core.body import RequestBody
 from gateway.core.request import Protocol
 from gateway.core.verdict import GRPC_NOT_FOUND, GRPC_OK, NO_ENDPOINT, NO_ROUTE, Verdict, answer
-from gateway.filters.routing import Choice, RouteFilter, RoutePicker
+from gateway.filters.choice import Choice
+from gateway.filters.routing import RouteFilter, RoutePicker
 from gateway.filters.routing import build as build_plain
 from gateway.registry.pool import BACKENDS, BackendPool
 

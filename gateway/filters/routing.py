@@ -20,16 +20,17 @@ to the canary even while it is guarded (an explicit opt-in, e.g. a tester); `0`,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext, Status
 from gateway.core.balancer import SmoothWeightedRoundRobin, hash_key, split_sticky
 from gateway.core.canary import CanaryGuard
-from gateway.core.models import ALL, Serving
+from gateway.core.models import ALL
 from gateway.core.outcome import Outcome
 from gateway.core.retry import RetryBudget, RetryParams, retriable
 from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
+from gateway.filters.choice import MAX_SERVED, Choice, Served, Servings, admits
 from gateway.registry.member import Attempt, Member, Result
 from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.registry.view import BackendView
@@ -41,10 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.routing")
 
-MAX_SERVED = 1024  # models remembered per route picker
-Servings = tuple[Serving | None, ...]
-Served = tuple[Servings, Servings | None]  # who serves a model; who would load it (adapters)
-_MISSING = object()  # per backend of a route's split: who serves the model
+_MISSING = object()  # not in the picker's `served` cache
 
 CANARY_ON = frozenset({"1", "true", "canary", "yes"})
 CANARY_OFF = frozenset({"0", "false", "stable", "no"})
@@ -235,7 +233,7 @@ class RoutePicker:
                 members = s.members if s is not None else None
                 ok = None
                 if members is not None or tried:
-                    ok = _admits(members, tried)
+                    ok = admits(members, tried)
                 got = groups[g].take(now, key, ok=ok, prefix=c.prefix,
                                      load_factor=self.load_factor)  # fmt: skip
                 if got is not None:
@@ -344,28 +342,6 @@ class RoutePicker:
         if self.budget is not None:
             out["retry_budget"] = self.budget.snapshot()
         return out
-
-
-class Choice:
-    """What a request routed on its body brings to the member choice (kept for its retries):
-    who serves its model in each backend (None: no model routing), its prompt-prefix key."""
-
-    __slots__ = ("servings", "fallback", "prefix")
-
-    def __init__(self, served: Served | None, prefix: int | None) -> None:
-        self.servings: Servings | None = None
-        self.fallback: Servings | None = None
-        if served is not None:
-            self.servings, self.fallback = served
-        self.prefix = prefix
-
-
-def _admits(members: frozenset[str] | None, tried: tuple[Member, ...]) -> Callable[[Member], bool]:
-    if members is None:
-        return lambda m: m not in tried
-    if not tried:
-        return lambda m: m.address in members
-    return lambda m: m.address in members and m not in tried
 
 
 class RouteFilter:
