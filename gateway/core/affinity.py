@@ -31,6 +31,8 @@ _SEED = 0x5EED
 _UNIT = float(1 << 53)
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
+_SYSTEM = b"system\x1f"  # how prompt_prefix starts a system message
+_SYSTEM_CRC = zlib.crc32(_SYSTEM)
 
 
 def prompt_prefix(doc: dict[str, Any], nbytes: int) -> bytes:
@@ -78,12 +80,24 @@ def _text(content: Any) -> str:
 
 def prefix_key(doc: dict[str, Any], nbytes: int) -> int | None:
     """The 64-bit key of the prompt's prefix, or None for a body without a prompt."""
+    # CRC-32 spread to 64 bits: the same in every process and replica, and ~3x cheaper than a
+    # cryptographic hash of 2 KB; a collision only makes two prefixes share a member.
+    messages = doc.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if isinstance(first, dict) and first.get("role") == "system":
+        content = first.get("content")
+        if isinstance(content, str) and len(content) >= nbytes:  # a long system prompt: the
+            text = content[:nbytes].encode("utf-8", "surrogatepass")  # same bytes as
+            rest = memoryview(text)[: nbytes - len(_SYSTEM)]  # prompt_prefix, fewer copies
+            return _spread(zlib.crc32(rest, _SYSTEM_CRC), len(_SYSTEM) + len(rest))
     prefix = prompt_prefix(doc, nbytes)
     if not prefix:
         return None
-    # CRC-32 spread to 64 bits: the same in every process and replica, and ~3x cheaper than a
-    # cryptographic hash of 2 KB; a collision only makes two prefixes share a member.
-    return mix(zlib.crc32(prefix), len(prefix))
+    return _spread(zlib.crc32(prefix), len(prefix))
+
+
+def _spread(crc: int, size: int) -> int:
+    return ((crc << 32 | size) * _GOLDEN) & _MASK
 
 
 def score(m: Candidate) -> float:

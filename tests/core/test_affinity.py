@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 from typing import Any
 
 import pytest
@@ -39,6 +40,14 @@ SYS = {"role": "system", "content": "You are terse."}
 )  # fmt: skip
 def test_prompt_prefix(doc: dict[str, Any], n: int, want: bytes) -> None:
     assert prompt_prefix(doc, n) == want
+
+
+@pytest.mark.parametrize("system", ["s" * 3000, "é" * 3000, "s" * 2048, "日本" * 1100, "s" * 9])
+def test_the_long_system_prompt_shortcut_hashes_the_same_bytes(system: str) -> None:
+    doc = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "q"}]}
+    prefix = prompt_prefix(doc, 2048)
+    crc = zlib.crc32(prefix)
+    assert prefix_key(doc, 2048) == ((crc << 32 | len(prefix)) * 0x9E3779B97F4A7C15) % 2**64
 
 
 def test_the_key_depends_on_the_first_bytes_only() -> None:
