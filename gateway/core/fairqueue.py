@@ -298,12 +298,17 @@ class FairQueue:
         return out
 
     # -- finish -------------------------------------------------------------------------------
-    def finish(self, w: Waiter, now: float, cost: float, ttft: float | None = None) -> list[Waiter]:
+    def finish(
+        self, w: Waiter, now: float, cost: float, ttft: float | None = None, served: bool = True
+    ) -> list[Waiter]:
         """A dispatched request ended: its slot is free, its tenant's counter reconciled with
         the `cost` it was served (tokens × the policy's weights); returns the waiters that take
-        the free slots."""
+        the free slots. `served` False: it never reached the backend (refused later, client
+        gone): its charge is refunded and it teaches nothing about hold times."""
         if w.state != DISPATCHED:
             return []
+        if not served:
+            cost, ttft = 0.0, None
         w.state = GONE
         t = w.tenant
         t.in_flight -= 1
@@ -314,6 +319,8 @@ class FairQueue:
             if t.live > 0:
                 self.seq += 1
                 heapq.heappush(self.classes[w.cls].heap, (t.vt, self.seq, t.ver, t))
+        if not served:
+            return self.dispatchable(now)
         t.served += cost
         t.avg_cost = cost if t.avg_cost == 0.0 else t.avg_cost + EWMA * (cost - t.avg_cost)
         hold = now - w.dispatched

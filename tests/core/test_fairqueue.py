@@ -224,3 +224,13 @@ def test_heaps_stay_bounded_by_the_live_waiters() -> None:
     assert len(q.classes[0].heap) < 100 and len(q.classes[0].arrivals) < 200
     q.capacity = 2
     assert q.next(1.0) is keep
+
+
+def test_a_request_that_never_reached_the_backend_is_refunded_and_teaches_nothing() -> None:
+    q = FairQueue(P, 1)
+    w, _ = q.arrive(q.tenant("a", 0), 0, 0.0)
+    assert isinstance(w, Waiter) and w.tenant.vt == 10.0
+    nxt = waiter(q, "b")
+    assert q.finish(w, 3.0, 999.0, 0.5, served=False) == [nxt]
+    assert w.tenant.vt == 0.0 and w.tenant.served == 0.0
+    assert q.hold_s == 0.0 and q.ttft_s == 0.0 and w.tenant.avg_cost == 0.0
