@@ -36,6 +36,7 @@ from gateway.core.fairqueue import (
     Waiter,
 )
 from gateway.core.keys import compile_key
+from gateway.core.overload import Colour
 from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
 from gateway.policy.admission import Admission
 from gateway.policy.compiled import CompiledPolicy
@@ -118,7 +119,7 @@ class AdmissionFilter:
         self.pools: dict[str, PoolQueue] = {
             route: book.pool(s, self.params) for route, s in specs.items()
         }
-        self.priority, _, _ = priority_of(policy)
+        self.priority, self.top, self.lowest = priority_of(policy)
         f = section.fairness
         self.key = compile_key(f.key)
         self.c_in, self.c_out = f.cost.input, f.cost.output
@@ -154,11 +155,19 @@ class AdmissionFilter:
                     ms = -1.0
                 if 0.0 <= ms <= MAX_DEADLINE_MS:
                     deadline = now + ms / 1000
-        if not pq.spec.fixed and self.lim is not None:
+        q = pq.q
+        if self.lim is not None:
             ps = self.lim.pools.get(pq.name)
             if ps is not None:
-                pq.resize(int(ps.limit.limit), now)
-        q = pq.q
+                if not pq.spec.fixed:
+                    pq.resize(int(ps.limit.limit), now)
+                colour = ps.machine.colour
+                if colour and q.waiting and self.top < self.lowest:
+                    # As the limits shed arrivals (core.overload.sheds), from the queue's tail:
+                    # yellow sheds the lowest class, red every class but the top.
+                    keep = self.top if colour is Colour.RED else self.lowest - 1
+                    for gone in q.shed(keep):
+                        pq.refuse(gone, SHED)
         wt = self.weight.of(headers, claims) if self.weight is not None else 1.0
         w, evicted = q.arrive(q.tenant(self.key(info, claims, route.name, None), prio, wt),
                               prio, now, deadline)  # fmt: skip

@@ -87,6 +87,8 @@ class RateLimitFilter:
 
     def activate(self) -> None:
         self.lim.activate(self.c)
+        for ps in self.lim.pools.values():
+            ps.room = self.c.room
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:

@@ -119,6 +119,7 @@ class CompiledLimits:
     has_tokens: bool
     cut: bool  # some rule cuts overrunning streams
     queued: bool  # `admission` queues at the pools' limits: no refusal there
+    room: int  # the admission queue's `max_queued` (0: no queue)
 
 
 def _rule(r: RateRule, s: RateLimits, th: Thresholds) -> CompiledRule:
@@ -181,4 +182,5 @@ def compile_limits(section: RateLimits, policy: CompiledPolicy) -> CompiledLimit
         has_tokens=any(r.has_t for r in rules),
         cut=any(r.cut and r.has_t for r in rules),
         queued=policy.policy.admission is not None,
+        room=policy.policy.admission.queue.max_queued if policy.policy.admission else 0,
     )

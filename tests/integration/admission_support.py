@@ -41,7 +41,7 @@ def start_backend(tmp: Path, slots: int, ttft_ms: float, token_ms: float) -> Bac
 
 
 def policy(backend: Backend, http: int, admin: int, max_in_flight: int | None,
-           queue: bool, max_wait_ms: float = 5000) -> str:  # fmt: skip
+           queue: bool, max_wait_ms: float = 5000, tail: str = "") -> str:  # fmt: skip
     limit = f"\n    max_in_flight: {max_in_flight}" if max_in_flight else ""
     return f"""\
 version: 1
@@ -58,15 +58,15 @@ routes:
     match: {{protocol: http, path_prefix: /v1/}}
     backend: sim
 access_log: {{enabled: true, headers: [x-tenant]}}
-{ADMISSION.format(max_wait_ms=max_wait_ms) if queue else ""}"""
+{ADMISSION.format(max_wait_ms=max_wait_ms) if queue else ""}{tail}"""
 
 
 def start(backend: Backend, tmp: Path, max_in_flight: int | None, queue: bool,
-          max_wait_ms: float = 5000) -> Gateway:  # fmt: skip
+          max_wait_ms: float = 5000, tail: str = "") -> Gateway:  # fmt: skip
     http, admin = free_port(), free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "policy.yaml"
-    path.write_text(policy(backend, http, admin, max_in_flight, queue, max_wait_ms))
+    path.write_text(policy(backend, http, admin, max_in_flight, queue, max_wait_ms, tail))
     proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log")
     wait_ready(admin, proc)
     return Gateway(proc, path, http, 0, admin)

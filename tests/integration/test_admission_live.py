@@ -154,3 +154,47 @@ async def test_a_reload_of_the_queue_section_keeps_waiting_requests(
         assert gw.proc.stop() == 0, gw.proc.output()
     assert [a.status_code for a in answers] == [200] * 4
     assert one_slot.stats()["peak_generating"] == 1
+
+
+ADAPTIVE = """rate_limits:
+  concurrency: {latency_slo_ms: 5000, initial_limit: 4, min_limit: 4, max_limit: 4}
+"""
+
+
+async def test_an_adaptive_pool_queues_and_its_colour_sheds_the_queue_tail(
+    one_slot: Backend, tmp_path: Path
+) -> None:
+    """The adaptive limit (4 here) is the queue's capacity; the pool's colour counts the queue's
+    room (max_queued 4 here, replaced in the policy): as the queue fills, yellow sheds the
+    lowest class (free) from the queue, gold keeps waiting and is served."""
+    gw = start(one_slot, tmp_path, max_in_flight=None, queue=True, tail=ADAPTIVE)
+    gw.policy.write_text(gw.policy.read_text().replace("max_queued: 2000", "max_queued: 4"))
+    req = urllib.request.Request(f"{gw.admin}/admin/policy/reload", method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert json.loads(r.read())["last_reload"]["ok"]
+    url = f"{gw.http}/v1/chat/completions"
+
+    def call(http: httpx.AsyncClient, tier: str) -> asyncio.Future[httpx.Response]:
+        return asyncio.ensure_future(
+            http.post(url, json=SLOW, headers={"x-tenant": tier, "x-tier": tier}))  # fmt: skip
+
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+            gold = [call(http, "gold") for _ in range(4)]
+            await eventually(lambda: pool(gw)["in_flight"] == 4)
+            assert pool(gw)["capacity"] == 4  # the adaptive limit
+            free = []
+            for n in range(1, 3):
+                free.append(call(http, "free"))
+                await eventually(lambda n=n: pool(gw)["queued"] == n)  # green: they wait
+            free.append(call(http, "free"))  # 7 of 4 + 4: yellow, the free tail is shed
+            await eventually(lambda: pool(gw)["refused"].get("shed", 0) >= 2)
+            gold.append(call(http, "gold"))  # gold still waits in yellow, and is served
+            answers = await asyncio.gather(*gold, *free)
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+    assert [a.status_code for a in answers[:5]] == [200] * 5
+    shed = [a for a in answers[5:] if a.status_code == 503]
+    assert len(shed) >= 2 and all(a.headers["retry-after"] for a in shed)
+    assert {a.json()["error"]["type"] for a in shed} <= {"shed", "overloaded"}
+    assert any(a.json()["error"]["type"] == "shed" for a in shed)
