@@ -40,36 +40,41 @@ def start_backend(tmp: Path, slots: int, ttft_ms: float, token_ms: float) -> Bac
     return Backend(proc, http, grpc, admin)
 
 
-def policy(backend: Backend, http: int, admin: int, max_in_flight: int | None,
+def policy(backend: Backend, http: int, grpc: int, admin: int, max_in_flight: int | None,
            queue: bool, max_wait_ms: float = 5000, tail: str = "") -> str:  # fmt: skip
     limit = f"\n    max_in_flight: {max_in_flight}" if max_in_flight else ""
+    glimit = f", max_in_flight: {max_in_flight}" if max_in_flight else ""
     return f"""\
 version: 1
 listeners:
   http: {{host: 127.0.0.1, port: {http}, engine: native}}
+  grpc: {{host: 127.0.0.1, port: {grpc}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
 timeouts: {{first_byte_s: 30, total_s: 60}}
 backends:
   - name: sim
     protocol: http
     endpoints: [{{address: "127.0.0.1:{backend.http_port}"}}]{limit}
+  - {{name: sim-grpc, protocol: grpc, unary_methods: [/sluice.inference.v1.Inference/Infer],
+     endpoints: [{{address: "127.0.0.1:{backend.grpc_port}"}}]{glimit}}}
 routes:
   - name: openai
     match: {{protocol: http, path_prefix: /v1/}}
     backend: sim
+  - {{name: grpc, match: {{protocol: grpc}}, backend: sim-grpc}}
 access_log: {{enabled: true, headers: [x-tenant]}}
 {ADMISSION.format(max_wait_ms=max_wait_ms) if queue else ""}{tail}"""
 
 
 def start(backend: Backend, tmp: Path, max_in_flight: int | None, queue: bool,
           max_wait_ms: float = 5000, tail: str = "") -> Gateway:  # fmt: skip
-    http, admin = free_port(), free_port()
+    http, grpc, admin = free_port(), free_port(), free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "policy.yaml"
-    path.write_text(policy(backend, http, admin, max_in_flight, queue, max_wait_ms, tail))
+    path.write_text(policy(backend, http, grpc, admin, max_in_flight, queue, max_wait_ms, tail))
     proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log")
     wait_ready(admin, proc)
-    return Gateway(proc, path, http, 0, admin)
+    return Gateway(proc, path, http, grpc, admin)
 
 
 @dataclass

@@ -19,13 +19,16 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 
+from gateway.proto import load
 from tests.integration.admission_support import start, start_backend, two_tenants
 from tests.integration.conftest import Backend, Gateway
 
 pytestmark = pytest.mark.integration
+pb2, pb2_grpc = load()
 
 RUN_S = 4.0
 
@@ -198,3 +201,50 @@ async def test_an_adaptive_pool_queues_and_its_colour_sheds_the_queue_tail(
     assert len(shed) >= 2 and all(a.headers["retry-after"] for a in shed)
     assert {a.json()["error"]["type"] for a in shed} <= {"shed", "overloaded"}
     assert any(a.json()["error"]["type"] == "shed" for a in shed)
+
+
+async def test_grpc_calls_wait_in_their_pools_queue_too(one_slot: Backend, tmp_path: Path) -> None:
+    gw = start(one_slot, tmp_path, max_in_flight=1, queue=True)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch:
+            stub = pb2_grpc.InferenceStub(ch)
+
+            def infer(tenant: str, timeout: float = 20.0) -> Any:
+                return stub.Infer(pb2.InferRequest(prompt="hi", max_tokens=40),
+                                  metadata=(("x-tenant", tenant),), timeout=timeout)  # fmt: skip
+
+            calls = [asyncio.ensure_future(infer(t)) for t in ("a", "b", "c")]
+            await eventually(lambda: pool(gw, "sim-grpc")["queued"] == 2)
+            assert pool(gw, "sim-grpc")["in_flight"] == 1
+            leaver = asyncio.ensure_future(infer("d", timeout=0.3))  # its deadline passes queued
+            with pytest.raises(grpc.aio.AioRpcError):
+                await leaver
+            replies = await asyncio.gather(*calls)
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+    assert all(r.text for r in replies)
+    assert one_slot.stats()["requests"]["grpc Infer"] == 3  # the one that gave up never ran
+
+
+async def test_a_hopeless_deadline_is_refused_at_once(one_slot: Backend, tmp_path: Path) -> None:
+    gw = start(one_slot, tmp_path, max_in_flight=1, queue=True)
+    url = f"{gw.http}/v1/chat/completions"
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+            warm = await http.post(url, json=SLOW, headers={"x-tenant": "a"})  # hold time ~0.8 s
+            assert warm.status_code == 200
+            busy = asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": "a"}))
+            await eventually(lambda: pool(gw)["in_flight"] == 1)
+            t0 = time.monotonic()
+            hopeless = await http.post(url, json=SLOW, headers={
+                "x-tenant": "b", "x-sluice-deadline-ms": "50"})  # fmt: skip
+            took = time.monotonic() - t0
+            fine = await http.post(url, json=SLOW, headers={
+                "x-tenant": "b", "x-sluice-deadline-ms": "10000"})  # fmt: skip
+            assert (await busy).status_code == 200
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+    assert hopeless.status_code == 503 and took < 0.5  # at once, not after waiting
+    assert hopeless.json()["error"]["type"] == "deadline_unreachable"
+    assert int(hopeless.headers["retry-after"]) >= 1
+    assert fine.status_code == 200
