@@ -31,6 +31,7 @@ ADMISSION = """admission:
 
 def start_backend(tmp: Path, slots: int, ttft_ms: float, token_ms: float) -> Backend:
     http, grpc, admin = free_port(), free_port(), free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
     proc = Proc(["mock-backend", "--http", f"127.0.0.1:{http}", "--grpc", f"127.0.0.1:{grpc}",
                  "--admin", f"127.0.0.1:{admin}", "--slots", str(slots), "--ttft-ms", str(ttft_ms),
                  "--token-delay-ms", str(token_ms), "--completion-tokens", "1000"],
@@ -67,12 +68,13 @@ access_log: {{enabled: true, headers: [x-tenant]}}
 
 
 def start(backend: Backend, tmp: Path, max_in_flight: int | None, queue: bool,
-          max_wait_ms: float = 5000, tail: str = "") -> Gateway:  # fmt: skip
+          max_wait_ms: float = 5000, tail: str = "",
+          env: dict[str, str] | None = None) -> Gateway:  # fmt: skip
     http, grpc, admin = free_port(), free_port(), free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "policy.yaml"
     path.write_text(policy(backend, http, grpc, admin, max_in_flight, queue, max_wait_ms, tail))
-    proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log")
+    proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env=env)
     wait_ready(admin, proc)
     return Gateway(proc, path, http, grpc, admin)
 
