@@ -43,6 +43,7 @@ from gateway.policy.compiled import CompiledPolicy
 from gateway.ratelimit.compiled import pool_name, priority_of
 from gateway.ratelimit.owner import Limiter, limiter_for
 from gateway.services import Services
+from gateway.settings import Settings
 from gateway.telemetry import metrics
 
 NAME = "admission"
@@ -60,10 +61,12 @@ REFUSALS: dict[str, Verdict] = {
 }  # fmt: skip
 
 
-def pool_specs(policy: CompiledPolicy) -> dict[str, PoolSpec]:
+def pool_specs(policy: CompiledPolicy, workers: int = 1) -> dict[str, PoolSpec]:
     """Route name -> its pool's spec, for the routes whose pool has a limit to queue at: every
-    backend with `max_in_flight` (Σ static members × it), else the adaptive concurrency limit
-    (`rate_limits.concurrency`); a pool with neither never queues and is left out."""
+    backend with `max_in_flight` (Σ static members × it; under `--workers N` each worker takes
+    1/N of it, rounded up, so that N workers pass it by at most N - 1), else the adaptive
+    concurrency limit (`rate_limits.concurrency`); a pool with neither never queues and is left
+    out."""
     p = policy.policy
     backends = {b.name: b for b in p.backends}
     adaptive = p.rate_limits is not None and p.rate_limits.concurrency is not None
@@ -73,6 +76,7 @@ def pool_specs(policy: CompiledPolicy) -> dict[str, PoolSpec]:
         bs = [backends[n] for n in names if n in backends]
         if bs and all(b.max_in_flight and b.endpoints for b in bs):
             fixed = sum((b.max_in_flight or 0) * len(b.endpoints) for b in bs)
+            fixed = -(-fixed // workers)
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), fixed)
         elif bs and adaptive:
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), 0)
@@ -114,7 +118,7 @@ class AdmissionFilter:
         self.now: Callable[[], float] = book.clock.now
         q = section.queue
         self.params = QueueParams(max_queued=q.max_queued, max_wait_s=q.max_wait_ms / 1000)
-        specs = pool_specs(policy)
+        specs = pool_specs(policy, Settings.from_env().workers)
         self.specs = list({s.name: s for s in specs.values()}.values())
         self.pools: dict[str, PoolQueue] = {
             route: book.pool(s, self.params) for route, s in specs.items()
