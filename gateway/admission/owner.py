@@ -29,11 +29,14 @@ LIVE_BOOKS: weakref.WeakSet[AdmissionBook] = weakref.WeakSet()  # read by the me
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
-    """What a policy says of one pool: its fixed capacity (Σ members × `max_in_flight`), or
-    0 when the adaptive concurrency limit of `rate_limits.concurrency` sets it."""
+    """What a policy says of one pool: its fixed capacity (Σ static members × `max_in_flight`,
+    the worker's share), or 0 when the adaptive concurrency limit of `rate_limits.concurrency`
+    sets it; `per_member`: (backend, max_in_flight) to follow the members in rotation with."""
 
     name: str
     fixed: int
+    per_member: tuple[tuple[str, int], ...] = ()
+    workers: int = 1
 
 
 class PoolQueue:

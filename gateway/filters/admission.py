@@ -42,6 +42,7 @@ from gateway.policy.admission import Admission
 from gateway.policy.compiled import CompiledPolicy
 from gateway.ratelimit.compiled import pool_name, priority_of
 from gateway.ratelimit.owner import Limiter, limiter_for
+from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.telemetry import metrics
@@ -63,10 +64,10 @@ REFUSALS: dict[str, Verdict] = {
 
 def pool_specs(policy: CompiledPolicy, workers: int = 1) -> dict[str, PoolSpec]:
     """Route name -> its pool's spec, for the routes whose pool has a limit to queue at: every
-    backend with `max_in_flight` (Σ static members × it; under `--workers N` each worker takes
-    1/N of it, rounded up, so that N workers pass it by at most N - 1), else the adaptive
-    concurrency limit (`rate_limits.concurrency`); a pool with neither never queues and is left
-    out."""
+    backend with `max_in_flight` (× its members in rotation, `slots`; under `--workers N` each
+    worker takes 1/N of it, rounded up, so that N workers pass it by at most N - 1), else the
+    adaptive concurrency limit (`rate_limits.concurrency`); a pool with neither never queues
+    and is left out."""
     p = policy.policy
     backends = {b.name: b for b in p.backends}
     adaptive = p.rate_limits is not None and p.rate_limits.concurrency is not None
@@ -74,10 +75,11 @@ def pool_specs(policy: CompiledPolicy, workers: int = 1) -> dict[str, PoolSpec]:
     for r in p.routes:
         names = [r.backend] if r.backend else [w.backend for w in r.backends]
         bs = [backends[n] for n in names if n in backends]
-        if bs and all(b.max_in_flight and b.endpoints for b in bs):
+        if bs and all(b.max_in_flight for b in bs):
             fixed = sum((b.max_in_flight or 0) * len(b.endpoints) for b in bs)
-            fixed = -(-fixed // workers)
-            out[r.name] = PoolSpec(pool_name([b.name for b in bs]), fixed)
+            per = tuple((b.name, b.max_in_flight or 0) for b in bs)
+            out[r.name] = PoolSpec(pool_name([b.name for b in bs]), -(-fixed // workers), per,
+                                   workers)  # fmt: skip
         elif bs and adaptive:
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), 0)
     return out
@@ -112,9 +114,10 @@ class AdmissionFilter:
     name = NAME
 
     def __init__(self, section: Admission, policy: CompiledPolicy, book: AdmissionBook,
-                 lim: Limiter | None) -> None:  # fmt: skip
+                 lim: Limiter | None, members: BackendPool | None = None) -> None:  # fmt: skip
         self.book = book
         self.lim = lim
+        self.members = members
         self.now: Callable[[], float] = book.clock.now
         q = section.queue
         self.params = QueueParams(max_queued=q.max_queued, max_wait_s=q.max_wait_ms / 1000)
@@ -160,10 +163,13 @@ class AdmissionFilter:
                 if 0.0 <= ms <= MAX_DEADLINE_MS:
                     deadline = now + ms / 1000
         q = pq.q
+        spec = pq.spec
+        if spec.per_member and self.members is not None:
+            pq.resize(self.slots(spec, now), now)
         if self.lim is not None:
             ps = self.lim.pools.get(pq.name)
             if ps is not None:
-                if not pq.spec.fixed:
+                if not spec.per_member:
                     pq.resize(int(ps.limit.limit), now)
                 colour = ps.machine.colour
                 if colour and q.waiting and self.top < self.lowest:
@@ -206,6 +212,21 @@ class AdmissionFilter:
         self._dispatched(pq, w.cls, waited)
         ctx.decide(NAME, "dispatched", f"{pq.name}:{waited * 1000:.1f}ms")
         return _CONTINUE
+
+    def slots(self, spec: PoolSpec, now: float) -> int:
+        """A fixed pool's slots now: `max_in_flight` × each backend's members in rotation (the
+        balancer's plan: healthy, not ejected, breaker not open), the worker's share; a member
+        that leaves takes its slots with it. At least 1: with no member, the request goes on to
+        the route's 503 at once rather than waiting."""
+        assert self.members is not None
+        latest = self.members.latest
+        n = 0
+        for backend, per in spec.per_member:
+            view = latest.get(backend)
+            if view is None:  # the route filter has not activated it yet
+                return spec.fixed or 1
+            n += per * sum(len(lv.members) for lv in view.plan(now).levels)
+        return max(1, -(-n // spec.workers))
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:
         pq.dispatched += 1
@@ -252,4 +273,5 @@ def build(section: CompiledPolicy, services: Services) -> AdmissionFilter | None
     if a is None:
         return None
     lim = limiter_for(services) if section.policy.rate_limits is not None else None
-    return AdmissionFilter(a, section, admission_for(services), lim)
+    members = services.get(BACKENDS, lambda: BackendPool(services))  # the route filter's
+    return AdmissionFilter(a, section, admission_for(services), lim, members)

@@ -4,7 +4,7 @@ with a ceiling a client cannot pass, and deadlines. Nothing here does I/O;
 `gateway.filters.admission` compiles a valid section once per policy.
 
 Without this section a pool at its limit refuses (503) as before. The capacity a queue guards is
-the pool's `max_in_flight` per member (`backends[].max_in_flight`, summed over its members) or,
+the pool's `max_in_flight` per member (`backends[].max_in_flight`, × its members in rotation) or,
 without it, the adaptive concurrency limit of `rate_limits.concurrency`; a pool with neither has
 no limit and never queues.
 """

@@ -26,6 +26,7 @@ import pytest
 from gateway.proto import load
 from tests.integration.admission_support import start, start_backend, two_tenants
 from tests.integration.conftest import Backend, Gateway
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 pb2, pb2_grpc = load()
@@ -248,3 +249,41 @@ async def test_a_hopeless_deadline_is_refused_at_once(one_slot: Backend, tmp_pat
     assert hopeless.json()["error"]["type"] == "deadline_unreachable"
     assert int(hopeless.headers["retry-after"]) >= 1
     assert fine.status_code == 200
+
+
+async def test_a_member_out_of_rotation_takes_its_slots_with_it(
+    one_slot: Backend, tmp_path: Path
+) -> None:
+    """Two members × max_in_flight 2, one of them dead (nothing listens there): once the health
+    check takes it out, the pool has 2 slots, not 4, and the requests beyond them wait."""
+    dead = free_port()
+    gw = start(one_slot, tmp_path, max_in_flight=2, queue=True)
+    text = gw.policy.read_text().replace(
+        f'endpoints: [{{address: "127.0.0.1:{one_slot.http_port}"}}]',
+        f'endpoints: [{{address: "127.0.0.1:{one_slot.http_port}"}}, '
+        f'{{address: "127.0.0.1:{dead}"}}]\n    panic_threshold: 0\n'
+        "    health: {interval_s: 0.2, timeout_s: 0.5, unhealthy_after: 1}",
+    )
+    gw.policy.write_text(text)
+    req = urllib.request.Request(f"{gw.admin}/admin/policy/reload", method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert json.loads(r.read())["last_reload"]["ok"]
+    url = f"{gw.http}/v1/chat/completions"
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+
+            async def ok() -> bool:
+                r = await http.post(url, json={**SLOW, "max_tokens": 1}, headers={"x-tenant": "a"})
+                return r.status_code == 200 and pool(gw)["capacity"] == 2
+
+            deadline = time.monotonic() + 15
+            while not await ok():  # the health check has not taken the dead member out yet
+                assert time.monotonic() < deadline, pool(gw)
+                await asyncio.sleep(0.2)
+            calls = [asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": t}))
+                     for t in "abcd"]  # fmt: skip
+            await eventually(lambda: pool(gw)["queued"] == 2 and pool(gw)["in_flight"] == 2)
+            answers = await asyncio.gather(*calls)
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+    assert [a.status_code for a in answers] == [200] * 4
