@@ -42,7 +42,7 @@ class PoolSpec:
 class PoolQueue:
     """One backend pool's queue, its refusals and recent waits."""
 
-    __slots__ = ("name", "q", "spec", "refused", "waits", "dispatched", "__weakref__")
+    __slots__ = ("name", "q", "spec", "refused", "waits", "dispatched", "plans", "__weakref__")
 
     def __init__(self, spec: PoolSpec, params: QueueParams) -> None:
         self.name = spec.name
@@ -51,6 +51,7 @@ class PoolQueue:
         self.refused: Counter[str] = Counter()
         self.waits: deque[tuple[int, float]] = deque(maxlen=MAX_SAMPLES)  # (class, seconds)
         self.dispatched = 0
+        self.plans: list[Any] = []  # the members' plans its slots were last counted from
 
     def wake(self, ws: list[Waiter], now: float) -> None:
         """Hand the slots `ws` took to their waiting requests; a request that is gone already

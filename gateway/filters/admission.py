@@ -165,7 +165,7 @@ class AdmissionFilter:
         q = pq.q
         spec = pq.spec
         if spec.per_member and self.members is not None:
-            pq.resize(self.slots(spec, now), now)
+            self.follow(pq, now)
         if self.lim is not None:
             ps = self.lim.pools.get(pq.name)
             if ps is not None:
@@ -213,20 +213,37 @@ class AdmissionFilter:
         ctx.decide(NAME, "dispatched", f"{pq.name}:{waited * 1000:.1f}ms")
         return _CONTINUE
 
-    def slots(self, spec: PoolSpec, now: float) -> int:
-        """A fixed pool's slots now: `max_in_flight` × each backend's members in rotation (the
-        balancer's plan: healthy, not ejected, breaker not open), the worker's share; a member
-        that leaves takes its slots with it. At least 1: with no member, the request goes on to
-        the route's 503 at once rather than waiting."""
+    def follow(self, pq: PoolQueue, now: float) -> None:
+        """A fixed pool's slots follow its members: `max_in_flight` × each backend's members in
+        rotation (the balancer's plan: healthy, not ejected, breaker not open), the worker's
+        share; a member that leaves takes its slots with it. Recounted only when a backend's
+        plan changed (the plans are cached objects). At least 1: with no member, a request goes
+        on to the route's 503 at once rather than waiting."""
         assert self.members is not None
         latest = self.members.latest
-        n = 0
-        for backend, per in spec.per_member:
+        spec = pq.spec
+        seen = pq.plans
+        if len(seen) == 1 and len(spec.per_member) == 1:  # one backend: the common case
+            view = latest.get(spec.per_member[0][0])
+            if view is None or view.plan(now) is seen[0]:
+                return
+        changed = len(seen) != len(spec.per_member)
+        plans = []
+        for i, (backend, _) in enumerate(spec.per_member):
             view = latest.get(backend)
             if view is None:  # the route filter has not activated it yet
-                return spec.fixed or 1
-            n += per * sum(len(lv.members) for lv in view.plan(now).levels)
-        return max(1, -(-n // spec.workers))
+                return
+            plan = view.plan(now)
+            plans.append(plan)
+            if not changed and plan is not seen[i]:
+                changed = True
+        if not changed:
+            return
+        pq.plans = plans
+        n = 0
+        for (_, per), plan in zip(spec.per_member, plans, strict=True):
+            n += per * sum(len(lv.members) for lv in plan.levels)
+        pq.resize(max(1, -(-n // spec.workers)), now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:
         pq.dispatched += 1
