@@ -91,7 +91,7 @@ class PoolQueue:
                     "in_flight": t.in_flight,
                 })  # fmt: skip
         tenants.sort(key=lambda r: -float(r["served_tokens"]))
-        return {
+        out: dict[str, Any] = {
             "pool": self.name,
             "capacity": q.capacity,
             "in_flight": q.busy,
@@ -102,8 +102,10 @@ class PoolQueue:
             "wait_p99_ms": round(_pct(waits, 0.99) * 1000, 1),
             "ttft_ms": round(q.ttft_s * 1000, 1),
             "refused": dict(self.refused),
-            "tenants": tenants[:MAX_TENANTS_SHOWN],
         }
+        if tenants:  # (an empty list would show as a column of the pools' table)
+            out["tenants"] = tenants[:MAX_TENANTS_SHOWN]
+        return out
 
 
 class AdmissionBook:

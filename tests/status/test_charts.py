@@ -62,6 +62,7 @@ def test_charts_draw_the_last_minutes_of_traffic_queues_and_shares(
             page.set_viewport_size({"width": 960, "height": 560})  # the README's picture
             page.screenshot(path=str(tmp_path / "readme-charts.png"))
             text = page.inner_text("#s-charts")
+            section = page.inner_text("#s-admission")  # the owner's state, shown as tables
     finally:
         load.join(30)
     drawn: dict[str, dict[str, int]] = {}
@@ -74,6 +75,7 @@ def test_charts_draw_the_last_minutes_of_traffic_queues_and_shares(
         assert drawn[chart].get("sim", 0) >= 3, (chart, drawn)  # a line of several points
     assert drawn["queue"].get("sim", 0) >= 3
     assert {"A", "B"} <= set(drawn["share"])
+    assert "COUNTER" in section.upper() and "SHARE" in section.upper() and "\tB\t" in section
     assert "requests per second" in text and "now" in text and "-60 s" in text  # a short run
     s = series(gw)
     assert s["step_s"] == 0.5 and len(s["t"]) == len(s["backends"]["sim"]["rps"])
