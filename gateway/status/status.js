@@ -262,11 +262,12 @@ function chart(id, title, unit, t, lines, now, max) {
     const runs = [];
     vs.forEach((v, j) => {
       if (v === null || t[j] === undefined) { if (run.length) runs.push(run); run = []; }
-      else run.push(`${x(t[j]).toFixed(1)},${y(v).toFixed(1)}`);
+      else run.push([x(t[j]), y(v)]);
     });
     if (run.length) runs.push(run);
-    for (const r of runs) {
-      if (r.length === 1) r.push(r[0]);
+    for (const pts of runs) {
+      if (pts.length === 1) pts.push([pts[0][0] + 3, pts[0][1]]);  // a lone point: a short dash
+      const r = pts.map(([px, py]) => `${px.toFixed(1)},${py.toFixed(1)}`);
       box.append(svg("polyline", { points: r.join(" "), fill: "none", stroke: colour,
         "stroke-width": 1.6, "data-series": n }));
     }

@@ -50,7 +50,7 @@ def test_charts_draw_the_last_minutes_of_traffic_queues_and_shares(
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.goto(f"{gw.admin}/status?refresh=1")
             page.wait_for_selector('figure[data-chart="share"] polyline[data-series="B"]',
-                                   timeout=20_000)  # fmt: skip
+                                   state="attached", timeout=20_000)  # fmt: skip
             load.join(30)
             page.wait_for_timeout(1500)  # one more refresh with the whole run in it
             charts = page.eval_on_selector_all(
