@@ -255,6 +255,12 @@ class Backend(PolicyModel):
         True,
         description="ask the gRPC backend's server reflection which methods are unary at load",
     )
+    max_in_flight: PositiveInt | None = Field(
+        default=None,
+        le=100_000,
+        description="requests one member runs at once (vLLM --max-num-seqs): with `admission`, "
+        "the pool's queue dispatches up to this many per member (null: no fixed limit)",
+    )
 
     @field_validator("endpoints")
     @classmethod
