@@ -78,9 +78,11 @@ def _json(data: Any, status: int = 200) -> web.Response:
 def build_admin_app(server: AdminHost) -> web.Application:
     gw = server.gateway
     registry = _registry()
+    from gateway.admission import collector as admission_gauges
     from gateway.registry.collector import register
 
     register(registry)  # backend state gauges, read at scrape time
+    register(registry, admission_gauges.COLLECTOR)  # queue lengths, read at scrape time
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from typing import Protocol as TypingProtocol
 
 from gateway.core.body import RequestBody, Usage
 from gateway.core.outcome import Outcome
@@ -42,6 +43,12 @@ class StreamEvent:
     data: bytes = b""  # SSE: the event's data
     doc: Any = None  # SSE / JSON: the parsed JSON (None if not JSON)
     metadata: tuple[tuple[str, str], ...] = ()  # HEAD: response headers / TRAILERS: metadata
+
+
+class ClassOf(TypingProtocol):
+    """What names a request's priority class (`gateway.ratelimit.compiled.PriorityFn`)."""
+
+    def of(self, headers: Mapping[str, str], claims: Mapping[str, Any] | None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +122,9 @@ class RequestContext:
     response_headers: list[tuple[str, str]] = field(default_factory=list)
     # Typed slots the filters fill.
     principal: Principal | None = None  # auth
-    priority: int | None = None  # 0 = highest (limits, shedding)
+    priority: int | None = None  # 0 = highest: the effective class (limits, shedding, queue)
+    admission: Any = None  # the admission queue's hold on a slot, given back in on_response
+    queue_wait: float | None = None  # seconds waited in the admission queue (None: no queue)
     reservation: Any = None  # the limiter's token reservation, reconciled in on_response
     body: RequestBody | None = None  # the body phase's view of the request body
     usage: Usage | None = None  # what the backend reported (JSON usage, final SSE chunk, trailer)
@@ -137,6 +146,20 @@ class RequestContext:
     # answer's head: `x-sluice-overhead-ms` (set when the head is made).
     upstream_s: float = 0.0
     overhead_s: float | None = None
+
+    @property
+    def claims(self) -> Mapping[str, Any] | None:
+        """The verified claims of the caller (None: not authenticated)."""
+        p = self.principal
+        return p.claims if p is not None else None
+
+    def effective_class(self, pf: ClassOf | None, claims: Mapping[str, Any] | None) -> int:
+        """The request's priority class (0 = highest), decided once, by the first filter that
+        needs it (limits, the admission queue): both read the same compiled `pf`."""
+        prio = self.priority
+        if prio is None:
+            prio = self.priority = pf.of(self.info.headers, claims) if pf is not None else 0
+        return prio
 
     def stop(self, verdict: Verdict) -> Status:
         self.verdict = verdict

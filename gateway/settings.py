@@ -19,6 +19,7 @@ class Settings:
     workers: int = 1
     watch_interval_s: float = 1.0  # how often the policy file is looked at for changes
     tls_watch_interval_s: float = 2.0  # how often listeners' certificate files are looked at
+    status_sample_s: float = 5.0  # the status page's history and charts: one point this often
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -29,4 +30,5 @@ class Settings:
             workers=int(e.get("SLUICE_WORKERS", "1")),
             watch_interval_s=float(e.get("SLUICE_WATCH_INTERVAL", "1.0")),
             tls_watch_interval_s=float(e.get("SLUICE_TLS_WATCH_INTERVAL", "2.0")),
+            status_sample_s=max(0.1, float(e.get("SLUICE_STATUS_SAMPLE_S", "5.0"))),
         )

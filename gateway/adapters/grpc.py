@@ -168,7 +168,7 @@ async def start_grpc(
     `listeners.grpc.engine`); unary discovery runs in the background."""
     policy = gateway.active.policy.policy
     if engine is None:
-        engine = policy.listeners.grpc.engine if policy.listeners.grpc is not None else "grpcio"
+        engine = policy.listeners.grpc.engine if policy.listeners.grpc is not None else "h2"
     if engine == "h2":
         from gateway.adapters.h2_grpc_server import start_h2_grpc
 

@@ -29,8 +29,10 @@ What a connection does and refuses:
   `max_requests_per_connection` the GOAWAY naming the last stream goes out once the streams up
   to it are answered.
 - a client's GOAWAY ends the connection (python-hyper h2 sends nothing after it): its streams
-  are cancelled and accounted as such. A malformed request header block is a connection error
-  in h2 (GOAWAY PROTOCOL_ERROR), not a stream error.
+  are cancelled and accounted as such.
+- a malformed request header block (RFC 9113 §8.2-8.3, h2's own validator run per stream) is
+  a stream error: RST_STREAM PROTOCOL_ERROR, counted as an early reset and in
+  `sluice_rejected_total{reason="h2_malformed_headers"}`; the connection serves on.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from gateway.adapters.h2_guard import (
     RAPID_RESET,
     Breach,
     FrameGuard,
+    request_headers,
     server_h2,
     start_h2,
 )
@@ -250,7 +253,12 @@ class H2Conn(asyncio.Protocol):
             metrics.REJECTED.labels("h2_refused_stream", self.server.protocol).inc()
             self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return
-        headers = cast("list[tuple[bytes, bytes]]", e.headers or [])
+        headers = request_headers(cast("list[tuple[bytes, bytes]]", e.headers or []))
+        if headers is None:  # malformed: a stream error, the connection serves on
+            self.early += 1
+            metrics.REJECTED.labels("h2_malformed_headers", self.server.protocol).inc()
+            self.h2.reset_stream(sid, ErrorCodes.PROTOCOL_ERROR)
+            return
         stream = H2Stream(self, sid, headers, e.stream_ended is not None, self.loop.time())
         self.streams[sid] = stream
         self.deadline = None

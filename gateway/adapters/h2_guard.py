@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
+from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
+from h2.utilities import HeaderValidationFlags, validate_headers
 
 from gateway.policy.base import Http2Limits
 
@@ -192,15 +194,38 @@ class FrameGuard:
         return None
 
 
+def request_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
+    """A request's header block as h2 validates it (RFC 9113 §8.2-8.3: names, values, pseudo
+    headers, connection-specific fields), or None when it is malformed. A value's surrounding
+    spaces and tabs are dropped first, as an HTTP/1.1 parser drops them (grpc core accepts such
+    values too): a client's `Bearer ` is a bad token, not a bad connection.
+
+    h2 checks inbound headers inside `receive_data` and ends the whole connection on a malformed
+    block (GOAWAY PROTOCOL_ERROR, every other stream of it lost); RFC 9113 §8.1.1 makes it a
+    stream error, so the connection turns h2's own check off and runs it here, per stream."""
+    cleaned = [(n, v.strip(b" \t")) if v[:1] in WS or v[-1:] in WS else (n, v) for n, v in raw]
+    try:
+        return list(validate_headers(cleaned, REQUEST_FLAGS))
+    except ProtocolError:
+        return None
+
+
+WS = (b" ", b"\t")
+REQUEST_FLAGS = HeaderValidationFlags(
+    is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False
+)
+
+
 def server_h2(limits: Http2Limits) -> H2Connection:
-    """h2's server state for one connection, with `limits`' SETTINGS. Outbound headers come from
+    """h2's server state for one connection, with `limits`' SETTINGS. Inbound request headers
+    are checked per stream (`request_headers`) rather than by h2. Outbound headers come from
     the lifecycle already checked (`forward.headers`: values, hop-by-hop names dropped) and
     lower-cased by the exchange: h2's second pass over them is skipped."""
     h2c = H2Connection(
         H2Configuration(
             client_side=False,
             header_encoding=None,
-            validate_inbound_headers=True,
+            validate_inbound_headers=False,
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
         )

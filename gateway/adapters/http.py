@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.http import HttpVersion10
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
-from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from gateway.adapters.http_exchange import AiohttpExchange
@@ -110,7 +110,7 @@ class _Handler(RequestHandler):
 
     __slots__ = (
         "sluice_peer", "sluice_cert", "_header_deadline", "_header_timer", "_heads_before",
-        "_max_line", "_mtls",
+        "_max_line", "_mtls", "_last_payload",
     )  # fmt: skip
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
@@ -122,6 +122,7 @@ class _Handler(RequestHandler):
         self._max_line = manager.max_line_bytes
         self._header_timer: asyncio.TimerHandle | None = None
         self._heads_before = 0  # heads parsed when the running deadline was armed
+        self._last_payload: StreamReader | None = None  # the body of the last request parsed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -147,24 +148,28 @@ class _Handler(RequestHandler):
         msgs = self._messages
         if not msgs:
             return
-        for i, (msg, _) in enumerate(msgs):
+        for i, (msg, body) in enumerate(msgs):
             if not isinstance(msg, _ErrInfo):
+                self._last_payload = body
                 # What the native engine's parser refuses and aiohttp's accepts: 400/431, closed.
                 err = _refusal(msg, self._max_line)
                 if err is not None:
                     msgs[i] = (_ErrInfo(status=400, exc=err, message=str(err)), EMPTY_PAYLOAD)
-            elif i == 0 and self._current_request is not None:
+            else:
                 # The body being read turned out malformed: aiohttp drops its payload without an
-                # error (the handler would wait for it until a timeout). Fail the read instead:
-                # the handler answers 400 `incomplete body` and the connection closes after it,
-                # as on the native engine.
-                payload = self._current_request.content
-                if not payload.is_eof():
+                # error (the handler would wait for it until a timeout, or take what came as the
+                # whole body). Fail the read instead: the handler answers 400 `incomplete body`
+                # and the connection closes after it, as on the native engine. Requests are
+                # parsed in order, so the body is that of the last request parsed before the
+                # error (running, or queued and not started yet).
+                payload = self._last_payload
+                if payload is not None and not payload.is_eof():
                     payload.set_exception(msg.exc)
                     payload.feed_eof()  # nothing more comes: aiohttp's lingering read is skipped
-                    msgs.popleft()
+                    del msgs[i]
                     self.close()
                     return
+                break
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._header_timer is not None:

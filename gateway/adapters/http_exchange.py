@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.streams import StreamReader
 
 from gateway.adapters.h1_messages import REASONS
 from gateway.core.request import Protocol, RequestInfo
@@ -106,17 +107,19 @@ class AiohttpExchange:
                     self._prefix = data
                     return None
                 if content.is_eof():
-                    return data
+                    break
                 more = await content.readany()
                 if not more:
                     if not content.is_eof():
                         raise EOFError("incomplete body")
-                    return data
+                    break
                 data += more
         except BadHttpMessage as e:  # a chunked body that turned out malformed
             raise EOFError("incomplete body") from e
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             raise EOFError("incomplete body") from e
+        _check_framing(content)
+        return data
 
     async def body_stream(self, limit: int) -> AsyncIterator[bytes]:
         total = 0
@@ -126,14 +129,16 @@ class AiohttpExchange:
             if total > limit:
                 raise BodyTooLarge()
             yield chunk
+        content = self.request.content
         try:
-            async for chunk in self.request.content.iter_any():
+            async for chunk in content.iter_any():
                 total += len(chunk)
                 if total > limit:
                     raise BodyTooLarge()
                 yield chunk
         except BadHttpMessage as e:
             raise EOFError("incomplete body") from e
+        _check_framing(content)
 
     async def send_head(self, status: int, lines: bytes, length: int | None, date: bool) -> None:
         resp = self.resp = SluiceResponse(status, lines, date)
@@ -170,3 +175,11 @@ class AiohttpExchange:
         transport = self.request.transport
         if transport is not None:
             transport.abort()
+
+
+def _check_framing(content: StreamReader) -> None:
+    """At the end of a body: a chunked body whose framing broke after its last bytes were read
+    ends with an exception on the reader (`gateway.adapters.http`), not a clean end: never
+    forward what came as the whole body."""
+    if content.exception() is not None:
+        raise EOFError("incomplete body")

@@ -79,6 +79,8 @@ class AccessLogFilter:
             line += ',"cancelled":true'
         if not ctx.verdict.allowed:
             line += f',"rejected":{_str(ctx.verdict.error_type)}'
+        if ctx.queue_wait is not None:  # through an admission queue: its wait, the class used
+            line += f',"queue_wait_ms":{ctx.queue_wait * 1000:.3f},"class":{ctx.priority or 0}'
         principal = ctx.principal
         if principal is not None:  # who, never the token (provider names are policy-validated)
             line += f',"auth":"{principal.provider}"'

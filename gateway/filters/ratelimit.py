@@ -87,17 +87,15 @@ class RateLimitFilter:
 
     def activate(self) -> None:
         self.lim.activate(self.c)
+        for ps in self.lim.pools.values():
+            ps.room = self.c.room
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
         c = self.c
         info = ctx.info
-        p = ctx.principal
-        claims = p.claims if p is not None else None
-        prio = ctx.priority
-        if prio is None:
-            pf = c.priority
-            prio = ctx.priority = pf.of(info.headers, claims) if pf is not None else 0
+        claims = ctx.claims
+        prio = ctx.effective_class(c.priority, claims)
         route = None
         pool = None
         if c.needs_route:
@@ -113,7 +111,7 @@ class RateLimitFilter:
             colour = pool.machine.colour
             if colour and sheds(colour, prio, self.top, self.lowest):
                 return self._shed(ctx, t, colour, "pool", pool.name)
-            if pool.limit.in_flight >= pool.limit.limit:  # the hard limit, for every class
+            if pool.limit.in_flight >= pool.limit.limit and not c.queued:  # for every class
                 self.lim.rejected(pool.name, "concurrency")
                 ctx.decide(NAME, "shed", f"pool:{pool.name}:concurrency")
                 return ctx.stop(CONCURRENCY)
@@ -349,8 +347,8 @@ class RateLimitFilter:
             return
         t.pool = None
         latency = None
-        if ctx.first_byte_at is not None:
-            latency = ctx.first_byte_at - ctx.started
+        if ctx.first_byte_at is not None:  # from the dispatch: a wait in the queue is not latency
+            latency = ctx.first_byte_at - ctx.started - (ctx.queue_wait or 0.0)
         elif ctx.outcome is Outcome.OK or ctx.outcome.upstream_failed:
             latency = ctx.elapsed
         pool.limit.finish(latency, self.now())

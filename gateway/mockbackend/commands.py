@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--completion-tokens", type=int, default=16, help="tokens per answer (max_tokens caps)"
     )
+    parser.add_argument(
+        "--slots", type=int, default=0, help="generation slots; completions beyond wait (0: any)"
+    )
     parser.add_argument("--error-rate", type=float, default=0.0, help="share of requests failed")
     parser.add_argument("--failure", choices=FAILURE_MODES, default="none", help="inject a failure")
     parser.add_argument("--seed", type=int, default=0, help="seed of the error_rate draws")
@@ -92,6 +95,7 @@ async def _serve(args: argparse.Namespace) -> int:
         "prefill_slots": args.prefill_slots,
         "models": [m for m in args.models.split(",") if m],
         "adapters": dict(a.partition("=")[::2] for a in args.adapters.split(",") if a),
+        "slots": args.slots,
     }
     try:
         knobs = Knobs().validated(patch)

@@ -122,47 +122,51 @@ class InferenceServicer:
             ctx = await self._begin(context, call)
             if not serves(ctx.knobs, request.model):  # as Triton answers an unknown model
                 await self._abort(context, call, ctx, grpc.StatusCode.NOT_FOUND, "unknown model")
-            sleep_ms = ctx.metadata.get("x-mock-sleep-ms")
-            if isinstance(sleep_ms, str) and sleep_ms.strip().isdigit():
-                await asyncio.sleep(int(sleep_ms) / 1000)
-            n = completion_count(ctx.knobs, request.max_tokens or None)
-            await asyncio.sleep(
-                (ctx.knobs.ttft_ms + ctx.knobs.token_delay_ms * max(n - 1, 0)) / 1000
-            )
-            if ctx.knobs.failure == "reset":
-                await self._abort(context, call, ctx, grpc.StatusCode.UNAVAILABLE, "mock reset")
-            prompt_tokens = estimate_tokens(request.prompt)
-            ctx.tokens = prompt_tokens + n
-            context.set_trailing_metadata(tuple(ctx.trailers()))
-            text = "".join(_token_text(i) for i in range(n))
-            return pb2.InferResponse(model=request.model, text=text, usage=_usage(prompt_tokens, n))
+            async with self._state.slots.hold(ctx.knobs):
+                sleep_ms = ctx.metadata.get("x-mock-sleep-ms")
+                if isinstance(sleep_ms, str) and sleep_ms.strip().isdigit():
+                    await asyncio.sleep(int(sleep_ms) / 1000)
+                n = completion_count(ctx.knobs, request.max_tokens or None)
+                await asyncio.sleep(
+                    (ctx.knobs.ttft_ms + ctx.knobs.token_delay_ms * max(n - 1, 0)) / 1000
+                )
+                if ctx.knobs.failure == "reset":
+                    await self._abort(context, call, ctx, grpc.StatusCode.UNAVAILABLE, "mock reset")
+                prompt_tokens = estimate_tokens(request.prompt)
+                ctx.tokens = prompt_tokens + n
+                context.set_trailing_metadata(tuple(ctx.trailers()))
+                text = "".join(_token_text(i) for i in range(n))
+                return pb2.InferResponse(
+                    model=request.model, text=text, usage=_usage(prompt_tokens, n)
+                )
 
     async def Generate(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:  # noqa: N802
         with self._state.stats.track("grpc Generate") as call:
             ctx = await self._begin(context, call)
-            knobs = ctx.knobs
-            n = completion_count(knobs, request.max_tokens or None)
-            prompt_tokens = estimate_tokens(request.prompt)
-            ctx.tokens = prompt_tokens
-            await asyncio.sleep(knobs.ttft_ms / 1000)
-            for i in range(n):
-                if i:
-                    await asyncio.sleep(knobs.token_delay_ms / 1000)
-                ctx.tokens += 1
-                last = i == n - 1
-                if last:
+            async with self._state.slots.hold(ctx.knobs):
+                knobs = ctx.knobs
+                n = completion_count(knobs, request.max_tokens or None)
+                prompt_tokens = estimate_tokens(request.prompt)
+                ctx.tokens = prompt_tokens
+                await asyncio.sleep(knobs.ttft_ms / 1000)
+                for i in range(n):
+                    if i:
+                        await asyncio.sleep(knobs.token_delay_ms / 1000)
+                    ctx.tokens += 1
+                    last = i == n - 1
+                    if last:
+                        context.set_trailing_metadata(tuple(ctx.trailers()))
+                    chunk = pb2.GenerateChunk(text=_token_text(i), index=i)
+                    if last:
+                        chunk.usage.CopyFrom(_usage(prompt_tokens, n))
+                    await context.write(chunk)
+                    if knobs.failure == "reset":  # mid-stream: after the first chunk
+                        break
+                if knobs.failure == "reset":
+                    await self._abort(context, call, ctx, grpc.StatusCode.UNAVAILABLE, "mock reset")
+                if n == 0:
                     context.set_trailing_metadata(tuple(ctx.trailers()))
-                chunk = pb2.GenerateChunk(text=_token_text(i), index=i)
-                if last:
-                    chunk.usage.CopyFrom(_usage(prompt_tokens, n))
-                await context.write(chunk)
-                if knobs.failure == "reset":  # mid-stream: after the first chunk
-                    break
-            if knobs.failure == "reset":
-                await self._abort(context, call, ctx, grpc.StatusCode.UNAVAILABLE, "mock reset")
-            if n == 0:
-                context.set_trailing_metadata(tuple(ctx.trailers()))
-                await context.write(pb2.GenerateChunk(usage=_usage(prompt_tokens, 0)))
+                    await context.write(pb2.GenerateChunk(usage=_usage(prompt_tokens, 0)))
 
     async def Collect(  # noqa: N802
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]

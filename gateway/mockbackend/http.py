@@ -231,19 +231,20 @@ async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
             knobs=knobs,
             prompt=prompt,
         )
-        failure = await _inject(state, job, call)
-        if failure is not None:
-            return failure
-        if body.get("stream") is True:
-            options = body.get("stream_options")
-            include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            return await _stream(request, job, call, include_usage)
-        await prefill(state.cache, prompt, knobs)
-        await asyncio.sleep(knobs.token_delay_ms * max(job.n - 1, 0) / 1000)
-        if knobs.failure == "reset":
-            _abort(request, call)
-            return web.Response()
-        return web.json_response(job.full())
+        async with state.slots.hold(knobs):
+            failure = await _inject(state, job, call)
+            if failure is not None:
+                return failure
+            if body.get("stream") is True:
+                options = body.get("stream_options")
+                include_usage = isinstance(options, dict) and options.get("include_usage") is True
+                return await _stream(request, job, call, include_usage)
+            await prefill(state.cache, prompt, knobs)
+            await asyncio.sleep(knobs.token_delay_ms * max(job.n - 1, 0) / 1000)
+            if knobs.failure == "reset":
+                _abort(request, call)
+                return web.Response()
+            return web.json_response(job.full())
 
 
 async def _stream(

@@ -10,11 +10,12 @@ run is reproducible. The stats keep request ids and header names, never a header
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -75,6 +76,7 @@ class Knobs:
     prefix_block_chars: int = 256
     uncached_token_ms: float = 0.0
     prefill_slots: int = 0
+    slots: int = 0  # generation slots (vLLM --max-num-seqs): completions beyond wait, FIFO; 0 = any
 
     @classmethod
     def from_policy(cls, cfg: MockBackend) -> Knobs:
@@ -147,6 +149,7 @@ def _check(name: str, value: object) -> object:
         "prefix_block_chars": (1, 1 << 20, True),
         "uncached_token_ms": (0, 60_000, False),
         "prefill_slots": (0, 10_000, True),
+        "slots": (0, 100_000, True),
     }
     low, high, integer = bounds[name]
     if integer and not isinstance(value, int):
@@ -201,12 +204,15 @@ class Stats:
     failed: int = 0
     cancelled: int = 0
     in_flight: int = 0
+    generating: int = 0  # completions holding a generation slot now
+    peak_generating: int = 0  # the most at once since start (or the last reset)
     seen: deque[Seen] = field(default_factory=lambda: deque(maxlen=MAX_RECORDED))
 
     def reset(self) -> None:
         """Zero the counters; calls in flight stay counted as in flight."""
         self.requests.clear()
         self.completed = self.failed = self.cancelled = 0
+        self.peak_generating = self.generating
         self.seen.clear()
 
     def as_dict(self) -> dict[str, Any]:
@@ -216,6 +222,8 @@ class Stats:
             "failed": self.failed,
             "cancelled": self.cancelled,
             "in_flight": self.in_flight,
+            "generating": self.generating,
+            "peak_generating": self.peak_generating,
             "seen": [s.as_dict() for s in self.seen],
         }
 
@@ -248,12 +256,56 @@ class Stats:
 KnobsListener = Callable[[Knobs], Awaitable[None]]
 
 
+class Slots:
+    """The backend's generation slots (the `slots` knob): a completion holds one from before its
+    first token to its end; beyond them completions wait, first come first served, as a model
+    server's own queue does. The waiting is bounded by the client: one that leaves stops waiting."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, knobs: Knobs) -> AsyncIterator[None]:
+        st = self.stats
+        if knobs.slots and (st.generating >= knobs.slots or self.waiters):
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.append(fut)
+            try:
+                await fut  # handed the slot by the completion that frees it
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._pass(knobs)  # it had been handed the slot: pass it on
+                else:
+                    with contextlib.suppress(ValueError):  # passed over already if done
+                        self.waiters.remove(fut)
+                raise
+        else:
+            st.generating += 1
+            if st.generating > st.peak_generating:
+                st.peak_generating = st.generating
+        try:
+            yield
+        finally:
+            self._pass(knobs)
+
+    def _pass(self, knobs: Knobs) -> None:
+        """A slot frees: the oldest waiter takes it (the count stays), else it is given back."""
+        while self.waiters and (not knobs.slots or self.stats.generating <= knobs.slots):
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.stats.generating -= 1
+
+
 class MockState:
     """Knobs + stats + the seeded random source: everything the handlers of both protocols share."""
 
     def __init__(self, knobs: Knobs) -> None:
         self.knobs = knobs
         self.stats = Stats()
+        self.slots = Slots(self.stats)
         self.started = time.monotonic()
         self._rng = random.Random(knobs.seed)
         self.cache = PrefixCache()

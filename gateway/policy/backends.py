@@ -258,6 +258,12 @@ class Backend(PolicyModel):
         description="the models and LoRA adapters it serves, for `by_model` routes (null = "
         "any model)",
     )
+    max_in_flight: PositiveInt | None = Field(
+        default=None,
+        le=100_000,
+        description="requests one member runs at once (vLLM --max-num-seqs): with `admission`, "
+        "the pool's queue dispatches up to this many per member (null: no fixed limit)",
+    )
 
     @field_validator("endpoints")
     @classmethod

@@ -143,12 +143,13 @@ class GrpcListenerConfig(PolicyModel):
     host: str = Field(default="0.0.0.0", description="address to bind")
     port: int = Field(ge=0, le=65535, description="port to bind; 0 picks a free one")
     engine: Literal["grpcio", "h2"] = Field(
-        default="grpcio",
-        description="gRPC engine: grpcio (default), grpc.aio's server; or h2, Sluice's own "
-        "HTTP/2 engine (python-hyper h2 on asyncio), which applies limits.http2 to the gRPC "
-        "port (CONTINUATION, PING, SETTINGS, empty-frame and rapid-reset floods, stream "
-        "concurrency refused per stream), checks a message's size on its 5-byte prefix, and "
-        "offers client_cert optional under TLS. Read at start (a change needs a restart)",
+        default="h2",
+        description="gRPC engine: h2 (default), Sluice's own HTTP/2 engine (python-hyper h2 "
+        "on asyncio), which applies limits.http2 to the gRPC port (CONTINUATION, PING, "
+        "SETTINGS, empty-frame and rapid-reset floods, stream concurrency refused per stream), "
+        "checks a message's size on its 5-byte prefix, and offers client_cert optional under "
+        "TLS; or grpcio, grpc.aio's server (no flood bounds; client_cert off or required "
+        "only). Read at start (a change needs a restart)",
     )
     tls: ListenerTls | None = Field(
         default=None, description="terminate TLS on this listener (null = plaintext; ALPN h2)"

@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.policy.admission import Admission
 from gateway.policy.auth import Auth, auth_reference_errors
 
 # The sections live in their own modules and are re-exported here, where the rest of Sluice
@@ -48,9 +49,11 @@ from gateway.policy.sections import Rollout as Rollout
 from gateway.policy.sections import Tracing as Tracing
 from gateway.policy.sections import TracingExporter as TracingExporter
 
-FilterName = Literal["request_id", "trace", "access_log", "auth", "ratelimit", "route"]
+FilterName = Literal[
+    "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route"
+]  # fmt: skip
 DEFAULT_FILTERS: tuple[FilterName, ...] = (
-    "request_id", "trace", "access_log", "auth", "ratelimit", "route",
+    "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route",
 )  # fmt: skip
 
 
@@ -97,6 +100,11 @@ class Policy(PolicyModel):
     auth: Auth | None = Field(default=None, description="JWT authentication (null = off)")
     rate_limits: RateLimits | None = Field(
         default=None, description="adaptive request and LLM-token limits, overload colours"
+    )
+    admission: Admission | None = Field(
+        default=None,
+        description="queue requests fairly per backend pool instead of refusing at its "
+        "concurrency limit (null: refuse, 503)",
     )
 
     @field_validator("filters")
@@ -197,6 +205,12 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     if p.rate_limits is not None and "ratelimit" not in p.filters:
         errors.append((("filters",), "rate_limits is configured: list 'ratelimit' in filters"))
+    if p.admission is not None:
+        if "admission" not in p.filters:
+            errors.append((("filters",), "admission is configured: list 'admission' in filters"))
+        elif p.filters.index("admission") > p.filters.index("route"):
+            errors.append((("filters",), "'admission' must come before 'route' (a member is "
+                           "picked when the queue dispatches the request)"))  # fmt: skip
     return errors
 
 

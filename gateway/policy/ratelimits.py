@@ -70,9 +70,8 @@ class RedisStore(PolicyModel):
     redis: RedisStoreOptions = Field(description="share limits between replicas through Redis")
 
 
-class Priority(PolicyModel):
-    """Where a request's priority class comes from. 0 is the highest; the highest number in
-    `classes` is the lowest class (shed first in yellow)."""
+class FromSource(PolicyModel):
+    """A value read from each request: a verified claim or a header (`from:`)."""
 
     model_config = ConfigDict(
         extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True
@@ -81,8 +80,14 @@ class Priority(PolicyModel):
     source: str = Field(
         alias="from",
         pattern=r"^(claim:[A-Za-z0-9_.\-]{1,64}|header:[A-Za-z0-9_\-]{1,64})$",
-        description="claim:NAME or header:NAME whose value names the class",
+        description="claim:NAME or header:NAME whose value is read",
     )
+
+
+class Priority(FromSource):
+    """Where a request's priority class comes from (`from`: the value names the class). 0 is
+    the highest; the highest number in `classes` is the lowest class (shed first in yellow)."""
+
     classes: dict[str, Annotated[int, Field(ge=0, le=100)]] = Field(
         min_length=1, description="class name -> priority (0 = highest)"
     )

@@ -61,18 +61,65 @@ class PriorityFn:
 
 
 @dataclass(frozen=True, slots=True)
+class ClampedPriority:
+    """`admission.priority`: the class a client asks for in `header` (a class name or number),
+    clamped to the ceiling its claim (or the ceiling's default) allows: lower freely, never
+    above the ceiling; no header (or an unknown value) gives the ceiling itself."""
+
+    ceiling: PriorityFn
+    header: str  # lower-case
+    names: Mapping[str, int]  # lower-case class names
+    lowest: int
+
+    def of(self, headers: Mapping[str, str], claims: Mapping[str, Any] | None) -> int:
+        c = self.ceiling.of(headers, claims)
+        v = headers.get(self.header)
+        if v is None:
+            return c
+        v = v.strip().lower()
+        asked = self.names.get(v)
+        if asked is None:
+            if not v.isdigit() or len(v) > 3:
+                return c
+            asked = min(int(v), self.lowest)
+        return asked if asked > c else c
+
+
+def priority_of(policy: CompiledPolicy) -> tuple[PriorityFn | ClampedPriority | None, int, int]:
+    """The effective class every filter uses (limits, colours, shedding, the queue), with the
+    highest and lowest class: `admission.priority` clamped, else `rate_limits.priority`."""
+    a = policy.policy.admission
+    rl = policy.policy.rate_limits
+    p = a.priority.ceiling if a is not None and a.priority is not None else None
+    if p is None and rl is not None:
+        p = rl.priority
+    if p is None:
+        return None, 0, 0
+    kind, _, name = p.source.partition(":")
+    fn = PriorityFn(kind, name.lower() if kind == "header" else name, p.classes, p.default)
+    values = [*p.classes.values(), p.default]
+    top, lowest = min(values), max(values)
+    if a is not None and a.priority is not None:
+        names = {k.lower(): v for k, v in p.classes.items()}
+        return ClampedPriority(fn, a.priority.header.lower(), names, lowest), top, lowest
+    return fn, top, lowest
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledLimits:
     section: RateLimits
     rules: tuple[CompiledRule, ...]
     early: tuple[CompiledRule, ...]  # decided in on_request
     late: tuple[CompiledRule, ...]  # decided in on_body (model-keyed)
-    priority: PriorityFn | None
+    priority: PriorityFn | ClampedPriority | None
     top: int  # the highest class (0 unless the classes say otherwise)
     lowest: int
     needs_route: bool
     pool_of_route: Mapping[str, str]  # route name -> backend pool (concurrency)
     has_tokens: bool
     cut: bool  # some rule cuts overrunning streams
+    queued: bool  # `admission` queues at the pools' limits: no refusal there
+    room: int  # the admission queue's `max_queued` (0: no queue)
 
 
 def _rule(r: RateRule, s: RateLimits, th: Thresholds) -> CompiledRule:
@@ -117,14 +164,7 @@ def compile_limits(section: RateLimits, policy: CompiledPolicy) -> CompiledLimit
     o = section.overload
     th = Thresholds(o.green_below, o.yellow_above, o.red_above)
     rules = tuple(_rule(r, section, th) for r in section.rules)
-    prio = None
-    top = lowest = 0
-    if section.priority is not None:
-        p = section.priority
-        kind, _, name = p.source.partition(":")
-        prio = PriorityFn(kind, name.lower() if kind == "header" else name, p.classes, p.default)
-        values = [*p.classes.values(), p.default]
-        top, lowest = min(values), max(values)
+    prio, top, lowest = priority_of(policy)
     pools: dict[str, str] = {}
     for r in policy.policy.routes:
         names = [r.backend] if r.backend else [w.backend for w in r.backends]
@@ -141,4 +181,6 @@ def compile_limits(section: RateLimits, policy: CompiledPolicy) -> CompiledLimit
         pool_of_route=pools,
         has_tokens=any(r.has_t for r in rules),
         cut=any(r.cut and r.has_t for r in rules),
+        queued=policy.policy.admission is not None,
+        room=policy.policy.admission.queue.max_queued if policy.policy.admission else 0,
     )

@@ -79,19 +79,23 @@ class RuleState:
 class PoolState:
     """One backend pool: the adaptive concurrency limit and the colour it drives."""
 
-    __slots__ = ("name", "limit", "machine", "thresholds")
+    __slots__ = ("name", "limit", "machine", "thresholds", "room")
 
     def __init__(self, name: str, params: LimitParams, th: Thresholds, now: float) -> None:
         self.name = name
         self.limit = GradientLimit(params, now)
         self.machine = ColourMachine(now)
         self.thresholds = th
+        self.room = 0  # an admission queue's `max_queued` in front of the limit (0: none)
 
     def observe(self, now: float) -> Colour | None:
-        """Move the colour from the utilisation (the one signal stands for both). In flight
-        moves with every request, so a pool steps *down* only after holding its colour for
-        `POOL_DWELL_S`; it steps up at once."""
-        u = self.limit.utilisation
+        """Move the colour from the utilisation (the one signal stands for both): in flight
+        (waiting in an admission queue included) ÷ (the limit + the queue's room), so that a
+        queued pool turns yellow and red as its queue fills, not as soon as its slots are all
+        busy. In flight moves with every request, so a pool steps *down* only after holding its
+        colour for `POOL_DWELL_S`; it steps up at once."""
+        lim = self.limit
+        u = lim.in_flight / (lim.limit + self.room) if self.room else lim.utilisation
         m = self.machine
         band = self.thresholds.band(u, u)
         if step(m.colour, band) < m.colour and now - m.since < POOL_DWELL_S:

@@ -102,9 +102,10 @@ class BackendsCollector(Collector):
 COLLECTOR = BackendsCollector()
 
 
-def register(registry: CollectorRegistry) -> None:
-    """Add the collector to `registry` once (the admin app may be built more than once)."""
+def register(registry: CollectorRegistry, collector: Collector = COLLECTOR) -> None:
+    """Add `collector` (by default this one) to `registry` once (the admin app may be built
+    more than once)."""
     try:
-        registry.register(COLLECTOR)
+        registry.register(collector)
     except ValueError:
         pass  # already there

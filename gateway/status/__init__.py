@@ -15,6 +15,8 @@ fraction of capacity (0..1, shown as %), counts are plain (`in_flight`, `connect
     colour      "green" | "yellow" | "red"   worst of everything below (gateway.core.status)
     reasons     ["backend sim-grpc: 1 of 2 members down", ...]   worst first
     history     [{t, colour}]                the gateway colour every 5 s, last 15 min
+    series      {step_s, t, backends: {name: {rps, p99_ms, ttft_p99_ms}}, queues: {pool: [..]},
+                 tenants: {tenant: [share]}}   the charts' points (gateway.status.series)
     gateway     {state: "starting"|"ready"|"draining", pid, version, uptime_s, in_flight,
                  listeners: [{name, host, port}]}
     policy      {version, path, loaded_at, reloads, last_reload: {ok, at, errors: [..]},

@@ -29,6 +29,8 @@ from gateway.core.status import (
     rank,
     rollup,
 )
+from gateway.settings import Settings
+from gateway.status.series import Series, counts
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
     from gateway.datapath import Datapath
 
-SAMPLE_S = 5.0  # colour history resolution
+SAMPLE_S = 5.0  # colour history and charts resolution (the default of SLUICE_STATUS_SAMPLE_S)
 KEEP_S = 900.0  # colour history length
 RECENT_S = 300.0  # "recent" rejections and upstream errors: the last 5 minutes
 
@@ -108,22 +110,30 @@ class StatusBoard:
         self.server = server
         self.registry = registry
         self.started_at = time.time()
-        self.colours: deque[tuple[float, str]] = deque(maxlen=int(KEEP_S / SAMPLE_S))
+        self.sample_s = sample_s = Settings.from_env().status_sample_s
+        self.colours: deque[tuple[float, str]] = deque(maxlen=int(KEEP_S / sample_s))
         self.snapshots: deque[tuple[float, dict[str, float]]] = deque(
-            maxlen=int(RECENT_S / SAMPLE_S) + 1
+            maxlen=int(RECENT_S / sample_s) + 1
         )
+        self.series = Series(sample_s)
 
     async def run(self) -> None:
-        """Sample the colour and the counters every SAMPLE_S seconds (a services task)."""
+        """Sample the colour, the counters and the charts' series every `sample_s` seconds
+        (SAMPLE_S unless SLUICE_STATUS_SAMPLE_S says otherwise; a services task)."""
         while True:
             self.sample()
-            await asyncio.sleep(SAMPLE_S)
+            await asyncio.sleep(self.sample_s)
 
     def sample(self) -> None:
         now = time.time()
         doc = self.state(now)
         self.colours.append((now, doc["colour"]))
         self.snapshots.append((now, self._counters()))
+        routes: dict[str, set[str]] = {}
+        for r in self.server.gateway.active.policy.routes:
+            routes[r.name] = {e.backend for e in r.endpoints}
+        alone = {name: next(iter(bs)) for name, bs in routes.items() if len(bs) == 1}
+        self.series.sample(now, counts(self._charted(), alone), doc)
 
     # -- the document ----------------------------------------------------------------------
     def state(self, now: float | None = None) -> dict[str, Any]:
@@ -158,6 +168,7 @@ class StatusBoard:
         _colour_backends(doc)
         doc["colour"], doc["reasons"] = rollup(doc)
         doc["history"] = [{"t": t, "colour": c} for t, c in self.colours]
+        doc["series"] = self.series.state()
         return doc
 
     def _gateway(self, now: float) -> dict[str, Any]:
@@ -221,6 +232,12 @@ class StatusBoard:
                     continue
                 out[key] = out.get(key, 0.0) + s.value
         return out
+
+    def _charted(self) -> Iterable[Metric]:
+        if self.registry is metrics.REGISTRY:
+            return [*metrics.REQUESTS.collect(), *metrics.REQUEST_SECONDS.collect(),
+                    *metrics.TIME_TO_FIRST_TOKEN.collect()]  # fmt: skip
+        return self.registry.collect()
 
     def _families(self) -> Iterable[Metric]:
         if self.registry is metrics.REGISTRY:  # one process: read the two counters only

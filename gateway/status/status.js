@@ -5,9 +5,9 @@
 "use strict";
 
 const RANK = { grey: 0, green: 0, yellow: 1, red: 2 };
-const ORDER = ["ratelimit", "limits", "backends", "rejections", "rollout", "traffic", "datapath",
-  "policy", "routes"];
-const SKIP = new Set(["now", "colour", "reasons", "history", "gateway"]);
+const ORDER = ["ratelimit", "limits", "admission", "backends", "rejections", "rollout", "traffic",
+  "datapath", "policy", "routes"];
+const SKIP = new Set(["now", "colour", "reasons", "history", "gateway", "series"]);
 const params = new URLSearchParams(location.search);
 const REFRESH_S = Math.max(1, Number(params.get("refresh")) || 2);
 let lastOk = 0;
@@ -220,6 +220,85 @@ const off = (v) => v && typeof v === "object" && v.state === "off";
 
 const RENDER = { backends, rejections };
 
+// -- charts: the last 15 minutes of `series` (gateway/status/series.py), inline SVG ----------
+const SVG = "http://www.w3.org/2000/svg";
+const PALETTE = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bf8700", "#1b7c83", "#d4a72c", "#6e7781"];
+const CW = 420, CH = 120, PAD = 50;
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  return e;
+}
+
+// One chart: lines {name: [value|null]} over the times `t` (Unix s) up to `now`.
+// The time axis spans what was sampled, from one minute up to 15.
+function chart(id, title, unit, t, lines, now, max) {
+  const span = Math.min(900, Math.max(60, now - (t[0] || now)));
+  const names = Object.keys(lines).filter((n) => lines[n].some((v) => v !== null));
+  let top = max || 0;
+  for (const n of names) for (const v of lines[n]) if (v !== null && v > top) top = v;
+  top = top > 0 ? top : 1;
+  const x = (ts) => PAD + (CW - PAD - 6) * (1 - Math.min(span, Math.max(0, now - ts)) / span);
+  const y = (v) => 6 + (CH - 24) * (1 - v / top);
+  const box = svg("svg", { viewBox: `0 0 ${CW} ${CH}`, width: CW, height: CH, role: "img",
+    "aria-label": title });
+  box.append(svg("line", { x1: PAD, y1: y(0), x2: CW - 6, y2: y(0), stroke: "#d0d7de" }));
+  box.append(svg("line", { x1: PAD, y1: y(top), x2: CW - 6, y2: y(top), stroke: "#eaeef2" }));
+  const label = (text, ax, ay, anchor) => {
+    const e = svg("text", { x: ax, y: ay, "font-size": 10, fill: "#57606a", "text-anchor": anchor });
+    e.textContent = text;
+    box.append(e);
+  };
+  label(unit === "%" ? `${Math.round(top * 100)} %` : `${+top.toFixed(top < 10 ? 1 : 0)} ${unit}`, PAD - 3, y(top) + 3, "end");
+  label("0", PAD - 3, y(0) + 3, "end");
+  label(`-${duration(span)}`, PAD, CH - 4, "start");
+  label("now", CW - 6, CH - 4, "end");
+  const legend = el("div", { class: "legend" });
+  names.forEach((n, i) => {
+    const colour = PALETTE[i % PALETTE.length];
+    const vs = lines[n];
+    let run = [];
+    const runs = [];
+    vs.forEach((v, j) => {
+      if (v === null || t[j] === undefined) { if (run.length) runs.push(run); run = []; }
+      else run.push([x(t[j]), y(v)]);
+    });
+    if (run.length) runs.push(run);
+    for (const pts of runs) {
+      if (pts.length === 1) pts.push([pts[0][0] + 3, pts[0][1]]);  // a lone point: a short dash
+      const r = pts.map(([px, py]) => `${px.toFixed(1)},${py.toFixed(1)}`);
+      box.append(svg("polyline", { points: r.join(" "), fill: "none", stroke: colour,
+        "stroke-width": 1.6, "data-series": n }));
+    }
+    const last = [...vs].reverse().find((v) => v !== null);
+    legend.append(el("span", {}, el("i", { style: `background:${colour}` }), `${n} `,
+      el("b", {}, unit === "%" ? `${Math.round(last * 100)} %` : `${+last.toFixed(1)} ${unit}`)));
+  });
+  const fig = el("figure", { "data-chart": id }, el("figcaption", {}, title), box, legend);
+  if (!names.length) fig.append(el("div", { class: "muted" }, "nothing measured yet"));
+  return fig;
+}
+
+function charts(series, now) {
+  if (!series || !Array.isArray(series.t) || !series.t.length) return null;
+  const t = series.t;
+  const per = (key) => Object.fromEntries(Object.entries(series.backends || {}).map(([b, ls]) => [b, ls[key] || []]));
+  const figs = [
+    chart("rps", "requests per second, per backend", "/s", t, per("rps"), now),
+    chart("p99", "p99 latency, per backend", "ms", t, per("p99_ms"), now),
+    chart("ttft", "p99 time to first token, per backend", "ms", t, per("ttft_p99_ms"), now),
+  ];
+  if (series.queues && Object.keys(series.queues).length) {
+    figs.push(chart("queue", "admission queue length, per pool", "req", t, series.queues, now));
+  }
+  if (series.tenants && Object.keys(series.tenants).length) {
+    figs.push(chart("share", "share of the tokens served, per tenant", "%", t, series.tenants, now, 1));
+  }
+  return el("section", { id: "s-charts" }, el("h2", {}, "last 15 minutes"),
+    el("div", { class: "charts" }, ...figs));
+}
+
 function render(doc) {
   const colour = doc.colour || "grey";
   const banner = document.getElementById("banner");
@@ -248,7 +327,8 @@ function render(doc) {
     const body = off(v) ? [el("p", { class: "muted" }, "off")] : (RENDER[k] || ((x) => generic(x, 0)))(v);
     return el("section", { id: `s-${k}` }, el("h2", {}, c ? badge(c) : null, k.replaceAll("_", " ")), ...body);
   });
-  document.getElementById("sections").replaceChildren(...sections);
+  const drawn = charts(doc.series, doc.now || Date.now() / 1000);
+  document.getElementById("sections").replaceChildren(...(drawn ? [drawn] : []), ...sections);
 }
 
 async function tick() {

@@ -21,7 +21,7 @@ from gateway.core.status import rank
 
 ANSI = {"green": "\033[1;97;42m", "yellow": "\033[1;30;43m", "red": "\033[1;97;41m"}
 ORDER = ["limits", "backends", "rejections", "rollout", "datapath", "policy", "routes"]
-SKIP = {"now", "colour", "reasons", "history", "gateway"}
+SKIP = {"now", "colour", "reasons", "history", "gateway", "series"}  # series: the charts'
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -204,6 +204,23 @@ ACCESS_LOG_DROPPED = Counter(
     registry=REGISTRY,
 )
 
+# --- fair admission (gateway.filters.admission; the queue lengths are read at scrape time by
+# gateway.admission.collector: sluice_admission_queue_length{pool,class}) ----------------------
+ADMISSION_WAIT = Histogram(
+    "sluice_admission_wait_seconds",
+    "Time a request waited in its backend pool's admission queue (0 when a slot was free).",
+    ["pool", "class"],
+    buckets=(0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
+ADMISSION_REFUSED = Counter(
+    "sluice_admission_refused_total",
+    "Requests the admission queue refused, by reason (queue_full, queue_timeout, "
+    "deadline_unreachable, shed).",
+    ["pool", "class", "reason"],
+    registry=REGISTRY,
+)
+
 # --- LLM streams and tokens (recorded by record_request from the context) -----------------
 TOKEN_LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5,

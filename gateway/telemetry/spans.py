@@ -71,6 +71,8 @@ class TraceRecord:
     stream: bool
     input_tokens: int | None
     output_tokens: int | None
+    queue_wait: float | None = None  # seconds in the admission queue (None: no queue)
+    priority: int | None = None  # the effective class the limits and the queue used
 
     @property
     def spans(self) -> int:
@@ -121,6 +123,8 @@ def record_of(
         body.stream if body is not None else False,
         usage.prompt_tokens if usage is not None else None,
         usage.completion_tokens if usage is not None else None,
+        ctx.queue_wait,
+        ctx.priority,
     )
 
 
@@ -276,6 +280,10 @@ def _server_attributes(r: TraceRecord) -> dict[str, Any]:
         a["gen_ai.usage.output_tokens"] = r.output_tokens
     if r.first_token_at is not None:
         a["gen_ai.server.time_to_first_token"] = r.first_token_at - r.anchor
+    if r.queue_wait is not None:
+        a["sluice.admission.queue_wait_ms"] = round(r.queue_wait * 1000, 3)
+    if r.priority is not None:
+        a["sluice.priority"] = r.priority
     if r.stream:
         a["sluice.stream"] = True
         a["sluice.stream.events"] = r.stream_events

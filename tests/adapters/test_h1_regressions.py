@@ -158,6 +158,20 @@ async def test_malformed_body_of_a_pipelined_request(tmp_path: Path, engine: str
         assert raw.startswith(b"HTTP/1.1 400")
 
 
+async def test_chunk_framing_that_breaks_after_a_chunk_is_not_a_whole_body(
+    tmp_path: Path, engine: str
+) -> None:
+    """aiohttp took the chunks read before a malformed chunk-size line (` 1`) as the whole body
+    of a request that followed another on its connection, forwarded it and answered 200; both
+    engines answer 400 and forward nothing of it."""
+    good = b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n"
+    head = b"GET /api/x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, lst, _c):
+        rest = b"1\r\nx\r\n 1\r\ny\r\n0\r\n\r\n"  # a chunk, then the bad line, in one read
+        assert await pieces(lst.port, good, head, rest) == [200, 400]
+        assert len(up.seen) == 1
+
+
 async def test_refusal_is_not_lost_to_a_reset(tmp_path: Path) -> None:
     """native closed at once after a parser refusal: with more input unread, the kernel reset
     the connection and the client could lose the 400. It lingers now (aiohttp does not)."""

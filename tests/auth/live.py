@@ -83,11 +83,12 @@ def policy(
             )
     text += "  - name: openai\n    match: {protocol: http, path_prefix: /}\n"
     text += "    backend: sim-http\n    auth: required\n"
+    grpc_engine = "grpcio" if engine == "aiohttp" else "h2"  # both gRPC engines in the suites
     return f"""\
 version: 1
 listeners:
   http: {{host: 127.0.0.1, port: {ports["http"]}, engine: {engine}}}
-  grpc: {{host: 127.0.0.1, port: {ports["grpc"]}}}
+  grpc: {{host: 127.0.0.1, port: {ports["grpc"]}, engine: {grpc_engine}}}
   admin: {{host: 127.0.0.1, port: {ports["admin"]}}}
 limits:
   max_header_bytes: 131072

@@ -68,7 +68,7 @@ def policy_yaml(backend: Backend, http: int, grpc: int, admin: int, **extra: str
 version: 1
 listeners:
   http: {{host: 127.0.0.1, port: {http}, engine: {extra.get("engine", "aiohttp")}}}
-  grpc: {{host: 127.0.0.1, port: {grpc}, engine: {extra.get("grpc_engine", "grpcio")}}}
+  grpc: {{host: 127.0.0.1, port: {grpc}, engine: {extra.get("grpc_engine", "h2")}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
 limits:
   max_body_bytes: 1048576

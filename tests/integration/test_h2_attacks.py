@@ -12,8 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 from hyperframe.frame import (
+    DataFrame,
     GoAwayFrame,
+    HeadersFrame,
     PriorityFrame,
+    RstStreamFrame,
     WindowUpdateFrame,
 )
 
@@ -21,6 +24,7 @@ from tests.integration.conftest import Backend
 from tests.integration.h2_support import (
     CHAT,
     ENHANCE_YOUR_CALM,
+    PROTOCOL_ERROR,
     H2Gateway,
     RawH2,
     continuation,
@@ -183,6 +187,46 @@ def test_flood_from_a_reading_client_gets_goaway_enhance_your_calm(gw: H2Gateway
     g = conn.goaway(3.0)
     conn.close()
     assert isinstance(g, GoAwayFrame) and g.error_code == ENHANCE_YOUR_CALM
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [("X-Upper", "1")],  # an upper-case name
+        [("x-split", "a\r\nx-injected: 1")],  # CR LF in a value
+        [("connection", "keep-alive")],  # a connection-specific field
+        [(":bogus", "1")],  # an unknown pseudo header
+    ],
+    ids=["upper-case name", "CR LF in a value", "connection field", "unknown pseudo header"],
+)
+def test_a_malformed_header_block_resets_its_stream_only(
+    gw: H2Gateway, extra: list[tuple[str, str]]
+) -> None:
+    """RFC 9113 §8.1.1: a malformed request is a stream error. The stream gets RST_STREAM
+    PROTOCOL_ERROR; the streams before and after it on the same connection are answered."""
+    before = gw.metric("sluice_rejected_total", reason="h2_malformed_headers")
+    conn = RawH2(gw.port)
+    conn.send(conn.headers(1) + conn.headers(3, extra=extra) + conn.headers(5))
+    answered: set[int] = set()
+    reset: dict[int, int] = {}
+    ended: set[int] = set()
+    goaway = None
+    for f in conn.frames(2.0):
+        if isinstance(f, HeadersFrame):
+            answered.add(f.stream_id)
+        elif isinstance(f, RstStreamFrame):
+            reset[f.stream_id] = f.error_code
+        elif isinstance(f, GoAwayFrame):
+            goaway = f
+        if isinstance(f, DataFrame | HeadersFrame) and "END_STREAM" in f.flags:
+            ended.add(f.stream_id)
+        if {1, 5} <= ended and 3 in reset:
+            break
+    conn.close()
+    assert goaway is None
+    assert reset == {3: PROTOCOL_ERROR}, reset
+    assert answered == {1, 5}, answered
+    assert gw.metric("sluice_rejected_total", reason="h2_malformed_headers") == before + 1
 
 
 def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:

@@ -162,8 +162,10 @@ def test_a_client_that_does_not_read_its_answers_is_cut(backend: Backend, tmp_pa
     cut, counted as control_queue. (With the default rate the PING limit cuts it at once.)"""
     gw = start_h2_gateway(backend, tmp_path, "limits:\n  http2: {max_pings_per_s: 1000000}\n")
     try:
+        # How long the buffers take to fill is the gateway's CPU speed (about 1-2 s here,
+        # nearly 5 s on a loaded 2-core machine): the test asks for the cut, not its speed.
         cut = _flood_pings(gw.port)
-        assert cut is not None and cut < 4.0
+        assert cut is not None, "never cut"
         assert gw.metric("sluice_rejected_total", reason="h2_control_queue") == 1
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
@@ -174,7 +176,7 @@ def _flood_pings(port: int) -> float | None:
     conn.sock.settimeout(0.5)
     start = time.monotonic()
     cut = None
-    while time.monotonic() - start < 5 and cut is None:
+    while time.monotonic() - start < 15 and cut is None:
         try:
             conn.sock.sendall(b"".join(ping(i) for i in range(500)))
         except TimeoutError:

@@ -34,7 +34,11 @@ def gateways(
     try:
         for engine in ("aiohttp", "native"):
             tmp = tmp_path_factory.mktemp(f"hardening-{engine}")
-            started[engine] = start_gateway(backend, tmp, engine=engine, timeouts=TIMEOUTS)
+            # the aiohttp gateway serves gRPC on grpcio, the native one on h2 (the default)
+            grpc_engine = "grpcio" if engine == "aiohttp" else "h2"
+            started[engine] = start_gateway(
+                backend, tmp, engine=engine, timeouts=TIMEOUTS, grpc_engine=grpc_engine
+            )
         yield started
     finally:
         for gw in started.values():

@@ -39,7 +39,12 @@ pytestmark = pytest.mark.integration
 def gw(
     request: pytest.FixtureRequest, backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TlsGateway]:
-    g = start_tls_gateway(backend, tmp_path_factory.mktemp("tls"), request.param)
+    # The native gateway serves gRPC on the h2 engine (the default), the aiohttp one on grpcio,
+    # so every case here runs on both gRPC engines without more processes.
+    grpc_engine = "h2" if request.param == "native" else "grpcio"
+    g = start_tls_gateway(
+        backend, tmp_path_factory.mktemp("tls"), request.param, grpc_engine=grpc_engine
+    )
     try:
         yield g
     finally:

@@ -64,7 +64,7 @@ def start_tls_gateway(
     tail: str = "",
     ca: TestCA | None = None,
     workers: int = 1,
-    grpc_engine: str = "grpcio",
+    grpc_engine: str = "h2",  # listeners.grpc.engine (the default)
 ) -> TlsGateway:
     """A gateway whose HTTP and gRPC listeners serve TLS with a certificate of `ca`."""
     ca = ca or TestCA(tmp / "ca")

@@ -241,3 +241,39 @@ async def test_admin_reset(http: aiohttp.ClientSession, admin: aiohttp.ClientSes
     async with admin.post("/admin/reset") as resp:
         stats = await resp.json()
     assert stats["requests"] == {} and stats["completed"] == 0 and stats["seen"] == []
+
+
+async def test_slots_bound_the_completions_generating_at_once(
+    backend: MockBackendHandle, http: aiohttp.ClientSession
+) -> None:
+    await backend.update_knobs({"slots": 2, "ttft_ms": 100, "completion_tokens": 1})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def one() -> float:
+        start = time.monotonic()
+        async with http.post(CHAT, json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+        return time.monotonic() - start
+
+    took = sorted(await asyncio.gather(*(one() for _ in range(6))))
+    assert backend.stats.peak_generating == 2 and backend.stats.generating == 0
+    assert took[-1] >= 0.29  # three rounds of two: the last ones waited for two others
+
+
+async def test_a_client_leaving_while_waiting_for_a_slot_frees_its_turn(
+    backend: MockBackendHandle, http: aiohttp.ClientSession
+) -> None:
+    await backend.update_knobs({"slots": 1, "ttft_ms": 300, "completion_tokens": 1})
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    first = asyncio.ensure_future(http.post(CHAT, json=body))
+    await eventually(lambda: backend.stats.generating == 1)
+    waiting = asyncio.ensure_future(http.post(CHAT, json=body))
+    await eventually(lambda: len(backend.state.slots.waiters) == 1)
+    waiting.cancel()
+    await eventually(lambda: backend.stats.cancelled == 1)
+    assert not backend.state.slots.waiters
+    resp = await first
+    assert resp.status == 200
+    resp.release()
+    await eventually(lambda: backend.stats.generating == 0)

@@ -102,13 +102,16 @@ def test_shape_errors(tmp_path: Path, ca: TestCA) -> None:
     text = BASE.format(cert=good.cert, key=good.key, ca=ca.path, mode="optional")
     with pytest.raises(PolicyError) as e:
         load_policy_text(
-            text.replace("tls: {cert", "tls: {client_cert: optional, client_ca: x, cert")
+            text.replace(
+                "tls: {cert", "engine: grpcio\n    tls: {client_cert: optional, client_ca: x, cert"
+            )
         )
     assert "listeners.grpc.tls.client_cert: grpcio either requires" in e.value.errors[0]
-    h2 = text.replace(
-        "tls: {cert", f"engine: h2\n    tls: {{client_cert: optional, client_ca: {ca.path}, cert"
-    )
-    assert load_policy_text(h2).listeners.grpc.tls.client_cert == "optional"  # type: ignore[union-attr]
+    for engine in ("engine: h2\n    ", ""):  # h2, written or the default
+        h2 = text.replace(
+            "tls: {cert", f"{engine}tls: {{client_cert: optional, client_ca: {ca.path}, cert"
+        )
+        assert load_policy_text(h2).listeners.grpc.tls.client_cert == "optional"  # type: ignore[union-attr]
     no_ca = text.replace(f"      client_ca: {ca.path}\n", "")
     with pytest.raises(PolicyError) as e:
         load_policy_text(no_ca)

@@ -71,6 +71,7 @@ backends:
     discover_unary: false
   - name: sim
     endpoints: [{{address: "127.0.0.1:{sim}"}}]
+    max_in_flight: 64
 routes:
   - name: grpc
     match: {{protocol: grpc}}
@@ -82,6 +83,7 @@ routes:
   - name: openai
     match: {{protocol: http, path_prefix: /v1/}}
     backend: cap-http
+admission: {{}}
 tracing:
 {tracing}""")
 
@@ -352,6 +354,7 @@ def test_a_kept_stream_carries_genai_attributes(live: Live) -> None:
     assert a["gen_ai.usage.output_tokens"] > 0 and a["gen_ai.usage.input_tokens"] > 0
     assert 0.02 < a["gen_ai.server.time_to_first_token"] < 5
     assert a["sluice.stream.events"] >= 2
+    assert 0 <= a["sluice.admission.queue_wait_ms"] < 1000 and a["sluice.priority"] == 0
     assert "first_token" in server.events
     (client,) = [s for s in spans if s.kind == CLIENT]
     assert client.parent_span_id == server.span_id and "first_byte" in client.events

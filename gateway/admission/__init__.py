@@ -1,0 +1,1 @@
+"""Fair admission: the queue of each backend pool and its tenants, kept in the services."""

@@ -1,0 +1,158 @@
+"""Fair admission, measured (by hand; not part of `make test`). Each part starts a simulated
+backend with 8 generation slots (20 ms to first token, 10 ms per token) and gateways in front of
+it, with real streaming clients (httpx), and keeps under ~30 s:
+
+    .venv/bin/python tests/bench/bench_admission.py two-tenants [--seconds 6]
+    .venv/bin/python tests/bench/bench_admission.py shares [--seconds 10]
+    .venv/bin/python tests/bench/bench_admission.py classes [--seconds 6]
+
+- `two-tenants`: tenant B (2 clients, 16 tokens each) alone, then beside tenant A (24 clients,
+  64 tokens), through a gateway without the queue (today: the backend's own FIFO queue holds
+  what it cannot run) and one with it (`max_in_flight: 8`); side by side: B's completions
+  (and as a share of alone), B's p99 time to first token, the tokens served, the longest wait.
+- `shares`: two tenants of 16 clients each (64 tokens), weights 1 and 2, both asking for more
+  than half of the capacity: their served-token shares ÷ weights, Jain's index per 2 s window
+  and over the whole run.
+- `classes`: gold, silver and free, 8 clients each (3× the capacity), `max_wait_ms` 2000: each
+  class's completions, refusals and p99 time to first token, gold's against its p99 alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.integration.admission_support import (  # noqa: E402
+    TenantRun,
+    client,
+    start,
+    start_backend,
+    two_tenants,
+)
+from tests.integration.conftest import Backend, Gateway  # noqa: E402
+
+
+def longest_wait_ms(gw: Gateway) -> float:
+    waits = [json.loads(line[line.index("{") :]).get("queue_wait_ms", 0.0)
+             for line in gw.proc.output().splitlines() if '"queue_wait_ms"' in line]  # fmt: skip
+    return max(waits, default=0.0)
+
+
+def jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 1.0
+
+
+async def two(be: Backend, tmp: Path, seconds: float) -> None:
+    rows = []
+    for queue in (False, True):
+        gw = start(be, tmp / f"q{queue}", max_in_flight=8 if queue else None, queue=queue)
+        try:
+            _, alone = await two_tenants(gw, seconds, with_a=False)
+            a, b = await two_tenants(gw, seconds, with_a=True)
+            wait = longest_wait_ms(gw)
+        finally:
+            gw.proc.stop()
+        rows.append((queue, alone, a, b, wait))
+    print(f"two tenants, {seconds:g} s each, 8 slots (B: 2 clients × 16 tokens; A: 24 × 64)")
+    print(f"{'':22}{'B alone':>9}{'B with A':>10}{'B share':>9}{'B p99 TTFT':>12}"
+          f"{'tokens':>8}{'B tokens':>10}{'A done':>8}{'max wait':>10}")  # fmt: skip
+    for queue, alone, a, b, wait in rows:
+        name = "queue (admission)" if queue else "today (no queue)"
+        tokens = a.served() + b.served()
+        print(f"{name:22}{alone.completed:>9}{b.completed:>10}"
+              f"{b.completed / max(alone.completed, 1):>9.0%}{b.p99_ttft() * 1000:>10.0f}ms"
+              f"{tokens:>8}{b.served() / max(tokens, 1):>10.1%}{a.completed:>8}"
+              f"{wait:>8.0f}ms")  # fmt: skip
+    today, new = rows[0], rows[1]
+    kept = (new[2].served() + new[3].served()) / max(today[2].served() + today[3].served(), 1)
+    print(f"tokens served with the queue ÷ today: {kept:.1%}")
+
+
+async def shares(be: Backend, tmp: Path, seconds: float) -> None:
+    gw = start(be, tmp / "shares", max_in_flight=8, queue=True)
+    runs = {"light": (TenantRun("light"), 1.0), "heavy": (TenantRun("heavy"), 2.0)}
+    url = f"{gw.http}/v1/chat/completions"
+    try:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), limits=limits) as http:
+            t0 = time.monotonic()
+            until = t0 + seconds
+            await asyncio.gather(*(
+                client(http, url, run, 64, until, {"x-weight": str(w)}, delay=0.65 * i / 16)
+                for run, w in runs.values() for i in range(16)
+            ))  # fmt: skip
+    finally:
+        gw.proc.stop()
+    print(f"shares, {seconds:g} s, 8 slots, two tenants × 16 clients × 64 tokens, weights 1 : 2")
+    windows = []
+    step = 2.0
+    for k in range(int(seconds // step)):
+        lo, hi = t0 + k * step, t0 + (k + 1) * step
+        per = [run.served(lo, hi) / w for run, w in runs.values()]
+        windows.append(jain(per))
+    total = sum(run.served() for run, _ in runs.values()) or 1
+    for name, (run, w) in runs.items():
+        print(f"  {name:6} weight {w:g}: {run.served() / total:.1%} of the tokens "
+              f"(weight share {w / 3:.1%}), {run.completed} done")  # fmt: skip
+    whole = jain([run.served() / w for run, w in runs.values()])
+    print(f"  Jain's index over the run {whole:.3f}; per {step:g} s window "
+          f"min {min(windows):.3f}, mean {sum(windows) / len(windows):.3f}")  # fmt: skip
+
+
+async def classes(be: Backend, tmp: Path, seconds: float) -> None:
+    gw = start(be, tmp / "classes", max_in_flight=8, queue=True, max_wait_ms=2000)
+    url = f"{gw.http}/v1/chat/completions"
+    try:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), limits=limits) as http:
+            quiet = TenantRun("gold")
+            await asyncio.gather(*(client(http, url, quiet, 16, time.monotonic() + 3.0,
+                                          {"x-tier": "gold"}) for _ in range(8)))  # fmt: skip
+            runs = {c: TenantRun(c) for c in ("gold", "silver", "free")}
+            until = time.monotonic() + seconds
+            await asyncio.gather(*(client(http, url, run, 16, until, {"x-tier": c})
+                                   for c, run in runs.items() for _ in range(8)))  # fmt: skip
+        with urllib.request.urlopen(f"{gw.admin}/admin/state", timeout=5) as r:
+            refused = json.loads(r.read())["admission"]["pools"][0]["refused"]
+    finally:
+        gw.proc.stop()
+    print(f"classes, {seconds:g} s, 8 slots, gold / silver / free × 8 clients × 16 tokens (3x)")
+    print(f"  gold alone (its 8 clients): p99 time to first token {quiet.p99_ttft() * 1000:.0f} ms")
+    for c, run in runs.items():
+        print(f"  {c:6}: {run.completed:4} done, {sum(run.refused.values()):4} refused, "
+              f"p99 time to first token {run.p99_ttft() * 1000:.0f} ms")  # fmt: skip
+    g = runs["gold"].p99_ttft() / quiet.p99_ttft()
+    print(f"  gold loaded ÷ unloaded p99: {g:.2f}; refusals by reason: {refused}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["two-tenants", "shares", "classes"])
+    ap.add_argument("--seconds", type=float, default=None)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        be = start_backend(tmp, slots=8, ttft_ms=20, token_ms=10)
+        try:
+            if a.what == "two-tenants":
+                asyncio.run(two(be, tmp, a.seconds or 6.0))
+            elif a.what == "shares":
+                asyncio.run(shares(be, tmp, a.seconds or 10.0))
+            else:
+                asyncio.run(classes(be, tmp, a.seconds or 6.0))
+        finally:
+            be.proc.stop()
+
+
+if __name__ == "__main__":
+    main()

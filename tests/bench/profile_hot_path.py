@@ -1,0 +1,150 @@
+"""Where the gateway's CPU goes per request: `python -m tests.bench.profile_hot_path [options]`.
+
+    python -m tests.bench.profile_hot_path [--duration 10] [--engine native|aiohttp]
+        [--policy-extra sections.yaml] [--filters a,b,c] [--top 25] [--rate 250] [--get]
+
+Starts an nginx backend (serving `/v1/models` itself) on the load core, `sluice serve` with the
+bench policy (`gateway.bench`: the same policy, `--filters` and `--policy-extra` as `sluice
+bench`) on the gateway core, drives it with wrk (32 connections, a ~200 B OpenAI-style JSON
+POST, or `--get`), and samples the gateway process with py-spy (`py-spy record --format raw`,
+`--rate` samples per second, `--nonblocking`) for `--duration` seconds. Prints the functions
+with the most samples of their own (self) and with the most samples under them (inclusive), as
+shares of all samples, and the gateway CPU µs per request of the same run (sampling adds a few
+per cent). The raw stacks are kept (`--keep FILE`) for a flame graph (`flamegraph.pl`, speedscope).
+
+Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk, as `sluice bench` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gateway.bench.gateways import Setup, Variant, parse_chains, start_gateway
+from gateway.bench.loads import parse_wrk, wrk_cmd
+from gateway.bench.procs import Procs, cpu_seconds, pinned, start_nginx
+from gateway.bench.report import Row
+
+BODY = (
+    '{"model": "llama-3-8b", "max_tokens": 16, "stream": false, "messages": '
+    '[{"role": "system", "content": "You are terse."}, '
+    '{"role": "user", "content": "Say hello to the gateway in five words."}]}'
+)
+
+
+def wrk_script(tmp: Path) -> Path:
+    path = tmp / "post.lua"
+    path.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = '{BODY}'\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+    )
+    return path
+
+
+def fold(raw: str) -> tuple[collections.Counter[str], collections.Counter[str], int]:
+    """py-spy's raw output (`frame;frame;...;leaf COUNT` per line) → samples per function as the
+    leaf (self), samples per function anywhere in the stack (inclusive), all samples."""
+    own: collections.Counter[str] = collections.Counter()
+    under: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] + _where(f) for f in stack.split(";") if f]
+        if frames:
+            own[frames[-1]] += n
+        for f in set(frames):
+            under[f] += n
+    return own, under, total
+
+
+def _where(frame: str) -> str:
+    """` (file.py)` of a py-spy frame `func (path/file.py:line)`, without the line."""
+    _, _, rest = frame.partition(" (")
+    path = rest.rstrip(")").rsplit(":", 1)[0]
+    return f" ({'/'.join(path.split('/')[-2:])})" if path else ""
+
+
+def report(own: collections.Counter[str], under: collections.Counter[str], total: int, top: int):
+    lines = [f"{total} samples"]
+    for title, counter in (("self", own), ("inclusive", under)):
+        lines.append(f"\n{title}:")
+        for name, n in counter.most_common(top):
+            lines.append(f"  {100 * n / max(total, 1):5.1f} %  {name}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.profile_hot_path")
+    ap.add_argument("--duration", type=int, default=10)
+    ap.add_argument("--engine", choices=("native", "aiohttp"), default="native")
+    ap.add_argument("--filters", default=None, help="a,b,c (default: the policy's chain)")
+    ap.add_argument("--policy-extra", default=None)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--rate", type=int, default=250)
+    ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
+    ap.add_argument("--keep", default=None, help="write py-spy's raw stacks here")
+    ap.add_argument("--gateway-cpus", default="0")
+    ap.add_argument("--load-cpus", default="1")
+    ap.add_argument("--connections", type=int, default=32)
+    a = ap.parse_args(argv)
+    a.no_access_log = False
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("py-spy not found: pip install py-spy", file=sys.stderr)
+        return 2
+    for tool in ("nginx", "wrk"):
+        if shutil.which(tool) is None:
+            print(f"{tool} not found", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory(prefix="sluice-profile-") as d:
+        tmp = Path(d)
+        procs = Procs(tmp)
+        s = Setup(a, procs)
+        try:
+            backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
+            chain = parse_chains([a.filters] if a.filters else None)[0]
+            gw, ports = start_gateway(s, backend, None, Variant(a.engine, chain), "sluice")
+            url = f"http://127.0.0.1:{ports['http']}/v1/models"
+            extra = [] if a.get else ["-s", str(wrk_script(tmp))]
+            make = wrk_cmd(s.load_cpus, a.connections, url, extra)
+            subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
+            raw = tmp / "stacks.txt"
+            spy_cmd = [spy, "record", "--pid", str(gw.pid), "--duration", str(a.duration)]
+            spy_cmd += ["--rate", str(a.rate), "--format", "raw", "--nonblocking"]
+            spy_cmd += ["--output", str(raw)]
+            sampler = subprocess.Popen(pinned(s.load_cpus, spy_cmd), stdout=subprocess.DEVNULL)
+            cpu0 = cpu_seconds(gw.pid)
+            out = subprocess.run(
+                make(a.duration), capture_output=True, text=True, timeout=a.duration + 30
+            ).stdout
+            cpu1 = cpu_seconds(gw.pid)
+            sampler.wait(a.duration + 30)
+            row = Row("Sluice")
+            parse_wrk(out, row)
+            text = raw.read_text() if raw.exists() else ""
+            if a.keep:
+                Path(a.keep).write_text(text)
+            own, under, total = fold(text)
+            what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
+            print(f"{a.engine} engine, chain {a.filters or 'default'}, {what}")
+            if row.requests:
+                print(f"{row.requests / a.duration:,.0f} req/s, gateway CPU (sampled) "
+                      f"{(cpu1 - cpu0) * 1e6 / row.requests:.1f} µs/request")  # fmt: skip
+            print(report(own, under, total, a.top))
+        finally:
+            procs.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
