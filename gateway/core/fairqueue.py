@@ -219,7 +219,6 @@ class FairQueue:
             t.live -= 1
             cq.waiting -= 1
             self.waiting -= 1
-            cq.last_vt = t.vt
             self._dispatch(w, cq, now)
             if t.live > 0:
                 self.seq += 1
@@ -234,6 +233,9 @@ class FairQueue:
 
     def _dispatch(self, w: Waiter, cq: ClassQueue, now: float) -> None:
         t = w.tenant
+        # Every dispatch, the uncontended ones too: a tenant served alone sets the floor a newcomer
+        # starts from (it was not there to be served, it has no credit to spend).
+        cq.last_vt = t.vt
         w.state = DISPATCHED
         w.dispatched = now
         cost = t.avg_cost or self.p.initial_cost

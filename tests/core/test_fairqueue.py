@@ -119,6 +119,25 @@ def test_a_new_tenant_starts_at_the_minimum_of_the_active_ones() -> None:
     assert ahead.vt == 900.0  # never lowered
 
 
+def test_a_tenant_served_alone_sets_the_floor_a_newcomer_starts_from() -> None:
+    """B runs alone (every request dispatched at once, never queued), then A arrives into a
+    full pool: A starts at B's counter, not at zero, so it does not get the slots until it has
+    been served all that B was served alone."""
+    q = FairQueue(P, 2)
+    for i in range(50):
+        w, _ = q.arrive(q.tenant("b", 0), 0, float(i))
+        assert isinstance(w, Waiter) and w.state == DISPATCHED
+        q.finish(w, i + 0.5, 40.0)
+    b_vt = q.tenant("b", 0).vt
+    assert b_vt == 2000.0
+    first, _ = q.arrive(q.tenant("a", 0), 0, 60.0)
+    assert isinstance(first, Waiter) and first.tenant.vt >= 1960.0  # started at B's floor
+    q.arrive(q.tenant("a", 0), 0, 60.0)
+    a2, b2 = waiter(q, "a", now=60.1), waiter(q, "b", now=60.2)
+    assert q.finish(first, 61.0, 40.0) == [b2]  # B is behind A now: it goes first
+    assert a2.state == WAITING
+
+
 def test_the_lowest_class_is_refused_first_when_full() -> None:
     q = full(p=QueueParams(max_queued=3))
     low = [waiter(q, "free", 2) for _ in range(2)]
