@@ -125,7 +125,8 @@ class FairQueue:
             w = Waiter(t, cls, now, deadline)
             self._dispatch(w, self.classes[cls], now)
             return w, None
-        if self.busy < self.room(cls) and (self.waiting == 0 or self._clear(cls)):
+        room = self.room(cls) if self.p.reserve_share else self.capacity
+        if self.busy < room and (self.waiting == 0 or self._clear(cls)):
             w = Waiter(t, cls, now, deadline)  # the uncontended path
             self._dispatch(w, self.classes[cls], now)
             return w, None
@@ -206,7 +207,7 @@ class FairQueue:
             cq = self.classes[c]
             if cq.waiting == 0:
                 continue
-            if self.busy >= self.room(c):
+            if self.p.reserve_share and self.busy >= self.room(c):
                 return None  # the free slots are reserved for higher classes
             heap = cq.heap
             while True:
