@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -42,10 +43,14 @@ class PoolSpec:
 class PoolQueue:
     """One backend pool's queue, its refusals and recent waits."""
 
-    __slots__ = ("name", "q", "spec", "refused", "waits", "dispatched", "plans", "__weakref__")
+    __slots__ = ("name", "q", "spec", "refused", "waits", "dispatched", "plans", "now", "timer",
+                 "timer_at", "__weakref__")  # fmt: skip
 
-    def __init__(self, spec: PoolSpec, params: QueueParams) -> None:
+    def __init__(self, spec: PoolSpec, params: QueueParams, now: Callable[[], float]) -> None:
         self.name = spec.name
+        self.now = now
+        self.timer: asyncio.TimerHandle | None = None  # releases the earliest held slot
+        self.timer_at = 0.0
         self.spec = spec
         self.q = FairQueue(params, spec.fixed or 1)
         self.refused: Counter[str] = Counter()
@@ -64,6 +69,25 @@ class PoolQueue:
                 fut.set_result(None)
             elif w.state == DISPATCHED:
                 ws += q.finish(w, now, 0.0, served=False)
+
+    def arm(self, now: float) -> None:
+        """Have the earliest slot held for a tenant (anticipation) released when its hold
+        expires, unless a timer set for then or sooner runs already."""
+        at = self.q.next_expiry()
+        if at is None or (self.timer is not None and self.timer_at <= at):
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = at
+        # A hair late, so that the clock has passed `at` when it fires.
+        delay = max(at - now, 0.0) + 0.0005
+        self.timer = asyncio.get_running_loop().call_later(delay, self.expire)
+
+    def expire(self) -> None:
+        self.timer = None
+        now = self.now()
+        self.wake(self.q.expire(now), now)
+        self.arm(now)
 
     def refuse(self, w: Waiter, reason: str) -> None:
         """A waiting request is refused (made room for, shed): its future says why (its own
@@ -97,6 +121,7 @@ class PoolQueue:
             "in_flight": q.busy,
             "queued": q.waiting,
             "queued_by_class": classes,
+            "held": len(q.holds),
             "dispatched": self.dispatched,
             "wait_p50_ms": round(_pct(waits, 0.5) * 1000, 1),
             "wait_p99_ms": round(_pct(waits, 0.99) * 1000, 1),
@@ -121,7 +146,7 @@ class AdmissionBook:
         those of the policy that goes live: `activate`)."""
         p = self.pools.get(spec.name)
         if p is None:
-            p = self.pools[spec.name] = PoolQueue(spec, params)
+            p = self.pools[spec.name] = PoolQueue(spec, params, self.clock.now)
         return p
 
     def activate(self, specs: list[PoolSpec], params: QueueParams) -> None:

@@ -14,6 +14,25 @@ Order of dispatch, when a slot frees:
    cannot bank credit while idle; being lifted, it wins the tie with them (it was served less).
 3. **Inside a tenant**: earliest deadline first, then FIFO for requests without one.
 
+Two optional departures from a work-conserving queue (both off by default):
+
+- **Anticipation** (`anticipate_s`): a closed-loop client (a chat stream, an agent) sends its
+  next request a few milliseconds after its last one ends, so a tenant below its share looks
+  idle exactly when its slot frees, and a work-conserving queue hands that slot to a waiter of
+  a heavier tenant (or a lower class) for a whole generation: the "deceptive idleness" of
+  Iyer and Druschel's anticipatory scheduling (SOSP 2001). When the request that ends leaves
+  its tenant with nobody waiting, while others wait that the fair order would put behind it
+  (a lower class, or a larger counter in its class), the slot is held for that tenant for
+  `anticipate_s`: its next request takes it at once; else the hold expires (`expire`) and the
+  slot goes to the queue. A tenant is presumed to come back until a hold for it expires unused;
+  then it is not held for until one of its requests arrives within `anticipate_s` of the end of
+  another. The price is a slot idle for at most `anticipate_s` per hold not used: at most one
+  per tenant record, then one per change of its habit.
+- **Reserved slots** (`reserve_share`, `reserve_rank`): ceil(share × capacity) of the slots
+  only a class at or above `reserve_rank` may take (a lower class is dispatched only while
+  fewer than capacity − reserved slots are busy), so that an arrival of a high class finds a
+  slot free; the price is those slots left idle while the high classes ask for less.
+
 Bounds: `max_queued` waiting requests; beyond it the lowest class is refused first (a request of
 a higher class takes the place of the newest waiter of the lowest class, which is refused
 `queue_full`); at most `max_tenants` tenant records per class (idle ones are dropped first).
@@ -31,73 +50,27 @@ others' turns between its own), at most all of the class's waiters.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
-from dataclasses import dataclass
 
-QUEUE_FULL = "queue_full"
-QUEUE_TIMEOUT = "queue_timeout"
-DEADLINE_UNREACHABLE = "deadline_unreachable"
-SHED = "shed"
+from gateway.core.fairrecords import (
+    DEADLINE_UNREACHABLE,
+    DISPATCHED,
+    EWMA,
+    GONE,
+    INF,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    SHED,
+    WAITING,
+    ClassQueue,
+    QueueParams,
+    Tenant,
+    Waiter,
+)
 
-WAITING, DISPATCHED, GONE = 0, 1, 2
-INF = float("inf")
-EWMA = 0.2  # weight of one sample in the smoothed hold time, time to first token and cost
-
-
-@dataclass(frozen=True, slots=True)
-class QueueParams:
-    max_queued: int = 2000
-    max_wait_s: float = 5.0
-    max_tenants: int = 10_000  # tenant records kept per class
-    initial_cost: float = 256.0  # charged at dispatch before a tenant's first reported cost
-
-
-class Waiter:
-    """One request, from its arrival to its finish (`state`: WAITING, DISPATCHED, GONE)."""
-
-    __slots__ = ("tenant", "cls", "deadline", "expires", "arrived", "seq", "state", "charged",
-                 "dispatched", "handle")  # fmt: skip
-
-    def __init__(self, tenant: Tenant, cls: int, arrived: float, deadline: float | None) -> None:
-        self.tenant = tenant
-        self.cls = cls
-        self.arrived = arrived
-        self.deadline = deadline  # absolute (the clock's time), None: none
-        self.expires = 0.0  # when it stops waiting (max wait or deadline, the earlier)
-        self.seq = 0
-        self.state = WAITING
-        self.charged = 0.0  # tokens charged at dispatch, reconciled by `finish`
-        self.dispatched = 0.0
-        self.handle: object = None  # the edge's (a future); the core never looks at it
-
-
-class Tenant:
-    """One tenant in one class: its counter, its waiters (EDF, then FIFO)."""
-
-    __slots__ = ("key", "weight", "vt", "ver", "heap", "live", "in_flight", "avg_cost", "served")
-
-    def __init__(self, key: str, weight: float, vt: float) -> None:
-        self.key = key
-        self.weight = weight
-        self.vt = vt  # virtual counter ÷ weight (tokens)
-        self.ver = 0  # bumped when vt changes: older entries in the class heap are stale
-        self.heap: list[tuple[float, int, Waiter]] = []
-        self.live = 0  # waiters still waiting
-        self.in_flight = 0
-        self.avg_cost = 0.0  # smoothed tokens per request (0: none reported yet)
-        self.served = 0.0  # tokens served (for shares)
-
-
-class ClassQueue:
-    __slots__ = ("tenants", "heap", "waiting", "active", "last_vt", "arrivals")
-
-    def __init__(self) -> None:
-        self.tenants: dict[str, Tenant] = {}
-        self.heap: list[tuple[float, int, int, Tenant]] = []  # (vt, seq, ver, tenant)
-        self.waiting = 0
-        self.active = 0  # tenants with a waiter
-        self.last_vt = 0.0  # the counter of the tenant dispatched last
-        self.arrivals: deque[Waiter] = deque()  # arrival order, for refusing from the tail
+__all__ = ["DEADLINE_UNREACHABLE", "DISPATCHED", "GONE", "QUEUE_FULL", "QUEUE_TIMEOUT", "SHED",
+           "WAITING", "ClassQueue", "FairQueue", "QueueParams", "Tenant", "Waiter"]  # fmt: skip
 
 
 class FairQueue:
@@ -113,6 +86,15 @@ class FairQueue:
         self.seq = 0
         self.hold_s = 0.0  # smoothed slot hold time (dispatch to finish); 0: none yet
         self.ttft_s = 0.0  # smoothed time to first token after dispatch; 0: none yet
+        self.holds: list[tuple[float, Tenant]] = []  # (until, tenant): slots held, counted busy
+
+    def room(self, cls: int) -> int:
+        """The slots class `cls` may fill: all of them, or those not reserved for the classes
+        at or above `reserve_rank`."""
+        share = self.p.reserve_share
+        if share <= 0.0 or cls <= self.p.reserve_rank:
+            return self.capacity
+        return self.capacity - min(self.capacity, math.ceil(share * self.capacity - 1e-9))
 
     # -- arrival ------------------------------------------------------------------------------
     def tenant(self, key: str, cls: int, weight: float = 1.0) -> Tenant:
@@ -135,7 +117,16 @@ class FairQueue:
         """A request of tenant `t` (from `tenant(key, cls, weight)`) arrives. Returns
         (the waiter, DISPATCHED at once or WAITING; or the refusal reason) and a waiter of a
         lower class refused to make room for it (`queue_full`), if any."""
-        if self.busy < self.capacity and self.waiting == 0:
+        if now - t.last_end <= self.p.anticipate_s:
+            t.quick = True
+        if t.held:  # its slot was held for it: taken at once
+            t.quick = True
+            self._release(t)
+            w = Waiter(t, cls, now, deadline)
+            self._dispatch(w, self.classes[cls], now)
+            return w, None
+        room = self.room(cls) if self.p.reserve_share else self.capacity
+        if self.busy < room and (self.waiting == 0 or self._clear(cls)):
             w = Waiter(t, cls, now, deadline)  # the uncontended path
             self._dispatch(w, self.classes[cls], now)
             return w, None
@@ -177,16 +168,25 @@ class FairQueue:
         wait = (ahead + 1) * self.hold_s / max(self.capacity, 1)
         return now + wait + self.ttft_s <= deadline
 
-    def _activate(self, t: Tenant, cq: ClassQueue) -> None:
-        """`t` gets its first waiter: lifted to the smallest counter of the active tenants."""
-        floor = cq.last_vt
+    def _clear(self, cls: int) -> bool:
+        """Nobody of class `cls` or above waits (they would go first)."""
+        return not any(self.classes[c].waiting for c in self.order if c <= cls)
+
+    def _floor(self, cq: ClassQueue) -> float:
+        """The smallest counter of the active tenants of a class (stale entries dropped), or
+        the last dispatched one's when none is active."""
         heap = cq.heap
         while heap:
             vt, _, ver, top = heap[0]
             if ver == top.ver and top.live > 0:
-                floor = vt
-                break
+                return vt
             heapq.heappop(heap)
+        return cq.last_vt
+
+    def _activate(self, t: Tenant, cq: ClassQueue) -> None:
+        """`t` gets its first waiter: lifted to the smallest counter of the active tenants."""
+        floor = self._floor(cq)
+        heap = cq.heap
         self.seq += 1
         seq = self.seq
         if t.vt < floor:
@@ -207,6 +207,8 @@ class FairQueue:
             cq = self.classes[c]
             if cq.waiting == 0:
                 continue
+            if self.p.reserve_share and self.busy >= self.room(c):
+                return None  # the free slots are reserved for higher classes
             heap = cq.heap
             while True:
                 _, _, ver, t = heapq.heappop(heap)
@@ -218,7 +220,6 @@ class FairQueue:
             t.live -= 1
             cq.waiting -= 1
             self.waiting -= 1
-            cq.last_vt = t.vt
             self._dispatch(w, cq, now)
             if t.live > 0:
                 self.seq += 1
@@ -233,6 +234,9 @@ class FairQueue:
 
     def _dispatch(self, w: Waiter, cq: ClassQueue, now: float) -> None:
         t = w.tenant
+        # Every dispatch, the uncontended ones too: a tenant served alone sets the floor a newcomer
+        # starts from (it was not there to be served, it has no credit to spend).
+        cq.last_vt = t.vt
         w.state = DISPATCHED
         w.dispatched = now
         cost = t.avg_cost or self.p.initial_cost
@@ -312,7 +316,6 @@ class FairQueue:
         w.state = GONE
         t = w.tenant
         t.in_flight -= 1
-        self.busy -= 1
         if cost != w.charged:
             t.vt += (cost - w.charged) / t.weight
             t.ver += 1
@@ -320,8 +323,15 @@ class FairQueue:
                 self.seq += 1
                 heapq.heappush(self.classes[w.cls].heap, (t.vt, self.seq, t.ver, t))
         if not served:
+            self.busy -= 1
             return self.dispatchable(now)
+        if self._anticipates(w):
+            t.held += 1  # the slot stays busy, held for t's next request
+            self.holds.append((now + self.p.anticipate_s, t))
+        else:
+            self.busy -= 1
         t.served += cost
+        t.last_end = now
         t.avg_cost = cost if t.avg_cost == 0.0 else t.avg_cost + EWMA * (cost - t.avg_cost)
         hold = now - w.dispatched
         self.hold_s = hold if self.hold_s == 0.0 else self.hold_s + EWMA * (hold - self.hold_s)
@@ -329,12 +339,49 @@ class FairQueue:
             self.ttft_s = ttft if self.ttft_s == 0.0 else self.ttft_s + EWMA * (ttft - self.ttft_s)
         return self.dispatchable(now)
 
+    # -- anticipation ---------------------------------------------------------------------------
+    def _anticipates(self, w: Waiter) -> bool:
+        """Hold the slot `w` frees for its tenant: it has nobody waiting, and the waiter that
+        would take the slot comes after it in the fair order (a lower class, or a larger
+        counter in its class: lifted on its return, the tenant would win)."""
+        t = w.tenant
+        if not t.quick or t.live or not self.waiting or self.p.anticipate_s <= 0.0:
+            return False
+        for c in self.order:
+            cq = self.classes[c]
+            if cq.waiting:
+                return c > w.cls if c != w.cls else t.vt <= self._floor(cq)
+        return False  # pragma: no cover - waiting > 0 means some class has a waiter
+
+    def _release(self, t: Tenant) -> None:
+        """One slot held for `t` is given up (taken by its request, or expired)."""
+        for i, (_, held) in enumerate(self.holds):
+            if held is t:
+                del self.holds[i]
+                break
+        t.held -= 1
+        self.busy -= 1
+
+    def next_expiry(self) -> float | None:
+        """When the earliest hold expires (the edge's timer calls `expire` then), or None."""
+        return min(u for u, _ in self.holds) if self.holds else None
+
+    def expire(self, now: float) -> list[Waiter]:
+        """Holds whose time passed give their slots to the queue: the waiters that take them."""
+        if any(u <= now for u, _ in self.holds):
+            for _, t in [h for h in self.holds if h[0] <= now]:
+                t.held -= 1
+                t.quick = False  # it did not come back in time: no hold until it does
+                self.busy -= 1
+            self.holds = [h for h in self.holds if h[0] > now]
+        return self.dispatchable(now)
+
 
 def _prune(cq: ClassQueue, bound: int) -> None:
     """Drop idle tenant records (no waiter, nothing in flight), oldest first, to a tenth below
     the bound; active ones are never dropped (the bound can then be passed, by the waiters)."""
     target = bound - max(1, bound // 10)
-    for key in [k for k, t in cq.tenants.items() if t.live == 0 and t.in_flight == 0]:
+    for key in [k for k, t in cq.tenants.items() if not (t.live or t.in_flight or t.held)]:
         if len(cq.tenants) <= target:
             return
         del cq.tenants[key]

@@ -13,6 +13,8 @@ binding). HTTP and gRPC requests of one pool share its queue.
 - `on_response`: the slot is given back and the tenant's counter reconciled with the tokens it
   was served: `ctx.usage` when the backend reported it (prompt × input + completion × output),
   else estimated (request bytes / 4 and one token per stream event, or response bytes / 4).
+  With `queue.anticipate_ms`, the slot may be held for the tenant's next request instead; the
+  owner's timer gives it to the queue when the hold expires unused.
 
 Refusals: 503 with Retry-After and `{"error": {"type": reason}}`: `queue_full` (gRPC
 RESOURCE_EXHAUSTED), `queue_timeout`, `deadline_unreachable`, `shed` (UNAVAILABLE).
@@ -121,7 +123,12 @@ class AdmissionFilter:
         self.members = members
         self.now: Callable[[], float] = book.clock.now
         q = section.queue
-        self.params = QueueParams(max_queued=q.max_queued, max_wait_s=q.max_wait_ms / 1000)
+        pr = section.priority
+        share = pr.reserve.share if pr is not None and pr.reserve is not None else 0.0
+        rank = pr.reserve_rank() if pr is not None else 0
+        self.params = QueueParams(max_queued=q.max_queued, max_wait_s=q.max_wait_ms / 1000,
+                                  anticipate_s=q.anticipate_ms / 1000, reserve_share=share,
+                                  reserve_rank=rank)  # fmt: skip
         specs = pool_specs(policy, Settings.from_env().workers)
         self.specs = list({s.name: s for s in specs.values()}.values())
         self.pools: dict[str, PoolQueue] = {
@@ -284,6 +291,8 @@ class AdmissionFilter:
             cost = (ctx.bytes_in // 4) * self.c_in + out * self.c_out
         ttft = first - ctx.started - (ctx.queue_wait or 0.0) if first is not None else None
         pq.wake(pq.q.finish(w, now, float(cost), ttft, served), now)
+        if pq.q.holds:
+            pq.arm(now)
 
 
 def build(section: CompiledPolicy, services: Services) -> AdmissionFilter | None:

@@ -11,7 +11,7 @@ no limit and never queues.
 
 from __future__ import annotations
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from gateway.policy.base import PolicyModel
 from gateway.policy.ratelimits import FromSource, KeyPart, Priority
@@ -31,6 +31,15 @@ class Queue(PolicyModel):
         le=1_000_000,
         description="requests waiting per backend pool (per process); beyond it the lowest "
         "class is refused first (503 `queue_full`)",
+    )
+    anticipate_ms: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="a slot freed by a tenant that has nobody waiting, while the fair order "
+        "would put the waiters behind it, is held this long for that tenant's next request "
+        "(closed-loop clients ask again a few ms after a stream ends); each hold can leave a "
+        "slot idle this long (0: never held, a work-conserving queue)",
     )
 
 
@@ -75,6 +84,40 @@ class AdmissionPriority(PolicyModel):
     )
     ceiling: Priority = Field(
         description="the highest class a request may have, from a verified claim (or a header)"
+    )
+    reserve: Reserve | None = Field(
+        default=None, description="slots reserved for the high classes (null: none)"
+    )
+
+    @model_validator(mode="after")
+    def _known_rank(self) -> AdmissionPriority:
+        r = self.reserve
+        if r is not None and isinstance(r.rank, str) and r.rank not in self.ceiling.classes:
+            raise ValueError(f"reserve.rank {r.rank!r} is not one of ceiling.classes")
+        return self
+
+    def reserve_rank(self) -> int:
+        """The class number of `reserve.rank` (0 without a reserve)."""
+        r = self.reserve
+        if r is None:
+            return 0
+        return self.ceiling.classes[r.rank] if isinstance(r.rank, str) else r.rank
+
+
+class Reserve(PolicyModel):
+    """Slots of each pool only the high classes may take."""
+
+    share: float = Field(
+        gt=0,
+        le=1,
+        description="of each pool's slots (rounded up), only for the classes at or above `rank`; "
+        "the others are dispatched only while fewer than the rest are busy, so the reserved "
+        "slots stay idle while the high classes ask for less",
+    )
+    rank: int | str = Field(
+        default=0,
+        description="the lowest class that may take them: a name of `ceiling.classes` or a "
+        "number (0 = the highest)",
     )
 
 

@@ -62,3 +62,23 @@ async def test_a_reload_keeps_the_waiters_and_gives_new_room_at_once() -> None:
     assert f1.done() and not f2.done() and pq.q.waiting == 1  # the new slot went to the first
     assert "old" not in book.pools
     assert book.state()["pools"][0]["queued"] == 1
+
+
+async def test_a_held_slot_is_released_to_the_queue_when_its_hold_expires() -> None:
+    clock = ManualClock(1.0)
+    book = AdmissionBook(Services(clock))
+    book.activate([PoolSpec("p", 1)], QueueParams(anticipate_s=0.01, initial_cost=10.0))
+    pq = book.pools["p"]
+    b, _ = pq.q.arrive(pq.q.tenant("b", 1), 1, 1.0)
+    assert isinstance(b, Waiter)
+    w, _ = pq.q.arrive(pq.q.tenant("f", 2), 2, 1.0)
+    assert isinstance(w, Waiter)
+    fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    w.handle = fut
+    pq.wake(pq.q.finish(b, 1.0, 10.0), 1.0)
+    pq.arm(1.0)
+    assert pq.state()["held"] == 1 and not fut.done()
+    clock.t = 1.011
+    await asyncio.wait_for(fut, 1.0)  # the timer fired and gave f the slot
+    assert fut.result() is None and w.state == DISPATCHED and pq.state()["held"] == 0
+    assert pq.timer is None

@@ -119,6 +119,25 @@ def test_a_new_tenant_starts_at_the_minimum_of_the_active_ones() -> None:
     assert ahead.vt == 900.0  # never lowered
 
 
+def test_a_tenant_served_alone_sets_the_floor_a_newcomer_starts_from() -> None:
+    """B runs alone (every request dispatched at once, never queued), then A arrives into a
+    full pool: A starts at B's counter, not at zero, so it does not get the slots until it has
+    been served all that B was served alone."""
+    q = FairQueue(P, 2)
+    for i in range(50):
+        w, _ = q.arrive(q.tenant("b", 0), 0, float(i))
+        assert isinstance(w, Waiter) and w.state == DISPATCHED
+        q.finish(w, i + 0.5, 40.0)
+    b_vt = q.tenant("b", 0).vt
+    assert b_vt == 2000.0
+    first, _ = q.arrive(q.tenant("a", 0), 0, 60.0)
+    assert isinstance(first, Waiter) and first.tenant.vt >= 1960.0  # started at B's floor
+    q.arrive(q.tenant("a", 0), 0, 60.0)
+    a2, b2 = waiter(q, "a", now=60.1), waiter(q, "b", now=60.2)
+    assert q.finish(first, 61.0, 40.0) == [b2]  # B is behind A now: it goes first
+    assert a2.state == WAITING
+
+
 def test_the_lowest_class_is_refused_first_when_full() -> None:
     q = full(p=QueueParams(max_queued=3))
     low = [waiter(q, "free", 2) for _ in range(2)]
@@ -234,3 +253,114 @@ def test_a_request_that_never_reached_the_backend_is_refunded_and_teaches_nothin
     assert q.finish(w, 3.0, 999.0, 0.5, served=False) == [nxt]
     assert w.tenant.vt == 0.0 and w.tenant.served == 0.0
     assert q.hold_s == 0.0 and q.ttft_s == 0.0 and w.tenant.avg_cost == 0.0
+
+
+# -- anticipation: a slot freed by a tenant with nobody waiting, held for its next request ----
+
+A = QueueParams(max_queued=100, max_wait_s=5.0, initial_cost=10.0, anticipate_s=0.02)
+
+
+def ending(p: QueueParams = A) -> tuple[FairQueue, Waiter]:
+    """One slot, held by tenant b (class 1, counter 10 once it ends at its charge)."""
+    q = FairQueue(p, 1)
+    w, _ = q.arrive(q.tenant("b", 1), 1, 0.0)
+    assert isinstance(w, Waiter) and w.state == DISPATCHED
+    return q, w
+
+
+def queued(q: FairQueue, tenant: str, cls: int, vt: float) -> Waiter:
+    q.tenant(tenant, cls).vt = vt
+    return waiter(q, tenant, cls)
+
+
+# Each row: the waiters when b's request ends (tenant, class, counter); whether b's slot is held.
+HOLDS = [
+    pytest.param([("f", 2, 0.0)], True, id="a lower class waits: held for b"),
+    pytest.param([("g", 0, 500.0)], False, id="a higher class waits: it takes the slot"),
+    pytest.param([("a", 1, 100.0)], True, id="a larger counter waits: b would win, held"),
+    pytest.param([("a", 1, 10.0)], True, id="an equal counter: b lifted to it wins the tie, held"),
+    pytest.param([("a", 1, 5.0)], False, id="a smaller counter waits: it takes the slot"),
+    pytest.param([("b", 1, 10.0)], False, id="b waits itself: its waiter takes the slot"),
+    pytest.param([], False, id="nobody waits: the slot is simply free"),
+]
+
+
+@pytest.mark.parametrize(("waiting", "held"), HOLDS)
+def test_when_a_freed_slot_is_held(waiting: list[tuple[str, int, float]], held: bool) -> None:
+    q, w = ending()
+    ws = [queued(q, t, c, vt) for t, c, vt in waiting]
+    got = q.finish(w, 1.0, w.charged)
+    assert got == ([] if held else ws[:1])
+    assert bool(q.holds) is held and q.busy == (1 if ws else 0)
+    assert q.next_expiry() == (1.02 if held else None)
+
+
+def test_without_anticipation_nothing_is_held() -> None:
+    q, w = ending(P)
+    f = queued(q, "f", 2, 0.0)
+    assert q.finish(w, 1.0, w.charged) == [f] and not q.holds
+
+
+def test_the_held_slot_goes_to_the_tenant_that_comes_back() -> None:
+    q, w = ending()
+    f = queued(q, "f", 2, 0.0)
+    assert q.finish(w, 1.0, w.charged) == []
+    back, _ = q.arrive(q.tenant("b", 1), 1, 1.005)
+    assert isinstance(back, Waiter) and back.state == DISPATCHED  # at once, ahead of f
+    assert q.busy == 1 and not q.holds and back.tenant.held == 0
+    assert q.expire(1.05) == [] and f.state == WAITING  # nothing left to expire
+    assert q.finish(back, 1.2, back.charged) == []  # held again: it came back
+
+
+def test_an_unused_hold_expires_to_the_queue_and_stops_the_holds() -> None:
+    q, w = ending()
+    f1, f2 = queued(q, "f", 2, 0.0), queued(q, "f", 2, 0.0)
+    assert q.finish(w, 1.0, w.charged) == []
+    assert q.expire(1.01) == []  # not yet
+    assert q.expire(1.02) == [f1] and q.busy == 1 and not q.holds
+    late, _ = q.arrive(q.tenant("b", 1), 1, 1.3)  # b came back late: it waits for its turn
+    assert isinstance(late, Waiter) and late.state == WAITING
+    assert q.finish(f1, 1.4, f1.charged) == [late]
+    assert q.finish(late, 1.5, late.charged) == [f2]  # not held: b did not come back in time
+
+
+def test_a_return_within_the_window_makes_the_tenant_held_for_again() -> None:
+    q, w = ending()
+    queued(q, "f", 2, 0.0)
+    queued(q, "f", 2, 0.0)
+    q.finish(w, 1.0, w.charged)
+    (f1,) = q.expire(1.02)
+    b2 = waiter(q, "b", 1, now=1.01)  # came back a hair late, yet within 20 ms of its end
+    assert q.finish(f1, 1.5, f1.charged) == [b2]
+    assert q.finish(b2, 1.6, b2.charged) == [] and q.holds  # held for again
+
+
+# -- reserved slots ---------------------------------------------------------------------------
+
+# Each row: capacity, share, rank; the slots each class 0..2 may fill.
+ROOMS = [
+    (4, 0.25, 0, [4, 3, 3]),
+    (8, 0.2, 0, [8, 6, 6]),  # rounded up: 1.6 -> 2
+    (8, 0.25, 1, [8, 8, 6]),
+    (8, 1.0, 0, [8, 0, 0]),
+    (3, 0.0, 0, [3, 3, 3]),  # none
+]
+
+
+@pytest.mark.parametrize(("capacity", "share", "rank", "rooms"), ROOMS)
+def test_reserved_slots_per_class(capacity: int, share: float, rank: int, rooms: list[int]) -> None:
+    q = FairQueue(QueueParams(reserve_share=share, reserve_rank=rank), capacity)
+    assert [q.room(c) for c in range(3)] == rooms
+
+
+def test_a_lower_class_waits_while_only_reserved_slots_are_free() -> None:
+    q = FairQueue(QueueParams(reserve_share=0.25, reserve_rank=0, initial_cost=10.0), 4)
+    running = [q.arrive(q.tenant("s", 1), 1, 0.0)[0] for _ in range(3)]
+    assert all(isinstance(w, Waiter) and w.state == DISPATCHED for w in running)
+    s4 = waiter(q, "s", 1)
+    assert s4.state == WAITING and q.busy == 3  # the 4th slot is gold's
+    g, _ = q.arrive(q.tenant("g", 0), 0, 0.1)
+    assert isinstance(g, Waiter) and g.state == DISPATCHED  # at once, past the silver waiter
+    assert q.finish(g, 0.5, g.charged) == []  # a reserved slot freed: silver still waits
+    first = running[0]
+    assert isinstance(first, Waiter) and q.finish(first, 0.6, first.charged) == [s4]

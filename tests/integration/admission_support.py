@@ -17,14 +17,14 @@ from tests.integration.conftest import Backend, Gateway, wait_ready
 from tests.support import Proc, free_port, wait_for_port
 
 ADMISSION = """admission:
-  queue: {{max_wait_ms: {max_wait_ms}, max_queued: 2000}}
+  queue: {{max_wait_ms: {max_wait_ms}, max_queued: 2000{anticipate}}}
   fairness:
     key: [header:x-tenant]
     cost: {{input: 1, output: 2}}
     weights: {{from: header:x-weight, default: 1}}
   priority:
     header: x-sluice-priority
-    ceiling: {{from: header:x-tier, classes: {{gold: 0, silver: 1, free: 2}}, default: 2}}
+    ceiling: {{from: header:x-tier, classes: {{gold: 0, silver: 1, free: 2}}, default: 2}}{reserve}
   deadline: {{header: x-sluice-deadline-ms}}
 """
 
@@ -41,8 +41,19 @@ def start_backend(tmp: Path, slots: int, ttft_ms: float, token_ms: float) -> Bac
     return Backend(proc, http, grpc, admin)
 
 
+def admission(max_wait_ms: float = 5000, anticipate_ms: float = 0.0,
+              reserve: float = 0.0) -> str:  # fmt: skip
+    """The `admission:` section (optional fields written only when set)."""
+    return ADMISSION.format(
+        max_wait_ms=max_wait_ms,
+        anticipate=f", anticipate_ms: {anticipate_ms:g}" if anticipate_ms else "",
+        reserve=f"\n    reserve: {{share: {reserve:g}, rank: gold}}" if reserve else "",
+    )
+
+
 def policy(backend: Backend, http: int, grpc: int, admin: int, max_in_flight: int | None,
-           queue: bool, max_wait_ms: float = 5000, tail: str = "") -> str:  # fmt: skip
+           queue: bool, max_wait_ms: float = 5000, tail: str = "",
+           section: str = "") -> str:  # fmt: skip
     limit = f"\n    max_in_flight: {max_in_flight}" if max_in_flight else ""
     glimit = f", max_in_flight: {max_in_flight}" if max_in_flight else ""
     return f"""\
@@ -64,16 +75,17 @@ routes:
     backend: sim
   - {{name: grpc, match: {{protocol: grpc}}, backend: sim-grpc}}
 access_log: {{enabled: true, headers: [x-tenant]}}
-{ADMISSION.format(max_wait_ms=max_wait_ms) if queue else ""}{tail}"""
+{(section or admission(max_wait_ms)) if queue else ""}{tail}"""
 
 
 def start(backend: Backend, tmp: Path, max_in_flight: int | None, queue: bool,
           max_wait_ms: float = 5000, tail: str = "",
-          env: dict[str, str] | None = None) -> Gateway:  # fmt: skip
+          env: dict[str, str] | None = None, section: str = "") -> Gateway:  # fmt: skip
     http, grpc, admin = free_port(), free_port(), free_port()
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "policy.yaml"
-    path.write_text(policy(backend, http, grpc, admin, max_in_flight, queue, max_wait_ms, tail))
+    path.write_text(policy(backend, http, grpc, admin, max_in_flight, queue, max_wait_ms, tail,
+                           section))  # fmt: skip
     proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env=env)
     wait_ready(admin, proc)
     return Gateway(proc, path, http, grpc, admin)

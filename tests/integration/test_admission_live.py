@@ -4,6 +4,8 @@
 - Two tenants: B (2 clients, 16 tokens) beside A (24 clients, 64 tokens). Without the queue the
   backend's own FIFO queue holds B behind A's long generations; with it, B takes the next slot
   that frees.
+- A tenant that comes back at once takes the slot held for it (`anticipate_ms`) ahead of a
+  heavier tenant's waiter; unused, the hold expires to that waiter.
 - A client that goes away while queued leaves at once; a reload that changes the queue's section
   keeps the waiting requests, which are then served.
 """
@@ -24,6 +26,7 @@ import httpx
 import pytest
 
 from gateway.proto import load
+from tests.integration.admission_support import admission as section
 from tests.integration.admission_support import start, start_backend, two_tenants
 from tests.integration.conftest import Backend, Gateway
 from tests.support import free_port
@@ -287,3 +290,34 @@ async def test_a_member_out_of_rotation_takes_its_slots_with_it(
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
     assert [a.status_code for a in answers] == [200] * 4
+
+
+async def test_a_slot_is_held_for_the_tenant_that_comes_back(
+    one_slot: Backend, tmp_path: Path
+) -> None:
+    """One slot. Tenant a has been served before (a larger counter) and waits while b (weight
+    10: a tenth of a's counter) runs; when b's request ends its slot is held for b, whose next
+    request takes it ahead of a's waiter; b then stops, and the hold expires to a."""
+    gw = start(one_slot, tmp_path, max_in_flight=1, queue=True,
+               section=section(anticipate_ms=300))  # fmt: skip
+    url = f"{gw.http}/v1/chat/completions"
+    b_hdrs = {"x-tenant": "b", "x-weight": "10"}
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+            assert (await http.post(url, json=SLOW, headers={"x-tenant": "a"})).status_code == 200
+            b1 = asyncio.ensure_future(http.post(url, json=SLOW, headers=b_hdrs))
+            await eventually(lambda: pool(gw)["in_flight"] == 1)
+            a = asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": "a"}))
+            await eventually(lambda: pool(gw)["queued"] == 1)
+            assert (await b1).status_code == 200
+            b2 = await http.post(url, json=SLOW, headers=b_hdrs)  # came back at once
+            assert b2.status_code == 200 and not a.done()  # b went first
+            assert (await a).status_code == 200  # the hold after b2 expired to a
+            st = pool(gw)
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+    waits = [json.loads(line[line.index("{") :]) for line in gw.proc.output().splitlines()
+             if '"queue_wait_ms"' in line]  # fmt: skip
+    b_waits = [w["queue_wait_ms"] for w in waits if w.get("h_x-tenant") == "b"]
+    assert len(b_waits) == 2 and max(b_waits) < 100  # b2 took its held slot at once
+    assert st["held"] == 0 and st["in_flight"] == 0 and st["refused"] == {}

@@ -45,6 +45,26 @@ def test_an_empty_section_takes_the_documented_defaults(tmp_path: Path) -> None:
     a = load_policy(path).admission
     assert a is not None and a.queue.max_wait_ms == 5000 and a.priority is None
     assert a.fairness.weights is None and a.deadline is None
+    assert a.queue.anticipate_ms == 0.0  # a work-conserving queue, as before
+
+
+CLASSES = "ceiling: {from: claim:tier, classes: {gold: 0, silver: 1, free: 2}, default: 2}"
+
+
+@pytest.mark.parametrize(("reserve", "rank"), [
+    ("{share: 0.25, rank: gold}", 0),
+    ("{share: 0.25, rank: silver}", 1),
+    ("{share: 0.5, rank: 1}", 1),
+    ("{share: 0.5}", 0),
+])  # fmt: skip
+def test_the_optional_anticipation_and_reserve_validate(tmp_path: Path, reserve: str,
+                                                         rank: int) -> None:  # fmt: skip
+    path = tmp_path / "p.yaml"
+    path.write_text(BASE + "admission:\n  queue: {anticipate_ms: 20}\n"
+                    f"  priority: {{{CLASSES}, reserve: {reserve}}}\n")  # fmt: skip
+    a = load_policy(path).admission
+    assert a is not None and a.queue.anticipate_ms == 20 and a.priority is not None
+    assert a.priority.reserve is not None and a.priority.reserve_rank() == rank
 
 
 @pytest.mark.parametrize(
@@ -61,6 +81,15 @@ def test_an_empty_section_takes_the_documented_defaults(tmp_path: Path) -> None:
             "9:58: admission.fairness.weights.default",
         ),
         ("admission: {priority: {header: x-p}}\n", "9:23: admission.priority.ceiling: required"),
+        ("admission: {queue: {anticipate_ms: -1}}\n", "9:36: admission.queue.anticipate_ms"),
+        (
+            f"admission: {{priority: {{{CLASSES}, reserve: {{share: 0}}}}}}\n",
+            "9:122: admission.priority.reserve.share",
+        ),
+        (
+            f"admission: {{priority: {{{CLASSES}, reserve: {{share: 0.2, rank: bronze}}}}}}\n",
+            "9:23: admission.priority: reserve.rank 'bronze' is not one of",
+        ),
         (
             "admission: {}\nfilters: [request_id, route]\n",
             "10:10: filters: admission is configured",
