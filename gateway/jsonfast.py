@@ -10,9 +10,11 @@ integers beyond 64 bits in `dumps`, and NaN/Infinity in `loads`.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["BACKEND", "dumps", "loads"]
+__all__ = ["BACKEND", "dumps", "is_json_type", "loads", "rewritten"]
 
 try:
     import orjson
@@ -34,3 +36,26 @@ else:  # pragma: no cover
 
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+_JSON_TYPES = (b"application/json", b"text/json")
+_LONG_INT = re.compile(rb"\d{19}")  # an integer literal that may not fit 64 bits
+
+
+def rewritten(raw: bytes, doc: Any, changes: Mapping[str, Any] | None) -> bytes:
+    """A body a filter rewrote (`doc`, parsed from `raw`, with `changes` applied). orjson reads
+    integers beyond 64 bits as floats: a body that has one is rewritten from the standard
+    library's exact reading of `raw` instead (rare, and slower)."""
+    if _LONG_INT.search(raw) is None:
+        return dumps(doc)
+    exact = json.loads(raw)
+    exact.update(changes or {})
+    return json.dumps(exact, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a request body of this Content-Type is worth parsing as JSON."""
+    if content_type is None:
+        return True  # many clients omit it; a body that does not parse stays opaque
+    low = content_type.lower().encode("latin-1", "replace")
+    return any(t in low for t in _JSON_TYPES) or b"+json" in low

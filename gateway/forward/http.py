@@ -16,9 +16,7 @@ cancelled and asks which deadline it was.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from typing import TYPE_CHECKING
 
@@ -60,8 +58,6 @@ log = logging.getLogger("sluice.forward")
 UPLOADS_FULL = reject(
     503, GRPC_UNAVAILABLE, "uploads_busy", "too many streamed uploads to this backend", 1.0
 )
-_JSON_TYPES = (b"application/json", b"text/json")
-_LONG_INT = re.compile(rb"\d{19}")  # an integer literal that may not fit 64 bits
 
 
 class HttpForward:
@@ -171,7 +167,7 @@ class HttpForward:
                         return
                     b = ctx.body
                     if b is not None and b.dirty and b.doc is not None:
-                        body = _rewritten(b)
+                        body = jsonfast.rewritten(b.raw, b.doc, b.changes)
                         ctx.bytes_in = len(body)
                     if ctx.route is not route:  # decided on the body: its own deadline
                         route = ctx.route
@@ -304,7 +300,7 @@ class HttpForward:
     ) -> Verdict | None:
         if isinstance(body, bytes):
             rb = bodies.opaque(len(body), body)
-            if body and _is_json(ctx):
+            if body and jsonfast.is_json_type(ctx.info.headers.get("content-type")):
                 try:
                     rb = bodies.from_doc(body, jsonfast.loads(body))
                 except (ValueError, RecursionError):
@@ -382,21 +378,3 @@ class HttpForward:
             return
         ctx.bytes_out = len(body)
         await ex.respond(status, lines, body, False)
-
-
-def _rewritten(b: bodies.RequestBody) -> bytes:
-    """A body a filter rewrote. orjson reads integers beyond 64 bits as floats: a body that has
-    one is rewritten from the standard library's exact reading instead (rare, and slower)."""
-    if _LONG_INT.search(b.raw) is None:
-        return jsonfast.dumps(b.doc)
-    doc = json.loads(b.raw)
-    doc.update(b.changes or {})
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _is_json(ctx: RequestContext) -> bool:
-    ct = ctx.info.headers.get("content-type")
-    if ct is None:
-        return True  # many clients omit it; a body that does not parse stays opaque
-    low = ct.lower().encode("latin-1", "replace")
-    return any(t in low for t in _JSON_TYPES) or b"+json" in low

@@ -27,12 +27,8 @@ from gateway.policy.auth import Auth, auth_reference_errors
 # The sections live in their own modules and are re-exported here, where the rest of Sluice
 # finds them.
 from gateway.policy.backends import Backend as Backend
-from gateway.policy.backends import Canary as Canary
 from gateway.policy.backends import HealthCheck as HealthCheck
 from gateway.policy.backends import Registry as Registry
-from gateway.policy.backends import Retries as Retries
-from gateway.policy.backends import Route as Route
-from gateway.policy.backends import Sticky as Sticky
 from gateway.policy.backends import UpstreamTls as UpstreamTls
 from gateway.policy.base import Limits as Limits
 from gateway.policy.base import Listeners as Listeners
@@ -41,6 +37,10 @@ from gateway.policy.base import PolicyModel, fill_unset
 from gateway.policy.base import Timeouts as Timeouts
 from gateway.policy.base import is_loopback as is_loopback
 from gateway.policy.ratelimits import RateLimits
+from gateway.policy.routes import Canary as Canary
+from gateway.policy.routes import Retries as Retries
+from gateway.policy.routes import Route as Route
+from gateway.policy.routes import Sticky as Sticky
 from gateway.policy.sections import AccessLog as AccessLog
 from gateway.policy.sections import Datapath as Datapath
 from gateway.policy.sections import Guard as Guard
