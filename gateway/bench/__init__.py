@@ -94,6 +94,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="YAML merged over the bench policy (the sections --filters need, e.g. auth:)",
     )
     parser.add_argument(
+        "--method",
+        choices=("post", "get"),
+        default="post",
+        help="HTTP rows: a ~200 B chat completion POST (default) or GET /v1/models",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="add a full-chain row per engine (JWT, two rate-limit rules, tail-sampled tracing, "
+        "breaker, outlier, retries: gateway.bench.full)",
+    )
+    parser.add_argument(
+        "--no-leave-one-out",
+        action="store_true",
+        help="with --full: skip the rows of the full chain without one feature each (which give "
+        "each feature's cost in place)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="run the Sluice HTTP gateways with `sluice serve --workers N` (CPU: all workers)",
+    )
+    parser.add_argument(
         "--tracing",
         action="store_true",
         help="also measure a gateway with tail-sampled tracing on (rows '+ tail sampling')",

@@ -12,16 +12,28 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gateway.bench.loads import INFER, MakeCmd, Parse, grpc_load, grpc_ok, wrk_cmd
+from gateway.bench.loads import (
+    CHAT_PATH,
+    INFER,
+    MakeCmd,
+    Parse,
+    grpc_load,
+    grpc_ok,
+    post_script,
+    wrk_cmd,
+)
 from gateway.bench.procs import Procs, free_port, http_ok, models_ok, pinned, wait_until
 from gateway.bench.report import Row
+
+if TYPE_CHECKING:
+    from gateway.bench.full import FullChain
 
 BackendStats = Callable[[], tuple[int, int]]  # the mock backend's (completed, failed) so far
 RunRow = Callable[[Row, MakeCmd, Parse, int | None], Row]  # measure one row against a pid
@@ -33,6 +45,7 @@ class Setup:
     args: argparse.Namespace
     procs: Procs
     notes: list[str] = field(default_factory=list)
+    _full: FullChain | None = None
 
     @property
     def gw_cpus(self) -> str:
@@ -42,8 +55,31 @@ class Setup:
     def load_cpus(self) -> str:
         return str(self.args.load_cpus)
 
-    def wrk(self, url: str) -> MakeCmd:
-        return wrk_cmd(self.load_cpus, self.args.connections, url)
+    def url(self, port: int) -> str:
+        """What the HTTP rows request on `port` (`--method`: the chat POST, or the model list)."""
+        path = CHAT_PATH if self.post else "/v1/models"
+        return f"http://127.0.0.1:{port}{path}"
+
+    @property
+    def post(self) -> bool:
+        return getattr(self.args, "method", "post") == "post"
+
+    def wrk(self, url: str, extra: Sequence[str] = ()) -> MakeCmd:
+        """wrk on `url` (from `url()`), sending the chat POST unless `--method get`."""
+        script = ["-s", str(post_script(self.procs.tmp))] if self.post else []
+        return wrk_cmd(self.load_cpus, self.args.connections, url, [*script, *extra])
+
+    def full_chain(self) -> FullChain:
+        """The full chain's secret and token (made once per run)."""
+        if self._full is None:
+            from gateway.bench.full import prepare
+
+            self._full = prepare(self.procs.tmp)
+        return self._full
+
+    def headers(self, variant: Variant) -> list[str]:
+        """wrk `-H` arguments a variant's requests need (the full chain's token)."""
+        return self.full_chain().wrk_headers if variant.full and variant.without != "auth" else []
 
     def grpc(self, name: str, port: int) -> tuple[MakeCmd, Parse]:
         a = self.args
@@ -63,12 +99,15 @@ class Setup:
 @dataclass(frozen=True)
 class Variant:
     """One Sluice configuration: `engine` None for gRPC-only gateways, `chain` None for the
-    policy's default chain, `grpc_engine` (listeners.grpc.engine) None for the policy's."""
+    policy's default chain, `grpc_engine` (listeners.grpc.engine) None for the policy's, `full`
+    the full chain of `gateway.bench.full` (JWT, rate limits, tracing, breaker, retries)."""
 
     engine: str | None
     chain: tuple[str, ...] | None = None
     tracing: bool = False
     grpc_engine: str | None = None
+    full: bool = False
+    without: str | None = None  # the full chain minus one of `gateway.bench.full.FEATURES`
 
     @property
     def label(self) -> str:
@@ -79,6 +118,8 @@ class Variant:
             parts.append(",".join(self.chain) or "no filters")
         if self.tracing:
             parts.append("+ tail sampling")
+        if self.full:
+            parts.append("full chain" + (f" − {self.without}" if self.without else ""))
         return f"({', '.join(parts)})" if parts else ""
 
     def filters(self) -> list[str] | None:
@@ -170,12 +211,19 @@ def start_gateway(
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
     access_log = not s.args.no_access_log
     doc = policy_doc(ports, http_backend, grpc_backend, access_log, variant, s.extra())
+    if variant.full:
+        from gateway.bench.full import with_full_chain
+
+        doc = with_full_chain(doc, s.full_chain(), variant.without)
     if edit is not None:
         doc = edit(doc)
     Policy.model_validate(doc)  # fail here, with the reason, rather than in the child
     path = s.procs.tmp / f"{name}-policy.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
     cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
+    workers = getattr(s.args, "workers", 1)
+    if workers > 1 and variant.engine is not None:
+        cmd += ["--workers", str(workers)]
     p = s.procs.start(name, pinned(s.gw_cpus, cmd))
     try:
         wait_until(name, lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])

@@ -44,6 +44,27 @@ def percentile_ms(durations_us: list[int], pct: float) -> float | None:
 
 # ---------------------------------------------------------------------------- wrk (HTTP)
 
+# The HTTP rows' request (`--method post`, the default): an OpenAI-style chat completion POST of
+# ~200 B to /v1/chat/completions; `--method get`: GET /v1/models.
+CHAT_BODY = (
+    '{"model": "llama-3-8b", "max_tokens": 16, "stream": false, "messages": '
+    '[{"role": "system", "content": "You are terse."}, '
+    '{"role": "user", "content": "Say hello to the gateway in five words."}]}'
+)
+CHAT_PATH = "/v1/chat/completions"
+
+
+def post_script(tmp: Path) -> Path:
+    """A wrk Lua script sending the chat POST (other headers may be added with `-H`)."""
+    path = tmp / "post.lua"
+    if not path.exists():
+        path.write_text(
+            'wrk.method = "POST"\n'
+            f"wrk.body = '{CHAT_BODY}'\n"
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+    return path
+
 
 def wrk_cmd(load_cpus: str, connections: int, url: str, extra: Sequence[str] = ()) -> MakeCmd:
     """A function: duration → the wrk command line, pinned to the load cores (`extra`: more
@@ -113,14 +134,25 @@ def grpc_load(
 
 
 def h2c_load(
-    tmp: Path, load_cpus: str, connections: int, streams: int, name: str, url: str
+    tmp: Path,
+    load_cpus: str,
+    connections: int,
+    streams: int,
+    name: str,
+    url: str,
+    body: Path | None = None,
+    headers: Sequence[str] = (),
 ) -> tuple[MakeCmd, Parse]:
-    """(duration → command line, parser) for HTTP/2 (h2c with prior knowledge) GETs of `url`:
-    h2load, `connections` × `streams` in flight."""
+    """(duration → command line, parser) for HTTP/2 (h2c with prior knowledge) requests of
+    `url`: h2load, `connections` × `streams` in flight; a JSON POST of `body` if given, else GET;
+    `headers` as wrk's (`-H`, "Name: value" pairs)."""
     log_file = tmp / f"{name}.h2load.tsv"
 
     def h2load(duration: int) -> list[str]:
         cmd = ["h2load", "-t1", "-c", str(connections), "-m", str(streams), "-D", str(duration)]
+        if body is not None:
+            cmd += ["-d", str(body), "-H", "content-type: application/json"]
+        cmd += list(headers)
         cmd += ["--log-file", str(log_file), url]
         return pinned(load_cpus, cmd)
 

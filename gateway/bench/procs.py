@@ -21,6 +21,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 MODELS_JSON = '{"object":"list","data":[{"id":"m"}]}'
+# The answer to the bench POST: an OpenAI chat completion with usage (~300 B).
+CHAT_JSON = (
+    '{"id":"chatcmpl-bench","object":"chat.completion","created":1,"model":"llama-3-8b",'
+    '"choices":[{"index":0,"message":{"role":"assistant","content":"Hello there, dear gateway."},'
+    '"finish_reason":"stop"}],"usage":{"prompt_tokens":24,"completion_tokens":6,'
+    '"total_tokens":30}}'
+)
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
 
@@ -149,14 +156,15 @@ def wait_until(
     raise TimeoutError(f"{what}: not ready after {READY_TIMEOUT_S:.0f}s ({last})")
 
 
-def http_get(url: str) -> tuple[int, bytes]:
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     ctx = None
     if url.startswith("https:"):  # a readiness probe of a bench process on a private CA
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+        req = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=2, context=ctx) as r:
             return int(r.status), r.read()
     except urllib.error.HTTPError as e:
         return int(e.code), e.read()
@@ -167,9 +175,9 @@ def http_ok(url: str) -> bool:
     return status == 200
 
 
-def models_ok(url: str) -> bool:
-    """GET `url` answers 200 with an OpenAI-style model list (what every HTTP row fetches)."""
-    status, data = http_get(url)
+def models_ok(url: str, headers: dict[str, str] | None = None) -> bool:
+    """GET `url` answers 200 with an OpenAI-style model list (the HTTP rows' probe)."""
+    status, data = http_get(url, headers)
     try:
         return status == 200 and json.loads(data).get("object") == "list"
     except ValueError:
@@ -182,11 +190,14 @@ def models_ok(url: str) -> bool:
 def nginx_conf(
     tmp: Path, port: int, upstream: int | None, tls: tuple[Path, Path] | None = None
 ) -> str:
-    """nginx serving `/v1/models` itself (`upstream` None) or proxying to `upstream`; with `tls`
-    (certificate chain, key) it listens with TLS (the stock nginx settings otherwise)."""
+    """nginx serving `/v1/models` and `/v1/chat/completions` itself (`upstream` None) or
+    proxying to `upstream`; with `tls` (certificate chain, key) it listens with TLS (the stock
+    nginx settings otherwise)."""
     if upstream is None:
         location = (
             f"location /v1/models {{ default_type application/json; return 200 '{MODELS_JSON}'; }}"
+            f" location /v1/chat/completions {{ default_type application/json; "
+            f"return 200 '{CHAT_JSON}'; }}"
         )
         upstream_block = ""
     else:

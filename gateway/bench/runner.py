@@ -23,7 +23,15 @@ from gateway.bench.gateways import (
     start_gateway,
     start_mock,
 )
-from gateway.bench.loads import MakeCmd, Parse, grpc_ok, h2c_load, parse_wrk, run_load
+from gateway.bench.loads import (
+    CHAT_BODY,
+    MakeCmd,
+    Parse,
+    grpc_ok,
+    h2c_load,
+    parse_wrk,
+    run_load,
+)
 from gateway.bench.procs import (
     core_ticks,
     cpu_list,
@@ -173,48 +181,69 @@ def http_rows(
         http_be, proxy = mock_http, None
         s.notes.append("nginx not found: HTTP backend is `sluice mock-backend`, no nginx row")
     kind = "nginx" if have_nginx else "mock-backend"
-    rows = [run(Row(f"HTTP backend direct ({kind})"), s.wrk(_models(http_be)), parse_wrk, None)]
+    rows = [run(Row(f"HTTP backend direct ({kind})"), s.wrk(s.url(http_be)), parse_wrk, None)]
     if proxy is not None:
-        rows.append(run(Row("HTTP nginx proxy"), s.wrk(_models(proxy[1])), parse_wrk, proxy[0].pid))
+        rows.append(run(Row("HTTP nginx proxy"), s.wrk(s.url(proxy[1])), parse_wrk, proxy[0].pid))
     row = Row("HTTP floor (Protocol + httptools)")
     try:
         floor, port = start_floor(s, http_be)
     except Exception as e:
         row.error = f"floor proxy did not start: {e}"
     else:
-        run(row, s.wrk(_models(port)), parse_wrk, floor.pid)
+        run(row, s.wrk(s.url(port)), parse_wrk, floor.pid)
         s.procs.stop(floor)
     rows.append(row)
 
-    def probe(row: Row, h2row: Row | None) -> Probe:
+    def probe(row: Row, h2row: Row | None, variant: Variant) -> Probe:
+        variant_headers = s.headers(variant)
+
         def go(p: subprocess.Popen[bytes], ports: dict[str, int]) -> None:
-            url = _models(ports["http"])
-            if not models_ok(url):
-                status, body = http_get(url)
-                row.error = f"probe GET {url} → {status} {body[:200]!r}"
+            probe_url = _models(ports["http"])
+            sent = dict([h.split(": ", 1) for h in variant_headers[1::2]])
+            if not models_ok(probe_url, sent):
+                status, body = http_get(probe_url, sent)
+                row.error = f"probe GET {probe_url} → {status} {body[:200]!r}"
                 return
-            run(row, s.wrk(url), parse_wrk, p.pid)
+            url = s.url(ports["http"])
+            run(row, s.wrk(url, variant_headers), parse_wrk, p.pid)
             if h2row is not None:  # the same gateway over h2c: as many requests in flight
                 streams = max(1, s.args.connections // H2_CONNECTIONS)
                 name = f"h2-{len(rows)}"
-                cmd, parse = h2c_load(s.procs.tmp, s.load_cpus, H2_CONNECTIONS, streams, name, url)
+                chat = s.procs.tmp / "chat.json" if s.post else None
+                if chat is not None:
+                    chat.write_text(CHAT_BODY)
+                cmd, parse = h2c_load(
+                    s.procs.tmp, s.load_cpus, H2_CONNECTIONS, streams, name, url, chat,
+                    variant_headers,
+                )  # fmt: skip
                 run(h2row, cmd, parse, p.pid)
 
         return go
 
     h2 = shutil.which("h2load") is not None
-    for engine in engines:
-        for chain in chains:
-            for tracing in tracings:
-                v = Variant(engine, chain, tracing)
-                row = Row(f"HTTP Sluice {v.label}")
-                h2row = Row(f"HTTP/2 Sluice {v.label}") if h2 and engine == "native" else None
-                rows.append(gateway_row(s, row, v, (http_be, None), probe(row, h2row)))
-                if h2row is not None:
-                    rows.append(h2row)
-                    if h2row.cpu_us_per_req and row.cpu_us_per_req:
-                        ratio = h2row.cpu_us_per_req / row.cpu_us_per_req
-                        s.notes.append(f"{h2row.name}: {ratio:.2f}× the HTTP/1.1 CPU per request")
+    variants = [
+        Variant(engine, chain, tracing)
+        for engine in engines
+        for chain in chains
+        for tracing in tracings
+    ]
+    if s.args.full:
+        variants += [Variant(engine, full=True) for engine in engines]
+        if not s.args.no_leave_one_out:
+            from gateway.bench.full import FEATURES
+
+            variants += [Variant(engines[0], full=True, without=f) for f in FEATURES]
+    for v in variants:
+        row = Row(f"HTTP Sluice {v.label}")
+        h2row = Row(f"HTTP/2 Sluice {v.label}") if h2 and v.engine == "native" else None
+        rows.append(gateway_row(s, row, v, (http_be, None), probe(row, h2row, v)))
+        if h2row is not None:
+            rows.append(h2row)
+            if h2row.cpu_us_per_req and row.cpu_us_per_req:
+                ratio = h2row.cpu_us_per_req / row.cpu_us_per_req
+                s.notes.append(f"{h2row.name}: {ratio:.2f}× the HTTP/1.1 CPU per request")
+    if s.args.full and not s.args.no_leave_one_out:
+        _feature_costs(s, rows, engines[0])
     if s.args.auth:
         from gateway.bench.auth import auth_rows
 
@@ -224,3 +253,23 @@ def http_rows(
 
 def _models(port: int) -> str:
     return f"http://127.0.0.1:{port}/v1/models"
+
+
+def _feature_costs(s: Setup, rows: list[Row], engine: str) -> None:
+    """Notes: each full-chain feature's cost in place (full row − the row without it)."""
+    from gateway.bench.full import BUDGET_US, FEATURES
+
+    by_name = {r.name: r for r in rows}
+    full = by_name.get(f"HTTP Sluice {Variant(engine, full=True).label}")
+    if full is None or not full.cpu_us_per_req:
+        return
+    for f in FEATURES:
+        less = by_name.get(f"HTTP Sluice {Variant(engine, full=True, without=f).label}")
+        if less is None or not less.cpu_us_per_req:
+            continue
+        cost = full.cpu_us_per_req - less.cpu_us_per_req
+        verdict = "within" if cost <= BUDGET_US[f] else "OVER"
+        s.notes.append(
+            f"{f} in the full chain ({engine}): {cost:+.1f} µs/req (full − without it), "
+            f"budget ≤ {BUDGET_US[f]:g}: {verdict}"
+        )

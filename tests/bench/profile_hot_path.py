@@ -1,16 +1,17 @@
 """Where the gateway's CPU goes per request: `python -m tests.bench.profile_hot_path [options]`.
 
     python -m tests.bench.profile_hot_path [--duration 10] [--engine native|aiohttp]
-        [--policy-extra sections.yaml] [--filters a,b,c] [--top 25] [--rate 250] [--get]
+        [--policy-extra sections.yaml] [--filters a,b,c] [--full] [--top 25] [--rate 250] [--get]
 
-Starts an nginx backend (serving `/v1/models` itself) on the load core, `sluice serve` with the
-bench policy (`gateway.bench`: the same policy, `--filters` and `--policy-extra` as `sluice
-bench`) on the gateway core, drives it with wrk (32 connections, a ~200 B OpenAI-style JSON
-POST, or `--get`), and samples the gateway process with py-spy (`py-spy record --format raw`,
-`--rate` samples per second, `--nonblocking`) for `--duration` seconds. Prints the functions
-with the most samples of their own (self) and with the most samples under them (inclusive), as
-shares of all samples, and the gateway CPU µs per request of the same run (sampling adds a few
-per cent). The raw stacks are kept (`--keep FILE`) for a flame graph (`flamegraph.pl`, speedscope).
+Starts an nginx backend (serving `/v1/models` and `/v1/chat/completions` itself) on the load
+core, `sluice serve` with the bench policy (`gateway.bench`: the same policy, `--filters`,
+`--policy-extra` and `--full` as `sluice bench`) on the gateway core, drives it with wrk (32
+connections, the bench's ~200 B OpenAI-style chat POST, or `--get`), and samples the gateway
+process with py-spy (`py-spy record --format raw`, `--rate` samples per second,
+`--nonblocking`) for `--duration` seconds. Prints the functions with the most samples of their
+own (self) and with the most samples under them (inclusive), as shares of all samples, and the
+gateway CPU µs per request of the same run (sampling adds a few per cent). The raw stacks are
+kept (`--keep FILE`) for a flame graph (`flamegraph.pl`, speedscope).
 
 Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk, as `sluice bench` does.
 """
@@ -26,25 +27,9 @@ import tempfile
 from pathlib import Path
 
 from gateway.bench.gateways import Setup, Variant, parse_chains, start_gateway
-from gateway.bench.loads import parse_wrk, wrk_cmd
+from gateway.bench.loads import parse_wrk
 from gateway.bench.procs import Procs, cpu_seconds, pinned, start_nginx
 from gateway.bench.report import Row
-
-BODY = (
-    '{"model": "llama-3-8b", "max_tokens": 16, "stream": false, "messages": '
-    '[{"role": "system", "content": "You are terse."}, '
-    '{"role": "user", "content": "Say hello to the gateway in five words."}]}'
-)
-
-
-def wrk_script(tmp: Path) -> Path:
-    path = tmp / "post.lua"
-    path.write_text(
-        'wrk.method = "POST"\n'
-        f"wrk.body = '{BODY}'\n"
-        'wrk.headers["Content-Type"] = "application/json"\n'
-    )
-    return path
 
 
 def fold(raw: str) -> tuple[collections.Counter[str], collections.Counter[str], int]:
@@ -92,12 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--rate", type=int, default=250)
     ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
+    ap.add_argument("--full", action="store_true", help="the full chain (gateway.bench.full)")
     ap.add_argument("--keep", default=None, help="write py-spy's raw stacks here")
     ap.add_argument("--gateway-cpus", default="0")
     ap.add_argument("--load-cpus", default="1")
     ap.add_argument("--connections", type=int, default=32)
     a = ap.parse_args(argv)
     a.no_access_log = False
+    a.method = "get" if a.get else "post"
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("py-spy not found: pip install py-spy", file=sys.stderr)
@@ -113,10 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
             chain = parse_chains([a.filters] if a.filters else None)[0]
-            gw, ports = start_gateway(s, backend, None, Variant(a.engine, chain), "sluice")
-            url = f"http://127.0.0.1:{ports['http']}/v1/models"
-            extra = [] if a.get else ["-s", str(wrk_script(tmp))]
-            make = wrk_cmd(s.load_cpus, a.connections, url, extra)
+            variant = Variant(a.engine, chain, full=a.full)
+            gw, ports = start_gateway(s, backend, None, variant, "sluice")
+            make = s.wrk(s.url(ports["http"]), s.headers(variant))
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             raw = tmp / "stacks.txt"
             spy_cmd = [spy, "record", "--pid", str(gw.pid), "--duration", str(a.duration)]
@@ -136,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                 Path(a.keep).write_text(text)
             own, under, total = fold(text)
             what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
-            print(f"{a.engine} engine, chain {a.filters or 'default'}, {what}")
+            chain_name = "full" if a.full else a.filters or "default"
+            print(f"{a.engine} engine, chain {chain_name}, {what}")
             if row.requests:
                 print(f"{row.requests / a.duration:,.0f} req/s, gateway CPU (sampled) "
                       f"{(cpu1 - cpu0) * 1e6 / row.requests:.1f} µs/request")  # fmt: skip
