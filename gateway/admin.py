@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gateway.registry.pool import BACKENDS
 from gateway.status import ASSETS, asset
 from gateway.status.state import Served, StatusBoard
-from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY
+from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY, flush
 
 
 class AdminHost(Served, Protocol):
@@ -101,6 +101,7 @@ def build_admin_app(server: AdminHost) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         IN_FLIGHT.set(gw.inflight.count)  # exact for this process; other workers sample it
+        flush()  # this process's request tallies; other workers flush theirs every second
         if "application/openmetrics-text" in request.headers.get("Accept", ""):
             # OpenMetrics carries the exemplars (trace ids of kept traces).
             from prometheus_client.openmetrics import exposition as om

@@ -203,11 +203,14 @@ class Server:
             task.add_done_callback(self._tasks.discard)
 
     async def _sample_in_flight(self) -> None:
-        """The in-flight gauge, set once a second (a gauge write per request would cost more)."""
+        """The in-flight gauge, set once a second (a gauge write per request would cost more),
+        and the request metrics' tallies moved into their children as often
+        (`gateway.telemetry.tally`: what other workers' scrapes read)."""
         from gateway.telemetry import metrics
 
         while True:
             metrics.IN_FLIGHT.set(self.gateway.inflight.count)
+            metrics.flush()
             await asyncio.sleep(1.0)
 
     async def _tick_rollouts(self) -> None:
@@ -265,7 +268,10 @@ class Server:
                 await self._stack.aclose()
         except TimeoutError:
             log.error("closing took longer than %.1fs; left unfinished", CLOSE_S)
+        from gateway.telemetry import metrics
         from gateway.telemetry.accesslog import SINK
+
+        metrics.flush()  # the last second's request counts, into the multiprocess files too
 
         SINK.flush()
         log.info("stopped")

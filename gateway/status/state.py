@@ -234,6 +234,7 @@ class StatusBoard:
         return out
 
     def _charted(self) -> Iterable[Metric]:
+        metrics.flush()
         if self.registry is metrics.REGISTRY:
             return [*metrics.REQUESTS.collect(), *metrics.REQUEST_SECONDS.collect(),
                     *metrics.TIME_TO_FIRST_TOKEN.collect()]  # fmt: skip

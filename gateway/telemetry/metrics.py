@@ -6,14 +6,33 @@ never from request data, so the number of series stays bounded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.core.request import Protocol
+from gateway.telemetry.tally import CountTally, HistTally
+from gateway.telemetry.tally import flush as flush
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+
+class _Flusher:
+    """Registered first: any collection of REGISTRY (a scrape, `get_sample_value`) moves the
+    pending tallies into their children before the metrics are read."""
+
+    def collect(self) -> list[Any]:
+        flush()
+        return []
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+REGISTRY.register(_Flusher())
 
 # Latency buckets up to 60 s: LLM streams are long.
 LATENCY_BUCKETS = (
@@ -112,54 +131,81 @@ WORKER_RESTARTS = Counter(
 )
 
 
-# Label children cached by their label values: `.labels()` costs a lock and a tuple per call.
-# Keys come from policy names and small closed sets (codes), so the caches stay small; they are
-# bounded anyway, and a full cache only means the slow path.
+# Per-request updates go through tallies (`gateway.telemetry.tally`: plain numbers, added to the
+# children before each scrape), cached by their label values: `.labels()` costs a lock and a
+# tuple per call. Keys come from policy names and small closed sets (codes), so the caches stay
+# small; they are bounded anyway, and a full cache only means the slow path.
 _MAX_CACHED = 4096
-_requests_children: dict[tuple[str, str, str, str], Any] = {}
-_seconds_children: dict[tuple[str, str], Any] = {}
-_overhead_children: dict[tuple[str, str], Any] = {}
+_tallies: dict[tuple[Any, ...], Any] = {}
+_T = TypeVar("_T", CountTally, HistTally)
+
+
+def counter_tally(metric: Counter, *labels: str) -> CountTally:
+    """The tally of `metric`'s child for `labels` (cached)."""
+    t = _tallies.get((metric, *labels))
+    return t if t is not None else _new_tally(CountTally(metric.labels(*labels)), metric, labels)
+
+
+def hist_tally(metric: Histogram, *labels: str) -> HistTally:
+    """The tally of `metric`'s child for `labels` (cached)."""
+    t = _tallies.get((metric, *labels))
+    return t if t is not None else _new_tally(HistTally(metric.labels(*labels)), metric, labels)
+
+
+def _new_tally(t: _T, metric: object, labels: tuple[str, ...]) -> _T:
+    if len(_tallies) < _MAX_CACHED:
+        _tallies[(metric, *labels)] = t
+    return t
+
+
+class _Finished:
+    """The tallies one kind of finished request updates (route, backend, code, protocol)."""
+
+    __slots__ = ("requests", "seconds", "overhead", "labels")
+
+    def __init__(self, route: str, backend: str, code: str, protocol: str) -> None:
+        self.labels = (route, backend, code, protocol)
+        self.requests = counter_tally(REQUESTS, route, backend, code, protocol)
+        self.seconds = hist_tally(REQUEST_SECONDS, route, protocol)
+        self.overhead = hist_tally(OVERHEAD_SECONDS, route, protocol)
+
+
+_finished: dict[tuple[object, ...], _Finished] = {}
 
 
 def record_request(ctx: RequestContext) -> None:
     """Count one finished request. Called once per request by
     `gateway.forward.lifecycle.Lifecycle.finish`."""
-    route = ctx.route.name if ctx.route is not None else "none"
-    backend = ctx.endpoint.backend if ctx.endpoint is not None else "none"
-    protocol = ctx.info.protocol.value
-    if protocol == "grpc":
-        code = str(ctx.grpc_status if ctx.grpc_status is not None else 2)
-    else:
-        code = str(ctx.http_status or 0)
-    key = (route, backend, code, protocol)
-    counter = _requests_children.get(key)
-    if counter is None:
-        counter = REQUESTS.labels(*key)
-        if len(_requests_children) < _MAX_CACHED:
-            _requests_children[key] = counter
+    route_, endpoint = ctx.route, ctx.endpoint
+    route = route_.name if route_ is not None else "none"
+    backend = endpoint.backend if endpoint is not None else "none"
+    protocol = ctx.info.protocol
+    status = ctx.grpc_status if protocol is Protocol.GRPC else ctx.http_status
+    key = (route, backend, status, protocol)
+    fin = _finished.get(key)
+    if fin is None:
+        if protocol is Protocol.GRPC:
+            code = str(status if status is not None else 2)
+        else:
+            code = str(status or 0)
+        fin = _Finished(route, backend, code, protocol.value)
+        if len(_finished) < _MAX_CACHED:
+            _finished[key] = fin
     # Exemplars (OpenMetrics exposition) point at the traces the tail sampler kept.
     exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx.trace_kept else None
-    counter.inc(1, exemplar)
-    key2 = (route, protocol)
-    hist = _seconds_children.get(key2)
-    if hist is None:
-        hist = REQUEST_SECONDS.labels(*key2)
-        if len(_seconds_children) < _MAX_CACHED:
-            _seconds_children[key2] = hist
-    hist.observe(ctx.elapsed, exemplar)
+    if exemplar is None:
+        fin.requests.inc()
+    else:
+        REQUESTS.labels(*fin.labels).inc(1, exemplar)
+    fin.seconds.observe(ctx.elapsed, exemplar)
     if ctx.overhead_s is not None:
-        oh = _overhead_children.get(key2)
-        if oh is None:
-            oh = OVERHEAD_SECONDS.labels(*key2)
-            if len(_overhead_children) < _MAX_CACHED:
-                _overhead_children[key2] = oh
-        oh.observe(ctx.overhead_s)
+        fin.overhead.observe(ctx.overhead_s)
     if ctx.first_token_at is not None or ctx.usage is not None:
         _record_llm(ctx, route, backend, exemplar)
     if ctx.cancelled:
-        CLIENT_CANCELLED.labels(protocol).inc()
+        CLIENT_CANCELLED.labels(protocol.value).inc()
     if not ctx.verdict.allowed:
-        REJECTED.labels(ctx.verdict.error_type or "rejected", protocol).inc()
+        REJECTED.labels(ctx.verdict.error_type or "rejected", protocol.value).inc()
 
 
 GRPC_ENDED_BEFORE_HANDLER = Counter(
@@ -282,14 +328,14 @@ def _record_llm(
     usage = ctx.usage
     first = ctx.first_token_at
     if first is not None:
-        TIME_TO_FIRST_TOKEN.labels(route, backend).observe(first - ctx.started, exemplar)
+        hist_tally(TIME_TO_FIRST_TOKEN, route, backend).observe(first - ctx.started, exemplar)
         last = ctx.last_token_at
         tokens = usage.completion_tokens if usage is not None else ctx.stream_events
         if last is not None and tokens > 1 and last > first:
-            INTER_TOKEN_LATENCY.labels(route, backend).observe((last - first) / (tokens - 1))
+            hist_tally(INTER_TOKEN_LATENCY, route, backend).observe((last - first) / (tokens - 1))
     if usage is not None:
-        TOKENS.labels(route, backend, "input").inc(usage.prompt_tokens)
-        TOKENS.labels(route, backend, "output").inc(usage.completion_tokens)
+        counter_tally(TOKENS, route, backend, "input").inc(usage.prompt_tokens)
+        counter_tally(TOKENS, route, backend, "output").inc(usage.completion_tokens)
 
 
 # --- policy safety: change guard and staged rollouts (gateway/reload/) ---

@@ -98,7 +98,7 @@ class UpstreamHost:
         self.total = 0
         self.waiters: deque[asyncio.Future[UpstreamConn | None]] = deque()
         self.sweeper: asyncio.TimerHandle | None = None
-        self.fb = metrics.UPSTREAM_FIRST_BYTE_SECONDS.labels(endpoint.backend, "http")
+        self.fb = metrics.hist_tally(metrics.UPSTREAM_FIRST_BYTE_SECONDS, endpoint.backend, "http")
         conns = metrics.UPSTREAM_CONNECTIONS
         # Read at scrape time: nothing on the hot path.
         conns.labels(endpoint.backend, "idle").set_function(lambda: len(self.idle))

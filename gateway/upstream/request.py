@@ -16,9 +16,8 @@ from gateway.upstream.conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
 from gateway.upstream.response import UpstreamResponse
 
 if TYPE_CHECKING:
-    from prometheus_client import Histogram
-
     from gateway.policy.model import Timeouts
+    from gateway.telemetry.tally import HistTally
 
 REPLAY_LIMIT = 64 * 1024  # streamed request bytes kept for a stale-connection retry
 
@@ -139,7 +138,7 @@ async def drain(conn: UpstreamConn) -> None:
         raise conn.exc
 
 
-async def wait_head(conn: UpstreamConn, first_byte: Histogram, t: Timeouts) -> UpstreamResponse:
+async def wait_head(conn: UpstreamConn, first_byte: HistTally, t: Timeouts) -> UpstreamResponse:
     """Wait for the response head (first-byte timeout), observe the wait in `first_byte`, and
     arm the idle timer for the body."""
     loop = conn.loop

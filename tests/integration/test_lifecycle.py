@@ -143,13 +143,20 @@ async def test_workers_share_the_ports_and_stop_cleanly(backend: Backend, tmp_pa
             for _ in range(20):
                 async with s.get(f"{gw.http}/v1/models", headers={"Connection": "close"}) as r:
                     assert r.status == 200
-            async with s.get(f"{gw.admin}/metrics") as r:
-                text = await r.text()
-        served = sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("sluice_requests_total{") and 'code="200"' in line
-        )
-        assert served >= 20  # aggregated over both workers
+            # Aggregated over both workers; each worker moves its request tallies into the
+            # shared files every second (gateway.telemetry.tally), so a scrape may lag by that.
+            deadline = time.monotonic() + 3.0
+            while True:
+                async with s.get(f"{gw.admin}/metrics") as r:
+                    text = await r.text()
+                served = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("sluice_requests_total{") and 'code="200"' in line
+                )
+                if served >= 20 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+        assert served == 20, text
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
