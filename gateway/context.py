@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from typing import Protocol as TypingProtocol
 
@@ -36,13 +36,44 @@ class EventKind(enum.Enum):
     TRAILERS = "trailers"  # gRPC trailing metadata
 
 
-@dataclass(frozen=True, slots=True)
 class StreamEvent:
-    kind: EventKind
-    status: int = 0  # HEAD: the upstream HTTP status / 0 for gRPC
-    data: bytes = b""  # SSE: the event's data
-    doc: Any = None  # SSE / JSON: the parsed JSON (None if not JSON)
-    metadata: tuple[tuple[str, str], ...] = ()  # HEAD: response headers / TRAILERS: metadata
+    """One thing that came back, shown to on_event (read it; filters do not change it).
+
+    A plain slotted class rather than a frozen dataclass (whose `__init__` sets each field
+    through `object.__setattr__`: ~0.7 µs an event here); the head's headers are decoded only
+    if a filter reads `metadata`."""
+
+    __slots__ = ("kind", "status", "data", "doc", "_metadata", "_raw")
+
+    def __init__(
+        self,
+        kind: EventKind,
+        status: int = 0,
+        data: bytes = b"",
+        doc: Any = None,
+        metadata: tuple[tuple[str, str], ...] = (),
+        raw_headers: Sequence[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.status = status  # HEAD: the upstream HTTP status / 0 for gRPC
+        self.data = data  # SSE: the event's data
+        self.doc = doc  # SSE / JSON: the parsed JSON (None if not JSON)
+        self._metadata = metadata
+        self._raw = raw_headers  # HEAD (HTTP): the upstream's header bytes, decoded on demand
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """HEAD: the response headers (lower-case names) / TRAILERS: the trailing metadata."""
+        raw = self._raw
+        if raw is not None:
+            self._raw = None
+            self._metadata = tuple(
+                (n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in raw
+            )
+        return self._metadata
+
+    def __repr__(self) -> str:
+        return f"StreamEvent({self.kind}, status={self.status})"
 
 
 class ClassOf(TypingProtocol):
@@ -91,10 +122,12 @@ class UpstreamTry:
     error: str = ""  # why the try failed, an Outcome value ("" = it answered)
 
 
-@dataclass(slots=True)
 class RequestContext:
     """Mutable state of one request. `policy` is the snapshot the request started with: a reload
-    in the middle of the request does not change what it sees."""
+    in the middle of the request does not change what it sees.
+
+    A plain class whose defaults are class attributes (all immutable): `__init__` sets only what
+    differs per request, ~0.3 µs instead of the ~1.5 µs of a dataclass setting 40 fields."""
 
     info: RequestInfo
     policy: CompiledPolicy
@@ -102,8 +135,8 @@ class RequestContext:
     verdict: Verdict = ALLOW
     route: CompiledRoute | None = None
     endpoint: Endpoint | None = None
-    started: float = field(default_factory=time.monotonic)
-    started_wall: float = field(default_factory=time.time)
+    started: float  # time.monotonic() at arrival
+    started_wall: float  # time.time() at arrival
     # How it ended (set by the forwarding path; filters read it in on_response).
     outcome: Outcome = Outcome.OK
     detail: str = ""  # short safe text about the outcome, for the log (never a secret)
@@ -117,9 +150,9 @@ class RequestContext:
     # Headers/metadata filters add to the upstream request (lower-case names). The client's own
     # headers of these names are never forwarded; a value of "" sends none at all (how auth
     # removes a client-supplied copy of a claim header when the claim is absent).
-    upstream_headers: dict[str, str] = field(default_factory=dict)
+    upstream_headers: dict[str, str]
     # Headers filters add to the client response (HTTP) / trailing metadata (gRPC).
-    response_headers: list[tuple[str, str]] = field(default_factory=list)
+    response_headers: list[tuple[str, str]]
     # Typed slots the filters fill.
     principal: Principal | None = None  # auth
     priority: int | None = None  # 0 = highest: the effective class (limits, shedding, queue)
@@ -128,6 +161,9 @@ class RequestContext:
     reservation: Any = None  # the limiter's token reservation, reconciled in on_response
     body: RequestBody | None = None  # the body phase's view of the request body
     usage: Usage | None = None  # what the backend reported (JSON usage, final SSE chunk, trailer)
+    # A filter whose on_event runs only when asked (`events_when_asked`) asked for this request's
+    # response phase: the answer is parsed and shown to on_event (see `Chain.listens`).
+    wants_events: bool = False
     trace_id: int = 0  # 128-bit W3C trace id (0 = none yet)
     parent_span_id: int = 0  # the client's span, from an incoming traceparent
     trace_flags: int = 0
@@ -146,6 +182,17 @@ class RequestContext:
     # answer's head: `x-sluice-overhead-ms` (set when the head is made).
     upstream_s: float = 0.0
     overhead_s: float | None = None
+
+    def __init__(self, info: RequestInfo, policy: CompiledPolicy) -> None:
+        self.info = info
+        self.policy = policy
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.upstream_headers = {}
+        self.response_headers = []
+
+    def __repr__(self) -> str:
+        return f"RequestContext({self.info.method} {self.info.path[:80]!r}, id={self.request_id})"
 
     @property
     def claims(self) -> Mapping[str, Any] | None:

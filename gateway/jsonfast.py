@@ -38,7 +38,8 @@ else:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-_JSON_TYPES = (b"application/json", b"text/json")
+_JSON_SEEN: dict[str, bool] = {}  # Content-Type value → is_json_type (bounded)
+_MAX_SEEN = 256
 _LONG_INT = re.compile(rb"\d{19}")  # an integer literal that may not fit 64 bits
 
 
@@ -54,8 +55,15 @@ def rewritten(raw: bytes, doc: Any, changes: Mapping[str, Any] | None) -> bytes:
 
 
 def is_json_type(content_type: str | None) -> bool:
-    """Whether a request body of this Content-Type is worth parsing as JSON."""
+    """Whether a request body of this Content-Type is worth parsing as JSON (remembered per
+    distinct value: clients send a handful)."""
     if content_type is None:
         return True  # many clients omit it; a body that does not parse stays opaque
+    known = _JSON_SEEN.get(content_type)
+    if known is not None:
+        return known
     low = content_type.lower().encode("latin-1", "replace")
-    return any(t in low for t in _JSON_TYPES) or b"+json" in low
+    known = b"application/json" in low or b"text/json" in low or b"+json" in low
+    if len(_JSON_SEEN) < _MAX_SEEN:
+        _JSON_SEEN[content_type] = known
+    return known

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 
 class Protocol(enum.Enum):
@@ -12,18 +13,21 @@ class Protocol(enum.Enum):
     GRPC = "grpc"
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+class RequestInfo(NamedTuple):
     """What the filter chain may decide on. Header names are lower-case.
 
     For gRPC `method` is "POST" and `path` is "/pkg.Service/Method"; `headers` holds the
-    invocation metadata (text values only).
+    invocation metadata (text values only). A named tuple (immutable, built in ~0.2 µs; a
+    frozen dataclass sets each field through `object.__setattr__`).
     """
 
     protocol: Protocol
     method: str
     path: str
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = _NO_HEADERS
     peer: str = ""
     authority: str = ""
     content_length: int | None = None

@@ -10,6 +10,9 @@ import time
 from json.encoder import encode_basestring_ascii
 
 from gateway.context import RequestContext
+from gateway.core.outcome import Outcome
+from gateway.core.request import Protocol
+from gateway.core.verdict import ALLOW
 from gateway.policy.model import AccessLog
 from gateway.services import Services
 from gateway.telemetry.accesslog import SINK, AccessLogSink
@@ -21,6 +24,14 @@ NEVER_LOGGED = frozenset(
 )
 
 _str = encode_basestring_ascii  # a JSON string literal, quotes and escapes included
+
+# The fields every line has, in one format (route, backend and upstream: `null` or quoted).
+_LINE = (
+    '{"ts":"%s","request_id":%s,"protocol":"%s","method":%s,"path":%s,"peer":%s,"route":%s,'
+    '"backend":%s,"upstream":%s,"status":%d,"grpc_status":%s,"duration_ms":%.3f,'
+    '"bytes_in":%d,"bytes_out":%d'
+)
+_PROTOCOL = {p: p.value for p in Protocol}  # enum `.value` is a descriptor call per read
 
 
 class _Timestamps:
@@ -59,44 +70,60 @@ class AccessLogFilter:
         # by the policy model, numbers are numbers.
         info = ctx.info
         route, endpoint = ctx.route, ctx.endpoint
-        line = (
-            f'{{"ts":"{self._ts.format(ctx.started_wall)}","request_id":{_str(ctx.request_id)},'
-            f'"protocol":"{info.protocol.value}","method":{_str(info.method)},'
-            f'"path":{_str(info.path[:512])},"peer":{_str(info.peer)},'
-            f'"route":{_name(route.name if route is not None else None)},'
-            f'"backend":{_name(endpoint.backend if endpoint is not None else None)},'
-            f'"upstream":{_name(endpoint.address if endpoint is not None else None)},'
-            f'"status":{ctx.http_status},'
-            f'"grpc_status":{"null" if ctx.grpc_status is None else ctx.grpc_status},'
-            f'"duration_ms":{ctx.elapsed * 1000:.3f},'
-            f'"bytes_in":{ctx.bytes_in},"bytes_out":{ctx.bytes_out}'
+        line = _LINE % (
+            self._ts.format(ctx.started_wall),
+            _str(ctx.request_id),
+            _PROTOCOL[info.protocol],
+            _str(info.method),
+            _str(info.path[:512]),
+            _str(info.peer),
+            "null" if route is None else '"' + route.name + '"',
+            "null" if endpoint is None else '"' + endpoint.backend + '"',
+            "null" if endpoint is None else '"' + endpoint.address + '"',
+            ctx.http_status,
+            "null" if ctx.grpc_status is None else ctx.grpc_status,
+            ctx.elapsed * 1000,
+            ctx.bytes_in,
+            ctx.bytes_out,
         )
+        if (
+            ctx.outcome is not Outcome.OK
+            or ctx.verdict is not ALLOW
+            or ctx.trace_id
+            or ctx.queue_wait is not None
+            or ctx.principal is not None
+            or ctx.detail
+            or self._headers
+        ):
+            line += self._more(ctx)
+        self._sink.emit(line + "}")
+
+    def _more(self, ctx: RequestContext) -> str:
+        """The optional fields (a plain OK request has none of them)."""
+        more = ""
         if ctx.trace_id:  # tracing on: the id the backend saw too (traceparent)
-            line += f',"trace_id":"{ctx.trace_id:032x}"'
+            more += f',"trace_id":"{ctx.trace_id:032x}"'
         if ctx.error:
-            line += f',"error":{_str(ctx.error)}'
+            more += f',"error":{_str(ctx.error)}'
         if ctx.cancelled:
-            line += ',"cancelled":true'
+            more += ',"cancelled":true'
         if not ctx.verdict.allowed:
-            line += f',"rejected":{_str(ctx.verdict.error_type)}'
+            more += f',"rejected":{_str(ctx.verdict.error_type)}'
         if ctx.queue_wait is not None:  # through an admission queue: its wait, the class used
-            line += f',"queue_wait_ms":{ctx.queue_wait * 1000:.3f},"class":{ctx.priority or 0}'
+            more += f',"queue_wait_ms":{ctx.queue_wait * 1000:.3f},"class":{ctx.priority or 0}'
         principal = ctx.principal
         if principal is not None:  # who, never the token (provider names are policy-validated)
-            line += f',"auth":"{principal.provider}"'
+            more += f',"auth":"{principal.provider}"'
         if ctx.detail:  # e.g. the auth reason class: "auth expired (corp)"
-            line += f',"detail":{_str(ctx.detail)}'
+            more += f',"detail":{_str(ctx.detail)}'
+        headers = ctx.info.headers
         for h, key in self._headers:
-            value = info.headers.get(h)
+            value = headers.get(h)
             if value is not None:
-                line += f",{key}:{_str(value[:256])}"
-        self._sink.emit(line + "}")
+                more += f",{key}:{_str(value[:256])}"
+        return more
 
 
 def build(section: AccessLog, services: Services) -> AccessLogFilter | None:
     f = AccessLogFilter(section)
     return f if f.enabled else None
-
-
-def _name(value: str | None) -> str:
-    return "null" if value is None else f'"{value}"'

@@ -16,6 +16,10 @@ hook a filter leaves out costs nothing per request):
   JSON body of a non-streaming completion (up to a cap), gRPC trailing metadata. STOP ends the
   response cleanly (SSE error event + `[DONE]`; gRPC status from `ctx.verdict`), the outcome
   becomes STREAM_CUT. Usage found in the response is in `ctx.usage` before the event is seen.
+  A filter whose on_event matters only to some requests says so with a class attribute
+  `events_when_asked = True` and sets `ctx.wants_events` for those (in an earlier phase); the
+  answers to the others are then not parsed for it (the token rule: only a request that
+  reserved tokens).
 - `on_response(ctx) -> None` (plain or coroutine): the request is over (`ctx.outcome` says how);
   runs in reverse order for every filter whose `on_request` ran, whatever happened.
 - `activate() -> None`: called once when the policy the filter was built for goes live (at start

@@ -27,8 +27,8 @@ def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
 
 class Chain:
     __slots__ = (
-        "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "sync_request",
-        "sync_response",
+        "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "events_always",
+        "sync_request", "sync_response",
     )  # fmt: skip
 
     def __init__(self, filters: Sequence[Filter]) -> None:
@@ -44,6 +44,12 @@ class Chain:
         self.sync_response = not any(co for _, _, co, _ in self._resp)
         self.has_body = bool(self._body)
         self.has_events = bool(self._event)
+        # A filter with `events_when_asked` sets `ctx.wants_events` for the requests whose
+        # answer it must see; any other filter with on_event sees every answer.
+        self.events_always = any(
+            hasattr(f, "on_event") and not getattr(f, "events_when_asked", False)
+            for f in self.filters
+        )
 
     async def on_request(self, ctx: RequestContext) -> Status:
         r = self.run_request(ctx)
@@ -84,6 +90,10 @@ class Chain:
             if fn(ctx, body) is Status.STOP:
                 return Status.STOP
         return Status.CONTINUE
+
+    def listens(self, ctx: RequestContext) -> bool:
+        """Whether this request's response phase is shown to on_event (and parsed for it)."""
+        return self.events_always or (self.has_events and ctx.wants_events)
 
     def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
         for fn in self._event:

@@ -296,6 +296,7 @@ class RateLimitFilter:
     def reserve(self, ctx: RequestContext, t: Ticket, cost: int, prompt: int) -> Status:
         res = Reservation(cost, prompt)
         t.tokens = res
+        ctx.wants_events = True  # reconciled from the answer's usage: parse it for on_event
         now = self.now()
         for rs, k, ks in t.entries:
             rule = rs.rule
@@ -369,7 +370,11 @@ class RateLimitFilter:
 
 
 class TokenRateLimitFilter(RateLimitFilter):
-    """The same, with the body and event phases (`gateway.filters.ratelimit_tokens`)."""
+    """The same, with the body and event phases (`gateway.filters.ratelimit_tokens`). Its
+    on_event matters only to a request with a token reservation, which asks for the response
+    phase itself (`ctx.wants_events`): an answer to any other is not parsed for it."""
+
+    events_when_asked = True
 
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
         return on_body(self, ctx, body)

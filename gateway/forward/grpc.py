@@ -305,7 +305,7 @@ def _trailers(
     md: Metadata = bounded_metadata(
         trailing or (), ctx.policy.policy.limits.grpc_max_metadata_bytes
     )
-    if chain.has_events:
+    if chain.listens(ctx):
         text = tuple((k, v) for k, v in md if isinstance(v, str))
         if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
             reject(ctx, ex)

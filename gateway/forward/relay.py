@@ -71,10 +71,10 @@ async def relay(
     if status >= 500:
         ctx.outcome = Outcome.UPSTREAM_ERROR  # passed on as the backend sent it
     chain = snap.chain
-    listen = chain.has_events
+    listen = chain.listens(ctx)
     if (
         listen
-        and chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, metadata=_decoded(up.headers)))
+        and chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, raw_headers=up.headers))
         is Status.STOP
     ):
         return ctx.verdict
@@ -233,7 +233,3 @@ def _loads(data: bytes) -> Any:
         return jsonfast.loads(data)
     except (ValueError, RecursionError):
         return None
-
-
-def _decoded(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, str], ...]:
-    return tuple((n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in headers)
