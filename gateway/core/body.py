@@ -10,7 +10,7 @@ serialises it again before it goes upstream.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text (DESIGN: prompt bytes / 4)
 
@@ -103,9 +103,9 @@ def _prompt_chars(doc: dict[str, Any], fallback: int) -> int:
     return fallback
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Tokens a backend reports for one request (OpenAI `usage`)."""
+class Usage(NamedTuple):
+    """Tokens a backend reports for one request (OpenAI `usage`). A named tuple: made once per
+    answer on the request path (a frozen dataclass costs ~0.3 µs more to build)."""
 
     prompt_tokens: int
     completion_tokens: int
