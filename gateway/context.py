@@ -182,6 +182,7 @@ class RequestContext:
     # answer's head: `x-sluice-overhead-ms` (set when the head is made).
     upstream_s: float = 0.0
     overhead_s: float | None = None
+    ended: float = 0.0  # time.monotonic() when the request ended (0: not yet)
 
     def __init__(self, info: RequestInfo, policy: CompiledPolicy) -> None:
         self.info = info
@@ -281,4 +282,5 @@ class RequestContext:
 
     @property
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        """Seconds from arrival to the end (to now while it runs)."""
+        return (self.ended or time.monotonic()) - self.started

@@ -67,7 +67,7 @@ class TraceFilter:
         return Status.CONTINUE
 
     def on_response(self, ctx: RequestContext) -> None:
-        now = time.monotonic()
+        now = ctx.ended or time.monotonic()
         owner = self.owner
         trace_id = ctx.trace_id
         d = self.sampler.decide(

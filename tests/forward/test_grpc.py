@@ -46,6 +46,12 @@ class FakeExchange:
         self.ends.append((code, details, tuple(trailing)))
 
 
+async def booked() -> None:
+    """One turn of the loop: a finished call is booked (and leaves the in-flight count) in the
+    turn after it ends (`gateway.forward.lifecycle`)."""
+    await asyncio.sleep(0)
+
+
 def exchange(method: str, md: Metadata = (), requests: list[bytes] | None = None) -> FakeExchange:
     return FakeExchange(request_info(method, md, "ipv4:127.0.0.1:1"), md, requests or [])
 
@@ -71,6 +77,7 @@ async def test_unary_call_through_the_seam(tmp_path: Path) -> None:
         assert ("x-trailing", "bye") in trailing and ("x-usage-bin", b"\x01\x02") in trailing
         assert servicer.seen.metadata["x-tenant"] == "acme"
         assert servicer.seen.metadata["x-blob-bin"] == b"\x00"
+        await booked()
         assert gw.inflight.count == 0
 
 
@@ -82,6 +89,7 @@ async def test_streaming_call_through_the_seam(tmp_path: Path) -> None:
         texts = [pb2.GenerateChunk.FromString(m).text for m in ex.written]
         assert texts == ["echo:a", "echo:b"]
         assert [e[0] for e in ex.ends] == [0]
+        await booked()
         assert gw.inflight.count == 0
 
 
@@ -95,4 +103,5 @@ async def test_upstream_status_and_refusal_end_the_call_once(tmp_path: Path) -> 
         await fw.serve(unrouted, None)
         assert unrouted.written == [] and len(unrouted.ends) == 1
         assert unrouted.ends[0][0] == 12  # UNIMPLEMENTED: no route
+        await booked()
         assert gw.inflight.count == 0
