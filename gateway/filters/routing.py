@@ -186,6 +186,8 @@ class RoutePicker:
             return None
         a = self._attempt(ctx, got[0], got[1], now, g)
         a.choice = choice
+        if choice is not None and choice.prefix is not None:
+            groups[g].prefixes.started(choice.prefix, now)
         budget = self.budget
         if budget is not None:
             budget.active += 1
@@ -235,7 +237,7 @@ class RoutePicker:
                 if members is not None or tried:
                     ok = admits(members, tried)
                 got = groups[g].take(now, key, ok=ok, prefix=c.prefix,
-                                     load_factor=self.load_factor)  # fmt: skip
+                                     load_factor=self.load_factor, keep=not tried)  # fmt: skip
                 if got is not None:
                     return got, g
         return None, 0
@@ -289,6 +291,8 @@ class RoutePicker:
         na.retry = True
         na.tried = tried
         na.choice = choice
+        if choice is not None and choice.prefix is not None:
+            self.groups[g].prefixes.started(choice.prefix, now)
         ctx.upstream_attempt = na
         ctx.endpoint = na.member.endpoint
         # The next try starts clean: its own outcome and status.
@@ -307,6 +311,9 @@ class RoutePicker:
             return
         a.done = True
         st = self.groups[a.group]
+        c = a.choice
+        if c is not None and c.prefix is not None:
+            st.prefixes.finished(c.prefix, now)
         res, ttfb = st.report(a, now, ctx.outcome, ctx.http_status, ctx.grpc_status,
                               ctx.first_byte_at)  # fmt: skip
         if a.retry:

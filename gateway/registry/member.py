@@ -30,6 +30,7 @@ from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED
 if TYPE_CHECKING:
     from gateway.core.breaker import BreakerParams
     from gateway.core.health import HealthParams
+    from gateway.core.placement import PrefixBook
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import HealthCheck
     from gateway.services import Services
@@ -146,6 +147,8 @@ class MemberBooks(Protocol):
     def outlier(self, backend: str, address: str, p: OutlierParams) -> Outlier: ...
 
     def health(self, backend: str, ep: Endpoint, p: HealthParams, check: Any) -> HealthBox: ...
+
+    def prefixes(self, backend: str) -> PrefixBook: ...
 
 
 class Member:
