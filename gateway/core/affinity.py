@@ -22,9 +22,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gateway.core.balancer import LOAD_GAIN, Candidate, Level, Plan, Random, mix
-from gateway.core.placement import PrefixBook, place
+from gateway.core.placement import Placeable, PrefixBook, place
 
 M = TypeVar("M", bound=Candidate)
+P = TypeVar("P", bound=Placeable)
 Ok = Callable[[Any], bool]
 _SEED = 0x5EED
 _UNIT = float(1 << 53)
@@ -118,17 +119,18 @@ def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
 
 
 def pick_affinity(
-    plan: Plan[M],
+    plan: Plan[P],
     key: int,
     load_factor: float,
     ok: Ok | None,
     book: PrefixBook,
     now: float,
     keep: bool = True,
-) -> M | None:
+) -> P | None:
     """The member for prefix `key` (sticky placement with bounded load, `gateway.core.placement`)
     among those `ok` admits; the level by the key's own bits, the next levels when none there
-    is admitted. `keep`: the choice may become the prefix's placement (not for a retry)."""
+    is admitted. `keep`: the choice may become the prefix's placement (not for a retry). The
+    request is counted in the prefix's load: `book.finished` when it ends."""
     levels = plan.levels
     if len(levels) == 1 and ok is None:
         lv = levels[0]

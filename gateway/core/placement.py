@@ -14,9 +14,9 @@ and moves whole prefixes, not single requests:
   of its rendezvous order (the same choice on every replica, and losing a member moves only its
   own prefixes) that is within its bound.
 - **Smoothed loads**: each member's load (in flight + heartbeat load / 10) is averaged over
-  time, `SMOOTH_S` seconds (an exponentially weighted time average, updated at each
-  placement); each prefix's own requests in flight are averaged the same way (`Placement.add`
-  at their start and end).
+  time, `SMOOTH_S` seconds (an exponentially weighted time average, brought up to date at
+  placements at most every `STEP_S`, kept with the member's live figures); each prefix's own
+  requests in flight are averaged the same way (`Placement.add` at their start and end).
 - **Bounded load, on the averages**: a member is over its bound when its average is above
   `load_factor × Σ averages × weight / Σ weights` (and above one request). A prefix whose member
   is over it moves to the first member of its rendezvous order whose average plus the prefix's
@@ -38,16 +38,35 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from gateway.core.balancer import LOAD_GAIN, Candidate
+from gateway.core.balancer import LOAD_GAIN, Load
 
-M = TypeVar("M", bound=Candidate)
+
+class Averaged(Load, Protocol):
+    """A member's live figures with its load averaged over time (kept with them, shared by
+    every policy that names the member); `avg_at` < 0: not averaged yet."""
+
+    avg: float
+    avg_at: float
+
+
+class Placeable(Protocol):
+    """What the placement reads of a member."""
+
+    weight: float
+    hash_key: int
+
+    @property
+    def core(self) -> Averaged: ...
+
+
+M = TypeVar("M", bound=Placeable)
 
 SMOOTH_S = 3.0  # time constant of the load averages: long enough that noise moves no prefix
+STEP_S = 0.05  # an average is brought up to date at most this often (1/60 of SMOOTH_S)
 BURST_SLACK = 8.0  # requests in flight a member may take above the mean in a burst
 MAX_PLACED = 16_384  # prefixes remembered per backend
-_MAX_MEMBERS = 1024  # smoothed loads kept per backend (members that left are dropped)
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
 _UNIT = float(1 << 53)
@@ -75,7 +94,7 @@ class Placement:
         """`n` of the prefix's requests start (+1) or end (-1) at `now`."""
         x = self.in_flight
         dt = now - self.at
-        if dt > 0.0:  # smooth(), inlined: twice per request
+        if dt >= STEP_S:  # smooth(), inlined: twice per request
             self.load = x + (self.load - x) * math.exp(-dt / SMOOTH_S)
             self.at = now
         self.in_flight = x + n if x + n > 0 else 0
@@ -84,35 +103,25 @@ class Placement:
         return smooth(self.load, self.in_flight, now - self.at)
 
 
-class Smoothed:
-    """One member's load, averaged over time."""
-
-    __slots__ = ("load", "at")
-
-    def __init__(self, load: float, now: float) -> None:
-        self.load = load
-        self.at = now
-
-
 class PrefixBook:
-    """One backend's prefix placements and its members' smoothed loads (see the module
-    docstring)."""
+    """One backend's prefix placements (see the module docstring)."""
 
-    __slots__ = ("placed", "loads", "capacity", "moves")
+    __slots__ = ("placed", "capacity", "lru", "moves")
 
     def __init__(self, capacity: int = MAX_PLACED) -> None:
         self.placed: OrderedDict[int, Placement] = OrderedDict()
-        self.loads: dict[int, Smoothed] = {}
         self.capacity = capacity
+        self.lru = False  # half full: each use keeps a prefix from being forgotten
         self.moves = 0  # prefixes moved off a member over its bound
 
     def started(self, key: int, now: float) -> None:
-        """A request of prefix `key` went upstream (whichever member took it)."""
+        """A request of prefix `key` went upstream without `place` (a half-open probe)."""
         p = self.placed.get(key)
         if p is not None:
             p.add(now, 1)
 
     def finished(self, key: int, now: float) -> None:
+        """A request of prefix `key` that `place` counted ended (or never went upstream)."""
         p = self.placed.get(key)
         if p is not None:
             p.add(now, -1)
@@ -122,22 +131,26 @@ class PrefixBook:
         p = self.placed.get(key)
         return p.member if p is not None else None
 
-    def add(self, key: int, member: int, now: float) -> None:
+    def add(self, key: int, member: int, now: float) -> Placement:
         """Place a new prefix (the least recently used one is forgotten beyond `capacity`)."""
-        self.placed[key] = Placement(member, now)
-        if len(self.placed) > self.capacity:
+        p = self.placed[key] = Placement(member, now)
+        n = len(self.placed)
+        if n > self.capacity:
             self.placed.popitem(last=False)
+        self.lru = n > self.capacity // 2
+        return p
 
-    def put(self, key: int, p: Placement | None, member: int, now: float) -> None:
+    def put(self, key: int, p: Placement | None, member: int, now: float) -> Placement:
         """Place prefix `key` (its record `p`, None when new) on `member`."""
         if p is None:
-            self.add(key, member, now)
-            return
+            return self.add(key, member, now)
         p.member = member
-        self.placed.move_to_end(key)
+        if self.lru:
+            self.placed.move_to_end(key)
+        return p
 
 
-def rank(key: int, m: Candidate, uniform: bool) -> float:
+def rank(key: int, m: Placeable, uniform: bool) -> float:
     """The member's rendezvous score for the key: one multiply-xorshift round of both (enough
     to order a few members), weighted as `weight / -ln(u)` unless all weights are equal."""
     h = ((key ^ m.hash_key) * _GOLDEN) & _MASK
@@ -145,7 +158,7 @@ def rank(key: int, m: Candidate, uniform: bool) -> float:
     return float(h) if uniform else m.weight / -math.log(((h >> 11) + 0.5) / _UNIT)
 
 
-def _score(m: Candidate) -> float:
+def _score(m: Placeable) -> float:
     c = m.core
     return c.in_flight + c.load * LOAD_GAIN
 
@@ -159,62 +172,65 @@ def place(
     uniform: bool = False,
     keep: bool = True,
 ) -> M | None:
-    """The member for a request of prefix `key` among `members` (see the module docstring).
-    `keep`: record the choice as the prefix's placement (False for a retry's choice, which
-    leaves the placement where it was)."""
-    n = len(members)
-    if n <= 1:
-        return members[0] if members else None
-    loads = book.loads
-    if len(loads) > _MAX_MEMBERS:
-        loads.clear()
+    """The member for a request of prefix `key` among `members` (see the module docstring),
+    the request counted in the prefix's load (the caller calls `book.finished` when it ends,
+    or at once if it does not go upstream). `keep`: record the choice as the prefix's
+    placement (False for a retry's choice, which leaves the placement where it was)."""
+    if not members:
+        return None
     p = book.placed.get(key)
+    if len(members) == 1:
+        if p is not None:
+            p.add(now, 1)
+        return members[0]
     where = p.member if p is not None else -1
     total_s = total_l = total_w = 0.0
     first: M | None = None
-    sf: Smoothed | None = None
     a = last_dt = 0.0
     for m in members:  # the averages brought up to `now` (one pass: the hot loop)
         c = m.core
         x = c.in_flight + c.load * LOAD_GAIN
-        s = loads.get(m.hash_key)
-        if s is None:
-            s = loads[m.hash_key] = Smoothed(x, now)
-        else:
-            dt = now - s.at
-            if dt > 0.0:
-                if dt != last_dt:  # members updated together share one exp()
-                    a, last_dt = math.exp(-dt / SMOOTH_S), dt
-                s.load = x + (s.load - x) * a
-                s.at = now
+        dt = now - c.avg_at
+        if c.avg_at < 0.0:
+            c.avg, c.avg_at = x, now
+        elif dt >= STEP_S:
+            if dt != last_dt:  # members updated together share one exp()
+                a, last_dt = math.exp(-dt / SMOOTH_S), dt
+            c.avg = x + (c.avg - x) * a
+            c.avg_at = now
         total_l += x
-        total_s += s.load
+        total_s += c.avg
         total_w += m.weight
         if m.hash_key == where:
-            first, sf = m, s
-    if first is None or sf is None:  # not placed yet, or its member is not among these
+            first = m
+    if first is None:  # not placed yet, or its member is not among these
         first = max(members, key=lambda m: rank(key, m, uniform))
-        sf = loads[first.hash_key]
     after = (total_l + 1.0) / total_w  # the mean after placing, per unit of weight
     c = first.core
     w = first.weight
-    if c.in_flight + c.load * LOAD_GAIN + 1.0 <= max(
+    if c.in_flight + c.load * LOAD_GAIN + 1.0 > max(
         math.ceil(load_factor * after * w), after * w + BURST_SLACK
-    ):
-        if sf.load <= load_factor * total_s / total_w * w or sf.load <= 1.0:
-            if keep:
-                if p is None:
-                    book.add(key, first.hash_key, now)
-                elif p.member != first.hash_key:
-                    p.member = first.hash_key
-                else:
-                    book.placed.move_to_end(key)
-            return first  # the common case: its member is within its bound
-        return _move(book, members, key, p, first, sf, load_factor, after, now, uniform, keep)
-    for m in _ranked(members, key, uniform, first):  # a burst: this request alone
-        if _fits(m, load_factor, after):
-            return m
-    return min(members, key=lambda m: _score(m) / m.weight)
+    ):  # a burst: this request alone goes to the next member with room
+        got = next((m for m in _ranked(members, key, uniform, first)
+                    if _fits(m, load_factor, after)), None)  # fmt: skip
+        if got is None:
+            got = min(members, key=lambda m: _score(m) / m.weight)
+    elif c.avg <= load_factor * total_s / total_w * w or c.avg <= 1.0:
+        got = first  # the common case: its member is within its bound
+        if keep:
+            if p is None:
+                p = book.add(key, first.hash_key, now)
+            elif p.member != first.hash_key:
+                p.member = first.hash_key
+            elif book.lru:
+                book.placed.move_to_end(key)
+    else:
+        got = _move(book, members, key, p, first, load_factor, after, now, uniform, keep)
+        if keep:
+            p = book.placed[key]
+    if p is not None:
+        p.add(now, 1)
+    return got
 
 
 def _move(
@@ -223,7 +239,6 @@ def _move(
     key: int,
     p: Placement | None,
     first: M,
-    sf: Smoothed,
     load_factor: float,
     after: float,
     now: float,
@@ -232,15 +247,15 @@ def _move(
 ) -> M:
     """`first` is over its bound: the prefix moves to the first member of its order with room
     for it (its average moved along), or stays."""
-    loads = book.loads
-    share = sum(loads[m.hash_key].load for m in members) / sum(m.weight for m in members)
+    share = sum(m.core.avg for m in members) / sum(m.weight for m in members)
     own = p.current(now) if p is not None else 0.0
+    fc = first.core
     for m in _ranked(members, key, uniform, first):
-        s = loads[m.hash_key]
-        room = s.load + own <= share * m.weight and s.load + own < sf.load
+        c = m.core
+        room = c.avg + own <= share * m.weight and c.avg + own < fc.avg
         if room and _fits(m, load_factor, after):
-            sf.load = max(0.0, sf.load - own)
-            s.load += own
+            fc.avg = max(0.0, fc.avg - own)
+            c.avg += own
             if keep:
                 book.put(key, p, m.hash_key, now)
                 book.moves += 1
@@ -250,7 +265,7 @@ def _move(
     return first  # nobody has room for it: it stays
 
 
-def _fits(m: Candidate, load_factor: float, after: float) -> bool:
+def _fits(m: Placeable, load_factor: float, after: float) -> bool:
     w = m.weight
     return _score(m) + 1.0 <= max(math.ceil(load_factor * after * w), after * w + BURST_SLACK)
 

@@ -186,8 +186,6 @@ class RoutePicker:
             return None
         a = self._attempt(ctx, got[0], got[1], now, g)
         a.choice = choice
-        if choice is not None and choice.prefix is not None:
-            groups[g].prefixes.started(choice.prefix, now)
         budget = self.budget
         if budget is not None:
             budget.active += 1
@@ -291,8 +289,6 @@ class RoutePicker:
         na.retry = True
         na.tried = tried
         na.choice = choice
-        if choice is not None and choice.prefix is not None:
-            self.groups[g].prefixes.started(choice.prefix, now)
         ctx.upstream_attempt = na
         ctx.endpoint = na.member.endpoint
         # The next try starts clean: its own outcome and status.

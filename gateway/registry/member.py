@@ -76,8 +76,8 @@ class Core:
     """What every policy shares about one member of a backend."""
 
     __slots__ = (
-        "backend", "address", "in_flight", "load", "version", "sid", "requests", "failures",
-        "timeouts",
+        "backend", "address", "in_flight", "load", "avg", "avg_at", "version", "sid", "requests",
+        "failures", "timeouts",
     )  # fmt: skip
 
     def __init__(self, backend: str, address: str) -> None:
@@ -85,6 +85,8 @@ class Core:
         self.address = address
         self.in_flight = 0
         self.load = 0.0  # heartbeat load 0-100 (0 for static members)
+        self.avg = 0.0  # in flight + load / 10, averaged over time (gateway.core.placement)
+        self.avg_at = -1.0  # when `avg` was last brought up to date (< 0: never)
         self.version = ""  # heartbeat `ver`
         self.sid = ""  # heartbeat `sid`
         self.requests = 0

@@ -244,9 +244,11 @@ class BackendView:
         admits only some members (they serve the model; not tried yet); `prefix` is the
         prompt's key, placed with bounded load (`gateway.core.placement`, the backend's
         `prefixes` book; `keep` False for a retry, which leaves the placement) unless a sticky
-        `key` is given."""
+        `key` is given. A member returned for a `prefix` is counted in the prefix's load (the
+        caller calls `prefixes.finished` when the try ends)."""
         plan = self.plan(now)
         self.last_pick = now
+        placed = prefix is not None and key is None
         if plan.probing:
             for p in plan.probing:
                 pb = p.breaker
@@ -259,11 +261,14 @@ class BackendView:
                     t = pb.allow(now)
                     if t >= 0:
                         self.pool.changed()  # plans must now see this probe's deadline
+                        if placed:
+                            assert prefix is not None
+                            self.prefixes.started(prefix, now)
                         return p, t
         m: Member | None
         if key is not None and ok is not None:
             m = pick_sticky(plan, key, [x for x in self.members.values() if not ok(x)])
-        elif prefix is not None:
+        elif prefix is not None and key is None:
             m = pick_affinity(plan, prefix, load_factor, ok, self.prefixes, now, keep)
         elif ok is not None:
             m = pick_allowed(plan, self.pool.random, ok)
@@ -284,6 +289,9 @@ class BackendView:
         t = br.allow(now)
         if t < 0:  # its state moved since the plan was made
             self.pool.changed()
+            if placed:
+                assert prefix is not None
+                self.prefixes.finished(prefix, now)  # counted by the placement: not sent
             return None
         return m, t
 
