@@ -5,7 +5,9 @@ chain's `on_request` (its verdict; a route and an endpoint), the upstream call o
 channel (`gateway.upstream.channels`) with what survives of the client's metadata and its
 remaining deadline capped by the route's total timeout, retried on another member where the
 route allows it (unary calls that failed UNAVAILABLE), the response (initial metadata, messages
-with backpressure, the chain's TRAILERS event, the status), and the finish.
+with backpressure, the chain's TRAILERS event, the status), and the finish. Every answer carries
+`x-sluice-overhead-ms` (initial metadata, or trailing for a trailers-only answer:
+`gateway.forward.grpc_status.overhead`).
 
 Upstream failures map through `gateway.forward.failures` (the codes a backend sent are passed on
 as sent, details capped; `gateway.forward.grpc_status`); deadlines (first message, idle between
@@ -40,6 +42,7 @@ from gateway.forward.grpc_status import (
     cancelled,
     crashed,
     end,
+    overhead,
     reject,
     upstream_failed,
 )
@@ -116,7 +119,7 @@ class GrpcForward:
         if code == GRPC_CANCELLED:
             ctx.grpc_status = code
         else:
-            end(ctx, ex, code, details)
+            end(ctx, ex, code, details, figure=False)
         pending = self.lifecycle.finish(snap, ctx)
         if pending is not None:
             await pending
@@ -132,13 +135,17 @@ class GrpcForward:
         while True:  # more than one try only for UNAVAILABLE, where the route allows retries
             ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
             metadata, timeout = _upstream(ctx, ex)
+            sent = time.monotonic()
             call = channels.unary(ctx.endpoint, ctx.info.path)(
                 request, timeout=timeout, metadata=metadata
             )
             deadlines.start(task, timeout)
             deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
             try:
-                response: bytes = await call
+                try:
+                    response: bytes = await call
+                finally:  # upstream time, not Sluice's (x-sluice-overhead-ms)
+                    ctx.upstream_s += time.monotonic() - sent
                 break
             except grpc.aio.AioRpcError as e:
                 if _retry(ctx, e):
@@ -172,6 +179,7 @@ class GrpcForward:
         ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
         metadata, timeout = _upstream(ctx, ex)
         t = ctx.route.timeouts
+        sent = time.monotonic()
         call: StreamCall = self.gateway.channels.stream(ctx.endpoint, ctx.info.path)(
             None, timeout=timeout, metadata=metadata
         )
@@ -181,7 +189,10 @@ class GrpcForward:
         try:
             try:
                 deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
-                initial = await call.initial_metadata()
+                try:
+                    initial = await call.initial_metadata()
+                finally:  # upstream time, not Sluice's (x-sluice-overhead-ms)
+                    ctx.upstream_s += time.monotonic() - sent
                 ctx.first_byte_at = now = time.monotonic()
                 ctx.try_first_byte(now)
                 await _initial(ex, ctx, initial)
@@ -290,10 +301,11 @@ def _upstream(ctx: RequestContext, ex: GrpcExchange) -> tuple[list[tuple[str, st
 
 
 async def _initial(ex: GrpcExchange, ctx: RequestContext, initial: Any) -> None:
-    """The upstream's initial metadata to the client, bounded."""
+    """The upstream's initial metadata to the client, bounded, and Sluice's overhead figure."""
+    md: Metadata = ()
     if initial:
-        cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
-        await ex.send_initial_metadata(bounded_metadata(tuple(initial), cap))
+        md = bounded_metadata(tuple(initial), ctx.policy.policy.limits.grpc_max_metadata_bytes)
+    await ex.send_initial_metadata((*md, overhead(ctx)))
 
 
 def _trailers(
