@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
+# How long a streaming call on a route that routes by model waits for its first request message
+# (its model) before it is routed on its head: clients of inference streams (KServe v2
+# ModelStreamInfer) send first; one whose protocol has the server speak first is delayed by it.
+FIRST_MESSAGE_S = 1.0
+
 # Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
 # (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
 # whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
@@ -80,21 +85,28 @@ class GrpcForward:
     async def serve(self, ex: GrpcExchange, request: bytes | None) -> None:
         """Serve one call to its end: `request` is the one request message of a method served
         as unary (one response message), None for a streaming call (messages both ways as they
-        come). Raises CancelledError only when the client went away; every other failure is
-        answered with a status."""
+        come; on a route that routes by model its first message is read before the chain, see
+        `_first_message`). Raises CancelledError when the client went away or the engine
+        refused a request message (the engine answers); every other failure is answered with a
+        status."""
         snap, ctx = self.lifecycle.begin(ex.info)
-        if request is not None:
-            ctx.bytes_in = len(request)
-            if snap.policy.body_routing:  # the model it names (field 1), for model routes
-                ctx.body = RequestBody(b"", len(request), model=string_field(request, 1))
+        first: asyncio.Task[bytes | None] | None = None
         try:
+            if request is not None:
+                ctx.bytes_in = len(request)
+                if snap.policy.body_routing:  # the model it names (field 1), for model routes
+                    ctx.body = RequestBody(b"", len(request), model=string_field(request, 1))
+            elif snap.policy.body_routing:
+                route = snap.policy.match_head(ex.info)
+                if route is not None and route.needs_body:
+                    first = await self._first_message(ex, ctx)
             if await snap.chain.on_request(ctx) is Status.STOP:
                 reject(ctx, ex)
                 return
             if request is not None:
                 await self._unary(ex, ctx, snap.chain, request)
             else:
-                await self._stream(ex, ctx, snap.chain)
+                await self._stream(ex, ctx, snap.chain, first)
         except asyncio.CancelledError:
             if ctx.grpc_status is None:
                 cancelled(ctx, ex)
@@ -102,10 +114,41 @@ class GrpcForward:
         except Exception:
             crashed(ctx, ex)
         finally:
+            if first is not None:
+                _drop(first)
             _end_try(ctx)
             pending = self.lifecycle.finish(snap, ctx)
             if pending is not None:
                 await pending
+
+    async def _first_message(
+        self, ex: GrpcExchange, ctx: RequestContext
+    ) -> asyncio.Task[bytes | None]:
+        """A streaming call on a route that routes by model: its first request message (the
+        engine bounds its size), waited for at most `FIRST_MESSAGE_S`, names the model
+        (`ctx.body`) before the chain routes the call. Returns the read, which `_pump` sends
+        upstream first: still pending if the client had sent nothing by then (the call is
+        routed on its head, as the model is unknown). The read runs in a task of its own
+        because a grpc.aio read must not be cancelled while the call goes on."""
+        read = self.loop.create_task(ex.read())
+        try:
+            await asyncio.wait((read,), timeout=FIRST_MESSAGE_S)
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+        if not read.done():
+            return read
+        try:
+            msg = read.result()
+        except MessageRefused as e:  # as in _pump: the engine answers with its code
+            ctx.grpc_status, ctx.outcome = e.code, Outcome.BAD_REQUEST
+            raise asyncio.CancelledError() from None
+        except ConnectionError:  # the stream is gone: the client cancelled the call
+            raise asyncio.CancelledError() from None
+        if msg is not None:
+            ctx.bytes_in += len(msg)
+            ctx.body = RequestBody(b"", len(msg), model=string_field(msg, 1))
+        return read
 
     async def unserved(
         self, ex: GrpcExchange, outcome: Outcome, code: int, details: str = ""
@@ -171,7 +214,13 @@ class GrpcForward:
         await ex.write(response)
         ex.end(GRPC_OK, "", trailing)
 
-    async def _stream(self, ex: GrpcExchange, ctx: RequestContext, chain: Chain) -> None:
+    async def _stream(
+        self,
+        ex: GrpcExchange,
+        ctx: RequestContext,
+        chain: Chain,
+        first: asyncio.Task[bytes | None] | None,
+    ) -> None:
         assert ctx.endpoint is not None and ctx.route is not None
         task = asyncio.current_task(self.loop)
         assert task is not None
@@ -184,7 +233,7 @@ class GrpcForward:
             None, timeout=timeout, metadata=metadata
         )
         # The one extra task of a streaming call: client → upstream, as messages come.
-        pump = self.loop.create_task(_pump(ex, call, ctx, task))
+        pump = self.loop.create_task(_pump(ex, call, ctx, task, first))
         deadlines.start(task, timeout)
         try:
             try:
@@ -261,6 +310,15 @@ class GrpcForward:
         return True
 
 
+def _drop(read: asyncio.Task[bytes | None]) -> None:
+    """The first message's read, after the call: cancelled if still waiting, its failure taken
+    (a call refused before its message was forwarded)."""
+    if not read.done():
+        read.cancel()
+    elif not read.cancelled():
+        read.exception()
+
+
 def _end_try(ctx: RequestContext) -> None:
     code = ctx.grpc_status if ctx.grpc_status is not None else GRPC_UNKNOWN
     ctx.end_try(time.monotonic(), code, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
@@ -329,12 +387,26 @@ def _trailers(
 
 
 async def _pump(
-    ex: GrpcExchange, call: StreamCall, ctx: RequestContext, task: asyncio.Task[Any]
+    ex: GrpcExchange,
+    call: StreamCall,
+    ctx: RequestContext,
+    task: asyncio.Task[Any],
+    first: asyncio.Task[bytes | None] | None,
 ) -> None:
-    """Forward client messages upstream until the client half-closes or either side ends. A
-    message the engine refuses ends the call (`task`, whose end cancels the upstream call)
-    with the engine's code."""
+    """Forward client messages upstream until the client half-closes or either side ends,
+    `first` (the read of the first message, when the call was routed on it) first. A message
+    the engine refuses ends the call (`task`, whose end cancels the upstream call) with the
+    engine's code."""
     try:
+        if first is not None:
+            counted = first.done()  # read before routing: counted in bytes_in then
+            msg = await first
+            if msg is None:
+                await call.done_writing()
+                return
+            if not counted:
+                ctx.bytes_in += len(msg)
+            await call.write(msg)
         while True:
             msg = await ex.read()
             if msg is None:
