@@ -1,13 +1,14 @@
 """The gRPC call lifecycle, written once for every gRPC engine (`GrpcExchange`).
 
-Per call, in this order: begin (`gateway.forward.lifecycle`: snapshot, context, in-flight), the
-chain's `on_request` (its verdict; a route and an endpoint), the upstream call on a pooled
-channel (`gateway.upstream.channels`) with what survives of the client's metadata and its
-remaining deadline capped by the route's total timeout, retried on another member where the
-route allows it (unary calls that failed UNAVAILABLE), the response (initial metadata, messages
-with backpressure, the chain's TRAILERS event, the status), and the finish. Every answer carries
-`x-sluice-overhead-ms` (initial metadata, or trailing for a trailers-only answer:
-`gateway.forward.grpc_status.overhead`).
+Per call, in this order: begin (`gateway.forward.lifecycle`: snapshot, context, in-flight), on
+a route that routes by model the model of the call's (first) request message, the chain's
+`on_request` (its verdict; a route and an endpoint), the upstream call on a pooled channel
+(`gateway.upstream.channels`) with what survives of the client's metadata and its remaining
+deadline capped by the route's total timeout, retried on another member where the route allows
+it (unary calls that failed UNAVAILABLE), the response (initial metadata, messages with
+backpressure, the chain's TRAILERS event, the status), and the finish. The metadata each way is
+`gateway.forward.grpc_metadata`'s; every answer carries `x-sluice-overhead-ms` (initial
+metadata, or trailing for a trailers-only answer: `gateway.forward.grpc_status.overhead`).
 
 Upstream failures map through `gateway.forward.failures` (the codes a backend sent are passed on
 as sent, details capped; `gateway.forward.grpc_status`); deadlines (first message, idle between
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.context import RequestContext, Status
 from gateway.core.body import RequestBody
 from gateway.core.outcome import Outcome
 from gateway.core.protowire import string_field
@@ -36,13 +37,12 @@ from gateway.core.verdict import (
 )
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
-from gateway.forward.grpc_exchange import GrpcExchange, MessageRefused, Metadata
+from gateway.forward.grpc_exchange import GrpcExchange, MessageRefused
+from gateway.forward.grpc_metadata import client_trailers, send_initial, upstream_metadata
 from gateway.forward.grpc_status import (
-    bounded_metadata,
     cancelled,
     crashed,
     end,
-    overhead,
     reject,
     upstream_failed,
 )
@@ -61,16 +61,6 @@ EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-st
 # (its model) before it is routed on its head: clients of inference streams (KServe v2
 # ModelStreamInfer) send first; one whose protocol has the server speak first is delayed by it.
 FIRST_MESSAGE_S = 1.0
-
-# Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
-# (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
-# whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
-DROPPED_METADATA = frozenset(
-    {
-        ":authority", ":path", ":method", ":scheme", "host", "te", "content-type", "user-agent",
-        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-    }
-)  # fmt: skip
 
 
 class GrpcForward:
@@ -177,7 +167,7 @@ class GrpcForward:
         channels = self.gateway.channels
         while True:  # more than one try only for UNAVAILABLE, where the route allows retries
             ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
-            metadata, timeout = _upstream(ctx, ex)
+            metadata, timeout = upstream_metadata(ctx, ex)
             sent = time.monotonic()
             call = channels.unary(ctx.endpoint, ctx.info.path)(
                 request, timeout=timeout, metadata=metadata
@@ -205,8 +195,8 @@ class GrpcForward:
                 deadlines.stop(task)
         ctx.first_byte_at = now = time.monotonic()
         ctx.try_first_byte(now)
-        await _initial(ex, ctx, await call.initial_metadata())
-        trailing = _trailers(chain, ctx, ex, await call.trailing_metadata())
+        await send_initial(ex, ctx, await call.initial_metadata())
+        trailing = client_trailers(chain, ctx, ex, await call.trailing_metadata())
         if trailing is None:
             return
         ctx.grpc_status = GRPC_OK
@@ -226,7 +216,7 @@ class GrpcForward:
         assert task is not None
         deadlines = self.deadlines
         ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
-        metadata, timeout = _upstream(ctx, ex)
+        metadata, timeout = upstream_metadata(ctx, ex)
         t = ctx.route.timeouts
         sent = time.monotonic()
         call: StreamCall = self.gateway.channels.stream(ctx.endpoint, ctx.info.path)(
@@ -244,7 +234,7 @@ class GrpcForward:
                     ctx.upstream_s += time.monotonic() - sent
                 ctx.first_byte_at = now = time.monotonic()
                 ctx.try_first_byte(now)
-                await _initial(ex, ctx, initial)
+                await send_initial(ex, ctx, initial)
                 # Backpressure: the next upstream message is read only once the previous one
                 # was accepted downstream (the upstream channel's window is fixed, see
                 # channels.py). A client that reads nothing for idle_s: the upstream call is
@@ -278,7 +268,7 @@ class GrpcForward:
                 raise
             finally:
                 deadlines.stop(task)
-            trailing = _trailers(chain, ctx, ex, await call.trailing_metadata())
+            trailing = client_trailers(chain, ctx, ex, await call.trailing_metadata())
             if trailing is None:
                 return
             if code is grpc.StatusCode.OK:
@@ -338,52 +328,6 @@ def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
     ctx.grpc_status = GRPC_UNAVAILABLE
     ctx.outcome = Outcome.UPSTREAM_ERROR
     return retry(ctx, GRPC_UNAVAILABLE, "unavailable") is not None  # this try is over
-
-
-def _upstream(ctx: RequestContext, ex: GrpcExchange) -> tuple[list[tuple[str, str | bytes]], float]:
-    """Upstream metadata and timeout: what survives of the client's metadata plus the filters',
-    and the client's remaining deadline capped by the route's total timeout."""
-    extra = ctx.upstream_headers
-    out: list[tuple[str, str | bytes]] = [
-        (k, v)
-        for k, v in ex.metadata
-        if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
-    ]
-    out.extend((k, v) for k, v in extra.items() if v)  # "": only drop the client's copy
-    assert ctx.route is not None
-    timeout = ctx.route.timeouts.total_s
-    remaining = ex.time_remaining()
-    if remaining is not None and remaining < timeout:
-        timeout = remaining
-    return out, timeout
-
-
-async def _initial(ex: GrpcExchange, ctx: RequestContext, initial: Any) -> None:
-    """The upstream's initial metadata to the client, bounded, and Sluice's overhead figure."""
-    md: Metadata = ()
-    if initial:
-        md = bounded_metadata(tuple(initial), ctx.policy.policy.limits.grpc_max_metadata_bytes)
-    await ex.send_initial_metadata((*md, overhead(ctx)))
-
-
-def _trailers(
-    chain: Chain, ctx: RequestContext, ex: GrpcExchange, trailing: Any
-) -> Metadata | None:
-    """The trailing metadata for the client: the upstream's (bounded) plus the filters'
-    response headers, after the chain's TRAILERS event. None: a filter ended the call (its
-    verdict was answered)."""
-    md: Metadata = bounded_metadata(
-        trailing or (), ctx.policy.policy.limits.grpc_max_metadata_bytes
-    )
-    if chain.has_events:
-        text = tuple((k, v) for k, v in md if isinstance(v, str))
-        if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
-            reject(ctx, ex)
-            ctx.outcome = Outcome.STREAM_CUT
-            return None
-    if ctx.response_headers:
-        md = (*md, *ctx.response_headers)
-    return md
 
 
 async def _pump(
