@@ -7,29 +7,29 @@ Pure: plans come from `gateway.core.balancer`, `ok` says which members may take 
 - **Prefix key**: the first `nbytes` bytes of the prompt (chat: the system messages first, then
   the others, in order; each message's role and text), hashed to 64 bits. Requests of one
   conversation, or sharing one long system prompt, get the same key.
-- **Bounded-load rendezvous** (consistent hashing with bounded loads, Mirrokni et al. 2018, on
-  rendezvous hashing so that losing a member moves only its own keys): the members of the level
-  are ordered by their weighted rendezvous score for the key; the first whose load after taking
-  the request, `in_flight + heartbeat load / 10 + 1`, stays within its capacity
-  `ceil(load_factor × (Σ load + 1) × weight / Σ weight)` (its weighted share of the load after
-  placing, times the factor) takes it. The least loaded member always fits, so the walk always
-  ends; a hot prefix spills to the next members in its own order instead of piling onto one.
+- **Sticky placement with bounded load** (`gateway.core.placement`): the prefix stays on the
+  member it was placed on (at first, the first of its weighted rendezvous order within its
+  bound, so that losing a member moves only its own keys) until that member's time-averaged
+  load passes `load_factor` × its weighted share; then the prefix moves, whole, to the next
+  member of its order with room. A burst that fills a member right now spills single requests
+  to the next members of the order instead of piling onto one.
 """
 
 from __future__ import annotations
 
-import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gateway.core.balancer import LOAD_GAIN, Candidate, Level, Plan, Random, mix
+from gateway.core.placement import Placeable, PrefixBook, place
 
 M = TypeVar("M", bound=Candidate)
+P = TypeVar("P", bound=Placeable)
 Ok = Callable[[Any], bool]
 _SEED = 0x5EED
 _UNIT = float(1 << 53)
-_GOLDEN = 0x9E3779B97F4A7C15
+_GOLDEN = 0x9E3779B97F4A7C15  # spreads the CRC to 64 bits
 _MASK = (1 << 64) - 1
 _SYSTEM = b"system\x1f"  # how prompt_prefix starts a system message
 _SYSTEM_CRC = zlib.crc32(_SYSTEM)
@@ -105,47 +105,6 @@ def score(m: Candidate) -> float:
     return c.in_flight + c.load * LOAD_GAIN
 
 
-def bounded_order(
-    members: Sequence[M], key: int, load_factor: float, uniform: bool = False
-) -> M | None:
-    """The first of `members` in the key's rendezvous order whose load stays within its
-    capacity (see the module docstring). `uniform`: all weights are equal (the order is then
-    the plain hash order, no logarithm needed)."""
-    n = len(members)
-    if n <= 1:
-        return members[0] if members else None
-    total_w = total_l = 0.0
-    best: M = members[0]
-    best_r = -1.0
-    best_l = 0.0
-    for m in members:
-        c = m.core
-        load = c.in_flight + c.load * LOAD_GAIN
-        total_l += load
-        total_w += m.weight
-        h = ((key ^ m.hash_key) * _GOLDEN) & _MASK  # _rank, inlined: the hot loop
-        h ^= h >> 29
-        r = float(h) if uniform else m.weight / -math.log(((h >> 11) + 0.5) / _UNIT)
-        if r > best_r:
-            best, best_r, best_l = m, r, load
-    share = load_factor * (total_l + 1.0) / total_w
-    if best_l + 1.0 <= math.ceil(share * best.weight):
-        return best  # the common case: the prefix's own member has room
-    ranked = sorted(members, key=lambda m: _rank(key, m, uniform), reverse=True)
-    for m in ranked[1:]:
-        if score(m) + 1.0 <= math.ceil(share * m.weight):
-            return m
-    return best  # unreachable: the least loaded member always fits
-
-
-def _rank(key: int, m: Candidate, uniform: bool) -> float:
-    """The member's rendezvous score for the key: one multiply-xorshift round of both (enough
-    to order a few members), weighted as `weight / -ln(u)` unless all weights are equal."""
-    h = ((key ^ m.hash_key) * _GOLDEN) & _MASK
-    h ^= h >> 29
-    return float(h) if uniform else m.weight / -math.log(((h >> 11) + 0.5) / _UNIT)
-
-
 def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
     """The plan's levels, the one `r` falls in first (the others in priority order after it)."""
     levels = plan.levels
@@ -159,17 +118,27 @@ def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
     return [first, *(lv for lv in levels if lv is not first)]
 
 
-def pick_affinity(plan: Plan[M], key: int, load_factor: float, ok: Ok | None) -> M | None:
-    """The member for prefix `key` (bounded-load rendezvous) among those `ok` admits; the level
-    by the key's own bits, the next levels when none there is admitted."""
+def pick_affinity(
+    plan: Plan[P],
+    key: int,
+    load_factor: float,
+    ok: Ok | None,
+    book: PrefixBook,
+    now: float,
+    keep: bool = True,
+) -> P | None:
+    """The member for prefix `key` (sticky placement with bounded load, `gateway.core.placement`)
+    among those `ok` admits; the level by the key's own bits, the next levels when none there
+    is admitted. `keep`: the choice may become the prefix's placement (not for a retry). The
+    request is counted in the prefix's load: `book.finished` when it ends."""
     levels = plan.levels
     if len(levels) == 1 and ok is None:
         lv = levels[0]
-        return bounded_order(lv.members, key, load_factor, lv.uniform)
+        return place(book, lv.members, key, load_factor, now, lv.uniform, keep)
     for lv in _levels(plan, ((mix(key, _SEED) >> 11) + 0.5) / _UNIT):
         members = [m for m in lv.members if ok is None or ok(m)]
         if members:
-            return bounded_order(members, key, load_factor, lv.uniform)
+            return place(book, members, key, load_factor, now, lv.uniform, keep)
     return None
 
 

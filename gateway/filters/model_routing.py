@@ -7,10 +7,12 @@ matches the body's `model` too (`match.model` globs; a request without a model n
 a route), then, on a `by_model` route, only the backends and members that serve the model
 (`gateway.core.models`), and with `affinity.prefix` the member chosen for the prompt's prefix
 with bounded load (`gateway.core.affinity`). Requests whose first matching route does not
-need the body are routed as before, when their head arrives. A unary gRPC call is routed the
-same way on the `model_name` its request message names (field 1, read from the raw bytes by
+need the body are routed as before, when their head arrives. A gRPC call is routed the same
+way on the `model_name` its (first) request message names (field 1, read from the raw bytes by
 `gateway.core.protowire`; KServe v2 / Triton), before its chain runs: a model nobody serves is
-NOT_FOUND. Streaming gRPC calls are routed on their head (their first message comes later).
+NOT_FOUND. A streaming call's first message is waited for only on a route that needs it, and
+for a bounded time (`gateway.forward.grpc.FIRST_MESSAGE_S`); one that has sent none by then is
+routed on its head.
 
 Answers of its own: a model no backend of a `by_model` route serves is a 404 with an
 OpenAI-style error (`code: model_not_found`); `GET /v1/models` through a `by_model` route

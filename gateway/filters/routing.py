@@ -235,7 +235,7 @@ class RoutePicker:
                 if members is not None or tried:
                     ok = admits(members, tried)
                 got = groups[g].take(now, key, ok=ok, prefix=c.prefix,
-                                     load_factor=self.load_factor)  # fmt: skip
+                                     load_factor=self.load_factor, keep=not tried)  # fmt: skip
                 if got is not None:
                     return got, g
         return None, 0
@@ -307,6 +307,9 @@ class RoutePicker:
             return
         a.done = True
         st = self.groups[a.group]
+        c = a.choice
+        if c is not None and c.prefix is not None:
+            st.prefixes.finished(c.prefix, now)
         res, ttfb = st.report(a, now, ctx.outcome, ctx.http_status, ctx.grpc_status,
                               ctx.first_byte_at)  # fmt: skip
         if a.retry:

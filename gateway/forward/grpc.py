@@ -1,11 +1,14 @@
 """The gRPC call lifecycle, written once for every gRPC engine (`GrpcExchange`).
 
-Per call, in this order: begin (`gateway.forward.lifecycle`: snapshot, context, in-flight), the
-chain's `on_request` (its verdict; a route and an endpoint), the upstream call on a pooled
-channel (`gateway.upstream.channels`) with what survives of the client's metadata and its
-remaining deadline capped by the route's total timeout, retried on another member where the
-route allows it (unary calls that failed UNAVAILABLE), the response (initial metadata, messages
-with backpressure, the chain's TRAILERS event, the status), and the finish.
+Per call, in this order: begin (`gateway.forward.lifecycle`: snapshot, context, in-flight), on
+a route that routes by model the model of the call's (first) request message, the chain's
+`on_request` (its verdict; a route and an endpoint), the upstream call on a pooled channel
+(`gateway.upstream.channels`) with what survives of the client's metadata and its remaining
+deadline capped by the route's total timeout, retried on another member where the route allows
+it (unary calls that failed UNAVAILABLE), the response (initial metadata, messages with
+backpressure, the chain's TRAILERS event, the status), and the finish. The metadata each way is
+`gateway.forward.grpc_metadata`'s; every answer carries `x-sluice-overhead-ms` (initial
+metadata, or trailing for a trailers-only answer: `gateway.forward.grpc_status.overhead`).
 
 Upstream failures map through `gateway.forward.failures` (the codes a backend sent are passed on
 as sent, details capped; `gateway.forward.grpc_status`); deadlines (first message, idle between
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.context import RequestContext, Status
 from gateway.core.body import RequestBody
 from gateway.core.outcome import Outcome
 from gateway.core.protowire import string_field
@@ -34,9 +37,9 @@ from gateway.core.verdict import (
 )
 from gateway.forward.deadlines import FIRST_BYTE, IDLE, STALL, Deadlines
 from gateway.forward.failures import grpc_outcome
-from gateway.forward.grpc_exchange import GrpcExchange, MessageRefused, Metadata
+from gateway.forward.grpc_exchange import GrpcExchange, MessageRefused
+from gateway.forward.grpc_metadata import client_trailers, send_initial, upstream_metadata
 from gateway.forward.grpc_status import (
-    bounded_metadata,
     cancelled,
     crashed,
     end,
@@ -54,15 +57,10 @@ if TYPE_CHECKING:
 
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
-# Request metadata that must not travel upstream: HTTP/2 pseudo-headers and hop-by-hop headers
-# (RFC 9113 §8.2.2), ones the upstream channel sets itself (te, content-type, user-agent), and the
-# whole reserved `grpc-` namespace (grpc-timeout is re-derived from the remaining deadline).
-DROPPED_METADATA = frozenset(
-    {
-        ":authority", ":path", ":method", ":scheme", "host", "te", "content-type", "user-agent",
-        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-    }
-)  # fmt: skip
+# How long a streaming call on a route that routes by model waits for its first request message
+# (its model) before it is routed on its head: clients of inference streams (KServe v2
+# ModelStreamInfer) send first; one whose protocol has the server speak first is delayed by it.
+FIRST_MESSAGE_S = 1.0
 
 
 class GrpcForward:
@@ -77,21 +75,28 @@ class GrpcForward:
     async def serve(self, ex: GrpcExchange, request: bytes | None) -> None:
         """Serve one call to its end: `request` is the one request message of a method served
         as unary (one response message), None for a streaming call (messages both ways as they
-        come). Raises CancelledError only when the client went away; every other failure is
-        answered with a status."""
+        come; on a route that routes by model its first message is read before the chain, see
+        `_first_message`). Raises CancelledError when the client went away or the engine
+        refused a request message (the engine answers); every other failure is answered with a
+        status."""
         snap, ctx = self.lifecycle.begin(ex.info)
-        if request is not None:
-            ctx.bytes_in = len(request)
-            if snap.policy.body_routing:  # the model it names (field 1), for model routes
-                ctx.body = RequestBody(b"", len(request), model=string_field(request, 1))
+        first: asyncio.Task[bytes | None] | None = None
         try:
+            if request is not None:
+                ctx.bytes_in = len(request)
+                if snap.policy.body_routing:  # the model it names (field 1), for model routes
+                    ctx.body = RequestBody(b"", len(request), model=string_field(request, 1))
+            elif snap.policy.body_routing:
+                route = snap.policy.match_head(ex.info)
+                if route is not None and route.needs_body:
+                    first = await self._first_message(ex, ctx)
             if await snap.chain.on_request(ctx) is Status.STOP:
                 reject(ctx, ex)
                 return
             if request is not None:
                 await self._unary(ex, ctx, snap.chain, request)
             else:
-                await self._stream(ex, ctx, snap.chain)
+                await self._stream(ex, ctx, snap.chain, first)
         except asyncio.CancelledError:
             if ctx.grpc_status is None:
                 cancelled(ctx, ex)
@@ -99,10 +104,41 @@ class GrpcForward:
         except Exception:
             crashed(ctx, ex)
         finally:
+            if first is not None:
+                _drop(first)
             _end_try(ctx)
             pending = self.lifecycle.finish(snap, ctx)
             if pending is not None:
                 await pending
+
+    async def _first_message(
+        self, ex: GrpcExchange, ctx: RequestContext
+    ) -> asyncio.Task[bytes | None]:
+        """A streaming call on a route that routes by model: its first request message (the
+        engine bounds its size), waited for at most `FIRST_MESSAGE_S`, names the model
+        (`ctx.body`) before the chain routes the call. Returns the read, which `_pump` sends
+        upstream first: still pending if the client had sent nothing by then (the call is
+        routed on its head, as the model is unknown). The read runs in a task of its own
+        because a grpc.aio read must not be cancelled while the call goes on."""
+        read = self.loop.create_task(ex.read())
+        try:
+            await asyncio.wait((read,), timeout=FIRST_MESSAGE_S)
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+        if not read.done():
+            return read
+        try:
+            msg = read.result()
+        except MessageRefused as e:  # as in _pump: the engine answers with its code
+            ctx.grpc_status, ctx.outcome = e.code, Outcome.BAD_REQUEST
+            raise asyncio.CancelledError() from None
+        except ConnectionError:  # the stream is gone: the client cancelled the call
+            raise asyncio.CancelledError() from None
+        if msg is not None:
+            ctx.bytes_in += len(msg)
+            ctx.body = RequestBody(b"", len(msg), model=string_field(msg, 1))
+        return read
 
     async def unserved(
         self, ex: GrpcExchange, outcome: Outcome, code: int, details: str = ""
@@ -116,7 +152,7 @@ class GrpcForward:
         if code == GRPC_CANCELLED:
             ctx.grpc_status = code
         else:
-            end(ctx, ex, code, details)
+            end(ctx, ex, code, details, figure=False)
         pending = self.lifecycle.finish(snap, ctx)
         if pending is not None:
             await pending
@@ -131,14 +167,18 @@ class GrpcForward:
         channels = self.gateway.channels
         while True:  # more than one try only for UNAVAILABLE, where the route allows retries
             ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
-            metadata, timeout = _upstream(ctx, ex)
+            metadata, timeout = upstream_metadata(ctx, ex)
+            sent = time.monotonic()
             call = channels.unary(ctx.endpoint, ctx.info.path)(
                 request, timeout=timeout, metadata=metadata
             )
             deadlines.start(task, timeout)
             deadlines.tighten(task, ctx.route.timeouts.first_byte_s, FIRST_BYTE)
             try:
-                response: bytes = await call
+                try:
+                    response: bytes = await call
+                finally:  # upstream time, not Sluice's (x-sluice-overhead-ms)
+                    ctx.upstream_s += time.monotonic() - sent
                 break
             except grpc.aio.AioRpcError as e:
                 if _retry(ctx, e):
@@ -155,8 +195,8 @@ class GrpcForward:
                 deadlines.stop(task)
         ctx.first_byte_at = now = time.monotonic()
         ctx.try_first_byte(now)
-        await _initial(ex, ctx, await call.initial_metadata())
-        trailing = _trailers(chain, ctx, ex, await call.trailing_metadata())
+        await send_initial(ex, ctx, await call.initial_metadata())
+        trailing = client_trailers(chain, ctx, ex, await call.trailing_metadata())
         if trailing is None:
             return
         ctx.grpc_status = GRPC_OK
@@ -164,27 +204,37 @@ class GrpcForward:
         await ex.write(response)
         ex.end(GRPC_OK, "", trailing)
 
-    async def _stream(self, ex: GrpcExchange, ctx: RequestContext, chain: Chain) -> None:
+    async def _stream(
+        self,
+        ex: GrpcExchange,
+        ctx: RequestContext,
+        chain: Chain,
+        first: asyncio.Task[bytes | None] | None,
+    ) -> None:
         assert ctx.endpoint is not None and ctx.route is not None
         task = asyncio.current_task(self.loop)
         assert task is not None
         deadlines = self.deadlines
         ctx.begin_try(ctx.endpoint.backend, ctx.endpoint.address, time.monotonic())
-        metadata, timeout = _upstream(ctx, ex)
+        metadata, timeout = upstream_metadata(ctx, ex)
         t = ctx.route.timeouts
+        sent = time.monotonic()
         call: StreamCall = self.gateway.channels.stream(ctx.endpoint, ctx.info.path)(
             None, timeout=timeout, metadata=metadata
         )
         # The one extra task of a streaming call: client → upstream, as messages come.
-        pump = self.loop.create_task(_pump(ex, call, ctx, task))
+        pump = self.loop.create_task(_pump(ex, call, ctx, task, first))
         deadlines.start(task, timeout)
         try:
             try:
                 deadlines.tighten(task, t.first_byte_s, FIRST_BYTE)
-                initial = await call.initial_metadata()
+                try:
+                    initial = await call.initial_metadata()
+                finally:  # upstream time, not Sluice's (x-sluice-overhead-ms)
+                    ctx.upstream_s += time.monotonic() - sent
                 ctx.first_byte_at = now = time.monotonic()
                 ctx.try_first_byte(now)
-                await _initial(ex, ctx, initial)
+                await send_initial(ex, ctx, initial)
                 # Backpressure: the next upstream message is read only once the previous one
                 # was accepted downstream (the upstream channel's window is fixed, see
                 # channels.py). A client that reads nothing for idle_s: the upstream call is
@@ -218,7 +268,7 @@ class GrpcForward:
                 raise
             finally:
                 deadlines.stop(task)
-            trailing = _trailers(chain, ctx, ex, await call.trailing_metadata())
+            trailing = client_trailers(chain, ctx, ex, await call.trailing_metadata())
             if trailing is None:
                 return
             if code is grpc.StatusCode.OK:
@@ -250,6 +300,15 @@ class GrpcForward:
         return True
 
 
+def _drop(read: asyncio.Task[bytes | None]) -> None:
+    """The first message's read, after the call: cancelled if still waiting, its failure taken
+    (a call refused before its message was forwarded)."""
+    if not read.done():
+        read.cancel()
+    elif not read.cancelled():
+        read.exception()
+
+
 def _end_try(ctx: RequestContext) -> None:
     code = ctx.grpc_status if ctx.grpc_status is not None else GRPC_UNKNOWN
     ctx.end_try(time.monotonic(), code, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
@@ -271,58 +330,27 @@ def _retry(ctx: RequestContext, e: grpc.aio.AioRpcError) -> bool:
     return retry(ctx, GRPC_UNAVAILABLE, "unavailable") is not None  # this try is over
 
 
-def _upstream(ctx: RequestContext, ex: GrpcExchange) -> tuple[list[tuple[str, str | bytes]], float]:
-    """Upstream metadata and timeout: what survives of the client's metadata plus the filters',
-    and the client's remaining deadline capped by the route's total timeout."""
-    extra = ctx.upstream_headers
-    out: list[tuple[str, str | bytes]] = [
-        (k, v)
-        for k, v in ex.metadata
-        if k not in DROPPED_METADATA and not k.startswith("grpc-") and k not in extra
-    ]
-    out.extend((k, v) for k, v in extra.items() if v)  # "": only drop the client's copy
-    assert ctx.route is not None
-    timeout = ctx.route.timeouts.total_s
-    remaining = ex.time_remaining()
-    if remaining is not None and remaining < timeout:
-        timeout = remaining
-    return out, timeout
-
-
-async def _initial(ex: GrpcExchange, ctx: RequestContext, initial: Any) -> None:
-    """The upstream's initial metadata to the client, bounded."""
-    if initial:
-        cap = ctx.policy.policy.limits.grpc_max_metadata_bytes
-        await ex.send_initial_metadata(bounded_metadata(tuple(initial), cap))
-
-
-def _trailers(
-    chain: Chain, ctx: RequestContext, ex: GrpcExchange, trailing: Any
-) -> Metadata | None:
-    """The trailing metadata for the client: the upstream's (bounded) plus the filters'
-    response headers, after the chain's TRAILERS event. None: a filter ended the call (its
-    verdict was answered)."""
-    md: Metadata = bounded_metadata(
-        trailing or (), ctx.policy.policy.limits.grpc_max_metadata_bytes
-    )
-    if chain.listens(ctx):
-        text = tuple((k, v) for k, v in md if isinstance(v, str))
-        if chain.on_event(ctx, StreamEvent(EventKind.TRAILERS, metadata=text)) is Status.STOP:
-            reject(ctx, ex)
-            ctx.outcome = Outcome.STREAM_CUT
-            return None
-    if ctx.response_headers:
-        md = (*md, *ctx.response_headers)
-    return md
-
-
 async def _pump(
-    ex: GrpcExchange, call: StreamCall, ctx: RequestContext, task: asyncio.Task[Any]
+    ex: GrpcExchange,
+    call: StreamCall,
+    ctx: RequestContext,
+    task: asyncio.Task[Any],
+    first: asyncio.Task[bytes | None] | None,
 ) -> None:
-    """Forward client messages upstream until the client half-closes or either side ends. A
-    message the engine refuses ends the call (`task`, whose end cancels the upstream call)
-    with the engine's code."""
+    """Forward client messages upstream until the client half-closes or either side ends,
+    `first` (the read of the first message, when the call was routed on it) first. A message
+    the engine refuses ends the call (`task`, whose end cancels the upstream call) with the
+    engine's code."""
     try:
+        if first is not None:
+            counted = first.done()  # read before routing: counted in bytes_in then
+            msg = await first
+            if msg is None:
+                await call.done_writing()
+                return
+            if not counted:
+                ctx.bytes_in += len(msg)
+            await call.write(msg)
         while True:
             msg = await ex.read()
             if msg is None:

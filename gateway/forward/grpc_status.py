@@ -1,11 +1,16 @@
 """How a gRPC call ends for the client: a status and its details (capped), a verdict's code and
 trailing metadata, an upstream failure passed on as the backend sent it, Sluice's own failure,
 or the client's cancellation. The steps of `gateway.forward.grpc`; each sets `ctx.grpc_status`
-(and the outcome where it is theirs) and ends the exchange."""
+(and the outcome where it is theirs) and ends the exchange.
+
+Every answer Sluice serves carries `x-sluice-overhead-ms` (`overhead`): in the initial metadata
+when Sluice sends one (the upstream answered), else in the trailing metadata (a trailers-only
+answer: a refusal, an upstream that failed before its first response)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import cast
 
 import grpc
@@ -31,22 +36,46 @@ UPSTREAM_KIND = {
 }
 
 
+OVERHEAD = "x-sluice-overhead-ms"
+
+
+def overhead(ctx: RequestContext) -> tuple[str, str]:
+    """`x-sluice-overhead-ms`: the time since the call arrived, every try's wait for its
+    upstream's first answer excluded (as the HTTP header, `gateway.forward.headers`); kept for
+    the metric (`sluice_overhead_seconds{protocol="grpc"}`)."""
+    s = ctx.overhead_s = max(0.0, time.monotonic() - ctx.started - ctx.upstream_s)
+    return (OVERHEAD, "%.3f" % (s * 1000.0))
+
+
 def end(
-    ctx: RequestContext, ex: GrpcExchange, code: int, details: str, trailing: Metadata = ()
+    ctx: RequestContext,
+    ex: GrpcExchange,
+    code: int,
+    details: str,
+    trailing: Metadata = (),
+    figure: bool = True,
 ) -> None:
     """End the call with `code`. Details travel in a header: a huge upstream message would make
     the client's HTTP/2 stack reset the stream, so they are kept well under the usual 8 KiB
-    metadata limit."""
+    metadata limit. A call that sent no initial metadata gets its overhead figure here, unless
+    `figure` is False (a call the engine ended before it was served: the grpcio engine's core
+    answers those without Sluice, and both engines answer alike)."""
     ctx.grpc_status = code
+    if figure and ctx.overhead_s is None:
+        trailing = (*trailing, overhead(ctx))
     ex.end(code, details[:MAX_DETAILS], trailing)
 
 
 def bounded_metadata(md: Metadata, cap: int) -> tuple[tuple[str, str | bytes], ...]:
     """The first entries of an upstream's metadata that fit `cap` bytes as HTTP/2 counts them
     (name + value + 32 each, RFC 7541 4.1); the channel accepts more from a backend than the
-    client is likely to (limits.grpc_max_upstream_metadata_bytes vs grpc_max_metadata_bytes)."""
+    client is likely to (limits.grpc_max_upstream_metadata_bytes vs grpc_max_metadata_bytes).
+    An upstream's own overhead figure (a Sluice in front of a Sluice) is left out: this one's
+    replaces it."""
     size, out = 0, []
     for k, v in md:
+        if k == OVERHEAD:
+            continue
         size += len(k) + len(v) + 32
         if size > cap:
             break

@@ -30,6 +30,7 @@ from gateway.core.verdict import GRPC_DEADLINE_EXCEEDED
 if TYPE_CHECKING:
     from gateway.core.breaker import BreakerParams
     from gateway.core.health import HealthParams
+    from gateway.core.placement import PrefixBook
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import HealthCheck
     from gateway.services import Services
@@ -75,8 +76,8 @@ class Core:
     """What every policy shares about one member of a backend."""
 
     __slots__ = (
-        "backend", "address", "in_flight", "load", "version", "sid", "requests", "failures",
-        "timeouts",
+        "backend", "address", "in_flight", "load", "avg", "avg_at", "version", "sid", "requests",
+        "failures", "timeouts",
     )  # fmt: skip
 
     def __init__(self, backend: str, address: str) -> None:
@@ -84,6 +85,8 @@ class Core:
         self.address = address
         self.in_flight = 0
         self.load = 0.0  # heartbeat load 0-100 (0 for static members)
+        self.avg = 0.0  # in flight + load / 10, averaged over time (gateway.core.placement)
+        self.avg_at = -1.0  # when `avg` was last brought up to date (< 0: never)
         self.version = ""  # heartbeat `ver`
         self.sid = ""  # heartbeat `sid`
         self.requests = 0
@@ -146,6 +149,8 @@ class MemberBooks(Protocol):
     def outlier(self, backend: str, address: str, p: OutlierParams) -> Outlier: ...
 
     def health(self, backend: str, ep: Endpoint, p: HealthParams, check: Any) -> HealthBox: ...
+
+    def prefixes(self, backend: str) -> PrefixBook: ...
 
 
 class Member:

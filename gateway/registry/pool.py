@@ -3,6 +3,8 @@ live state, which outlives policy reloads, and one view of each backend per poli
 
 State, each kept in the pool under its own key (see `gateway.registry.member`):
 - per backend and address (`Core`): requests in flight, heartbeat load, counters;
+- per backend: where its prompt prefixes are placed and its members' smoothed loads
+  (`gateway.core.placement.PrefixBook`);
 - per backend, address and parameters: the breaker (`breaker` section), the outlier record
   (`outlier`), the health verdict and its check loop (`health`, and the backend's protocol);
 - per backend and `discovery.registry` section: the registry poller and what it found;
@@ -36,6 +38,7 @@ from gateway.core.breaker import Breaker, BreakerParams
 from gateway.core.canary import CanaryGuard, CanaryParams
 from gateway.core.health import HealthParams, HealthState
 from gateway.core.outlier import Outlier, OutlierParams
+from gateway.core.placement import PrefixBook
 from gateway.core.retry import RetryBudget
 from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
@@ -72,6 +75,7 @@ class BackendPool:
         self.boxes: dict[tuple[str, str, BreakerParams], BreakerBox] = {}
         self.outliers: dict[tuple[str, str, OutlierParams], Outlier] = {}
         self.healths: dict[tuple[Any, ...], HealthBox] = {}
+        self.books: dict[str, PrefixBook] = {}
         self.watchers: dict[tuple[str, str], Watcher] = {}
         self.guards: dict[tuple[str, str], CanaryGuard] = {}
         self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
@@ -113,6 +117,12 @@ class BackendPool:
         if h is None:
             h = self.healths[key] = HealthBox(HealthState(p), ep, check)
         return h
+
+    def prefixes(self, backend: str) -> PrefixBook:
+        b = self.books.get(backend)
+        if b is None:
+            b = self.books[backend] = PrefixBook()
+        return b
 
     def watcher(self, backend: str, reg: Any) -> Watcher:
         key = (backend, reg.model_dump_json())

@@ -99,6 +99,7 @@ class BackendView:
         self.hp = health_params(cfg)
         self.members: dict[str, Member] = {}
         self.models = models_view(pool.services, cfg)  # what its members serve (`models`)
+        self.prefixes = pool.prefixes(cfg.name)  # where its prompt prefixes are placed
         for e in cfg.endpoints:
             ep = endpoint_of(cfg, e.address, e.weight, e.priority)
             self.members[ep.address] = self._member(ep, "static")
@@ -237,13 +238,17 @@ class BackendView:
         ok: Callable[[Member], bool] | None = None,
         prefix: int | None = None,
         load_factor: float = 0.0,
+        keep: bool = True,
     ) -> tuple[Member, int] | None:
         """A member and its breaker ticket (probes of half-open members first), or None. `ok`
         admits only some members (they serve the model; not tried yet); `prefix` is the
-        prompt's key, picked by bounded-load rendezvous (`gateway.core.affinity`) unless a
-        sticky `key` is given."""
+        prompt's key, placed with bounded load (`gateway.core.placement`, the backend's
+        `prefixes` book; `keep` False for a retry, which leaves the placement) unless a sticky
+        `key` is given. A member returned for a `prefix` is counted in the prefix's load (the
+        caller calls `prefixes.finished` when the try ends)."""
         plan = self.plan(now)
         self.last_pick = now
+        placed = prefix is not None and key is None
         if plan.probing:
             for p in plan.probing:
                 pb = p.breaker
@@ -256,12 +261,15 @@ class BackendView:
                     t = pb.allow(now)
                     if t >= 0:
                         self.pool.changed()  # plans must now see this probe's deadline
+                        if placed:
+                            assert prefix is not None
+                            self.prefixes.started(prefix, now)
                         return p, t
         m: Member | None
         if key is not None and ok is not None:
             m = pick_sticky(plan, key, [x for x in self.members.values() if not ok(x)])
-        elif prefix is not None:
-            m = pick_affinity(plan, prefix, load_factor, ok)
+        elif prefix is not None and key is None:
+            m = pick_affinity(plan, prefix, load_factor, ok, self.prefixes, now, keep)
         elif ok is not None:
             m = pick_allowed(plan, self.pool.random, ok)
         elif exclude:
@@ -281,6 +289,9 @@ class BackendView:
         t = br.allow(now)
         if t < 0:  # its state moved since the plan was made
             self.pool.changed()
+            if placed:
+                assert prefix is not None
+                self.prefixes.finished(prefix, now)  # counted by the placement: not sent
             return None
         return m, t
 
@@ -386,4 +397,6 @@ class BackendView:
             out["registry"] = self.watcher.state()
         if self.models is not None:
             out["models"] = self.models.state()
+        if self.prefixes.placed:
+            out["prefixes"] = {"placed": len(self.prefixes.placed), "moves": self.prefixes.moves}
         return out

@@ -28,6 +28,8 @@ class M:
     in_flight: int = 0
     load: float = 0.0
     hash_key: int = 0
+    avg: float = 0.0  # the placement's time average (gateway.core.placement)
+    avg_at: float = -1.0
 
     def __post_init__(self) -> None:
         self.hash_key = hash_key(self.name)

@@ -98,7 +98,9 @@ async def test_upstream_status_and_refusal_end_the_call_once(tmp_path: Path) -> 
         failing = exchange(INFER)
         await fw.serve(failing, pb2.InferRequest(prompt="fail").SerializeToString())
         assert failing.written == []
-        assert failing.ends == [(5, "no such model", (("x-why", "gone"),))]  # NOT_FOUND
+        [(code, details, trailing)] = failing.ends  # NOT_FOUND, the figure in its trailers
+        assert (code, details, trailing[0]) == (5, "no such model", ("x-why", "gone"))
+        assert trailing[1][0] == "x-sluice-overhead-ms" and float(trailing[1][1]) >= 0.0
         unrouted = exchange("/other.Service/Method")
         await fw.serve(unrouted, None)
         assert unrouted.written == [] and len(unrouted.ends) == 1

@@ -134,21 +134,23 @@ class Gw:
         return out
 
 
-def policy_text(port: int, admin: int, grpc: int, body: str, engine: str = "native") -> str:
+def policy_text(
+    port: int, admin: int, grpc: int, body: str, engine: str = "native", grpc_engine: str = "h2"
+) -> str:
     return f"""\
 version: 1
 listeners:
   http: {{host: 127.0.0.1, port: {port}, engine: {engine}}}
-  grpc: {{host: 127.0.0.1, port: {grpc}}}
+  grpc: {{host: 127.0.0.1, port: {grpc}, engine: {grpc_engine}}}
   admin: {{host: 127.0.0.1, port: {admin}}}
 access_log: {{enabled: false}}
 {body}"""
 
 
-def start_gateway(tmp: Path, body: str, engine: str = "native") -> Gw:
+def start_gateway(tmp: Path, body: str, engine: str = "native", grpc_engine: str = "h2") -> Gw:
     port, admin, grpc = free_port(), free_port(), free_port()
     path = tmp / "policy.yaml"
-    path.write_text(policy_text(port, admin, grpc, body, engine))
+    path.write_text(policy_text(port, admin, grpc, body, engine, grpc_engine))
     proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log",
                 env={"SLUICE_WATCH_INTERVAL": "0.1"})  # fmt: skip
     wait_ready(admin, proc)

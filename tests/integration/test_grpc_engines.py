@@ -79,13 +79,17 @@ class GrpcGateway:
 
     def calls_recorded(self) -> float:
         """sluice_requests_total summed over the gRPC protocol."""
+        return self.metric_sum("sluice_requests_total{")
+
+    def metric_sum(self, prefix: str) -> float:
+        """The samples of gRPC calls whose line starts with `prefix`, summed."""
         url = f"http://127.0.0.1:{self.admin}/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
             text = r.read().decode()
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
-            if line.startswith("sluice_requests_total{") and 'protocol="grpc"' in line
+            if line.startswith(prefix) and 'protocol="grpc"' in line
         )
 
 
@@ -144,6 +148,53 @@ async def test_metadata_and_trailers_round_trip(stub: Any) -> None:
     stream = stub.Generate(pb2.InferRequest(prompt="x", max_tokens=2), metadata=md, timeout=5)
     assert len([c async for c in stream]) == 2
     assert dict(await stream.trailing_metadata())["x-echo-blob-bin"] == b"\x00\xff\x01"
+
+
+def overhead_ms(md: Any) -> float:
+    return float(dict(md or ())["x-sluice-overhead-ms"])
+
+
+async def test_every_answer_carries_the_overhead_figure(stub: Any, gw: GrpcGateway) -> None:
+    """x-sluice-overhead-ms in the initial metadata of the four call kinds (the upstream's time
+    excluded), in the trailing metadata of trailers-only answers (an upstream failure, a
+    refusal); sluice_overhead_seconds counts them all."""
+    count = 'sluice_overhead_seconds_count{protocol="grpc",route="grpc"}'
+    before = gw.metric_sum(count)
+    slow = (("x-mock-sleep-ms", "400"),)
+    t0 = time.monotonic()
+    call = stub.Infer(pb2.InferRequest(prompt="hi"), metadata=slow, timeout=5)
+    await call
+    took = time.monotonic() - t0
+    ms = overhead_ms(await call.initial_metadata())
+    assert took >= 0.4 and 0.0 <= ms < 200.0, (took, ms)  # the backend's 400 ms are not Sluice's
+    gen = stub.Generate(pb2.InferRequest(prompt="x", max_tokens=2), metadata=slow, timeout=5)
+    assert len([c async for c in gen]) == 2
+    assert 0.0 <= overhead_ms(await gen.initial_metadata()) < 200.0
+
+    async def prompts() -> AsyncIterator[Any]:
+        for p in ("a", "b"):
+            yield pb2.InferRequest(prompt=p)
+
+    collect = stub.Collect(prompts(), timeout=5)
+    assert "ab" in (await collect).text
+    overhead_ms(await collect.initial_metadata())
+    chat = stub.Chat(timeout=5)
+    await chat.write(pb2.InferRequest(prompt="ping"))
+    assert "ping" in (await asyncio.wait_for(chat.read(), 5)).text
+    await chat.done_writing()
+    assert await chat.read() is EOF
+    overhead_ms(await chat.initial_metadata())
+    failing = stub.Infer(pb2.InferRequest(prompt="x"), metadata=(("x-mock-status", "9"),))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await failing
+    assert e.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    overhead_ms(e.value.trailing_metadata())
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await ch.unary_unary("/secure.v1.Secure/Do")(b"", timeout=5)
+    assert e.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    overhead_ms(e.value.trailing_metadata())
+    assert gw.metric_sum(count) == before + 5  # the refusal is route "secure"'s
 
 
 async def test_upstream_status_passes_through(stub: Any) -> None:

@@ -1,6 +1,7 @@
 """Prompt-prefix affinity with real simulated backends: the same prefix stays on one member,
 losing a member moves only its prefixes (retried on the next member in the prefix's order),
-and a hot prefix spreads once its member passes load_factor x the mean."""
+and a burst of one prefix spreads within the load factor (the time-averaged bound is
+tests/core/test_placement.py's and the affinity benchmark's)."""
 
 from __future__ import annotations
 
@@ -81,12 +82,17 @@ async def test_prefixes_stay_and_a_lost_member_moves_only_its_own(
     gw.stop()
 
 
-async def test_a_hot_prefix_spreads_within_the_load_factor(tmp_path: Path, spawn: Spawn) -> None:
-    sims = spawn(4, "--ttft-ms", "600", "--completion-tokens", "1")
+async def test_a_burst_of_one_prefix_spreads_within_the_load_factor(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    """160 requests of one prefix at once (the pile-up of vllm-project/router#179): placed one
+    after another, each sees the others in flight, so none takes a member past
+    max(ceil(1.25 x mean), mean + 8) = 50 of 160 over 4 members."""
+    sims = spawn(4, "--ttft-ms", "1500", "--completion-tokens", "1")
     gw = start_gateway(tmp_path, policy(sims, 1.25))
-    async with httpx.AsyncClient(base_url=gw.url, timeout=20) as c:
-        await asyncio.gather(*(send(c, 7, f"h{i}") for i in range(16)))
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30, limits=limits) as c:
+        await asyncio.gather(*(send(c, 7, f"h{i}") for i in range(160)))
     per = Counter(where(sims).values())
-    # Placed one after another, each sees the others in flight: at most 1.25 x 16 / 4 = 5.
-    assert sum(per.values()) == 16 and max(per.values()) <= 5, per
+    assert sum(per.values()) == 160 and max(per.values()) <= 50 and len(per) >= 3, per
     gw.stop()
