@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext
 from gateway.telemetry import metrics
+from gateway.telemetry.requests import record_request
 
 log = logging.getLogger("sluice.forward")
 
@@ -87,7 +88,7 @@ class Lifecycle:
 
     def _record(self, snap: Snapshot, ctx: RequestContext) -> None:
         """Metrics, recent traffic (for the change guard) and the rollout's comparison."""
-        metrics.record_request(ctx)
+        record_request(ctx)
         self._traffic.record(ctx)
         holder = self._holder
         ro = holder.rollout

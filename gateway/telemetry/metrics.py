@@ -6,16 +6,11 @@ never from request data, so the number of series stays bounded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.core.request import Protocol
-from gateway.telemetry.tally import CountTally, HistTally
 from gateway.telemetry.tally import flush as flush
-
-if TYPE_CHECKING:
-    from gateway.context import RequestContext
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -131,83 +126,6 @@ WORKER_RESTARTS = Counter(
 )
 
 
-# Per-request updates go through tallies (`gateway.telemetry.tally`: plain numbers, added to the
-# children before each scrape), cached by their label values: `.labels()` costs a lock and a
-# tuple per call. Keys come from policy names and small closed sets (codes), so the caches stay
-# small; they are bounded anyway, and a full cache only means the slow path.
-_MAX_CACHED = 4096
-_tallies: dict[tuple[Any, ...], Any] = {}
-_T = TypeVar("_T", CountTally, HistTally)
-
-
-def counter_tally(metric: Counter, *labels: str) -> CountTally:
-    """The tally of `metric`'s child for `labels` (cached)."""
-    t = _tallies.get((metric, *labels))
-    return t if t is not None else _new_tally(CountTally(metric.labels(*labels)), metric, labels)
-
-
-def hist_tally(metric: Histogram, *labels: str) -> HistTally:
-    """The tally of `metric`'s child for `labels` (cached)."""
-    t = _tallies.get((metric, *labels))
-    return t if t is not None else _new_tally(HistTally(metric.labels(*labels)), metric, labels)
-
-
-def _new_tally(t: _T, metric: object, labels: tuple[str, ...]) -> _T:
-    if len(_tallies) < _MAX_CACHED:
-        _tallies[(metric, *labels)] = t
-    return t
-
-
-class _Finished:
-    """The tallies one kind of finished request updates (route, backend, code, protocol)."""
-
-    __slots__ = ("requests", "seconds", "overhead", "labels")
-
-    def __init__(self, route: str, backend: str, code: str, protocol: str) -> None:
-        self.labels = (route, backend, code, protocol)
-        self.requests = counter_tally(REQUESTS, route, backend, code, protocol)
-        self.seconds = hist_tally(REQUEST_SECONDS, route, protocol)
-        self.overhead = hist_tally(OVERHEAD_SECONDS, route, protocol)
-
-
-_finished: dict[tuple[object, ...], _Finished] = {}
-
-
-def record_request(ctx: RequestContext) -> None:
-    """Count one finished request. Called once per request by
-    `gateway.forward.lifecycle.Lifecycle.finish`."""
-    route_, endpoint = ctx.route, ctx.endpoint
-    route = route_.name if route_ is not None else "none"
-    backend = endpoint.backend if endpoint is not None else "none"
-    protocol = ctx.info.protocol
-    status = ctx.grpc_status if protocol is Protocol.GRPC else ctx.http_status
-    key = (route, backend, status, protocol)
-    fin = _finished.get(key)
-    if fin is None:
-        if protocol is Protocol.GRPC:
-            code = str(status if status is not None else 2)
-        else:
-            code = str(status or 0)
-        fin = _Finished(route, backend, code, protocol.value)
-        if len(_finished) < _MAX_CACHED:
-            _finished[key] = fin
-    # Exemplars (OpenMetrics exposition) point at the traces the tail sampler kept.
-    exemplar = {"trace_id": f"{ctx.trace_id:032x}"} if ctx.trace_kept else None
-    if exemplar is None:
-        fin.requests.inc()
-    else:
-        REQUESTS.labels(*fin.labels).inc(1, exemplar)
-    fin.seconds.observe(ctx.elapsed, exemplar)
-    if ctx.overhead_s is not None:
-        fin.overhead.observe(ctx.overhead_s)
-    if ctx.first_token_at is not None or ctx.usage is not None:
-        _record_llm(ctx, route, backend, exemplar)
-    if ctx.cancelled:
-        CLIENT_CANCELLED.labels(protocol.value).inc()
-    if not ctx.verdict.allowed:
-        REJECTED.labels(ctx.verdict.error_type or "rejected", protocol.value).inc()
-
-
 GRPC_ENDED_BEFORE_HANDLER = Counter(
     "sluice_grpc_calls_ended_before_handler_total",
     "gRPC calls grpc ended before Sluice's handler ran (so in no other request metric and not "
@@ -319,23 +237,6 @@ TRACE_PENDING = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
-
-
-def _record_llm(
-    ctx: RequestContext, route: str, backend: str, exemplar: dict[str, str] | None
-) -> None:
-    """Streams: time to first token, mean inter-token latency; any answer: usage tokens."""
-    usage = ctx.usage
-    first = ctx.first_token_at
-    if first is not None:
-        hist_tally(TIME_TO_FIRST_TOKEN, route, backend).observe(first - ctx.started, exemplar)
-        last = ctx.last_token_at
-        tokens = usage.completion_tokens if usage is not None else ctx.stream_events
-        if last is not None and tokens > 1 and last > first:
-            hist_tally(INTER_TOKEN_LATENCY, route, backend).observe((last - first) / (tokens - 1))
-    if usage is not None:
-        counter_tally(TOKENS, route, backend, "input").inc(usage.prompt_tokens)
-        counter_tally(TOKENS, route, backend, "output").inc(usage.completion_tokens)
 
 
 # --- policy safety: change guard and staged rollouts (gateway/reload/) ---

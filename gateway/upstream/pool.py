@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from gateway.telemetry import metrics
+from gateway.telemetry.requests import hist_tally
 from gateway.upstream.conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn
 from gateway.upstream.request import (
     REPLAY_LIMIT,
@@ -98,7 +99,7 @@ class UpstreamHost:
         self.total = 0
         self.waiters: deque[asyncio.Future[UpstreamConn | None]] = deque()
         self.sweeper: asyncio.TimerHandle | None = None
-        self.fb = metrics.hist_tally(metrics.UPSTREAM_FIRST_BYTE_SECONDS, endpoint.backend, "http")
+        self.fb = hist_tally(metrics.UPSTREAM_FIRST_BYTE_SECONDS, endpoint.backend, "http")
         conns = metrics.UPSTREAM_CONNECTIONS
         # Read at scrape time: nothing on the hot path.
         conns.labels(endpoint.backend, "idle").set_function(lambda: len(self.idle))
