@@ -49,6 +49,7 @@ from gateway.upstream.conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn
 from gateway.upstream.request import (
     REPLAY_LIMIT,
     ReplayStream,
+    WriteBatch,
     encode_head,
     send_bytes,
     send_stream,
@@ -273,6 +274,7 @@ class UpstreamPool:
         # new connections while the old ones finish (idle ones close after upstream_idle_s).
         self._hosts: dict[str, UpstreamHost] = {}
         self._uploads: dict[tuple[str, int], int] = {}
+        self.writes = WriteBatch()  # small requests of one loop turn, written together
         self.closed = False
 
     def uploads(self, endpoint: Endpoint) -> int:
@@ -351,7 +353,7 @@ class UpstreamPool:
             conn.idle_s = timeouts.idle_s
             try:
                 if stream is None:
-                    await send_bytes(conn, head, body, timeouts)  # type: ignore[arg-type]
+                    await send_bytes(conn, head, body, timeouts, self.writes)  # type: ignore[arg-type]
                 else:
                     await send_stream(conn, head, stream, chunked, timeouts)
                 return await wait_head(conn, host.fb, timeouts)

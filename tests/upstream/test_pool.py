@@ -16,7 +16,7 @@ from gateway.app import Gateway
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Timeouts
-from gateway.upstream.pool import HIGH_WATER, UpstreamPool
+from gateway.upstream.pool import HIGH_WATER, UpstreamHost, UpstreamPool
 
 T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
 H = [(b"host", b"u")]
@@ -442,3 +442,36 @@ async def test_stale_retry_replays_the_exact_body(tmp_path: Path, streamed: bool
             assert await read_all(pool, up.port, "PUT", b"<0><1><2><3>") == b"<0><1><2><3>"
         assert up.connections == 2
         assert await read_all(pool, up.port, "PUT", b"again") == b"again"
+
+
+async def test_small_requests_are_written_in_one_batch_and_a_lost_one_is_not(
+    tmp_path: Path,
+) -> None:
+    """Requests under 64 KB started in one loop turn are written at the start of the next, in
+    order; a connection lost before that is never written to (so it counts as not sent, and a
+    stale POST on it may be retried)."""
+    from gateway.upstream.request import send_bytes
+
+    seen: list[bytes] = []
+
+    async def h(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        head, body = await read_request(r)
+        seen.append(body)
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await w.drain()
+        await r.read()
+
+    async with Raw(h) as up, make_pool(tmp_path, up.port) as pool:
+        # Two concurrent requests: both answered, each body intact.
+        got = await asyncio.gather(
+            read_all(pool, up.port, "POST", b'{"a": 1}'), read_all(pool, up.port, "POST", b"[2]")
+        )
+        assert got == [b"ok", b"ok"] and sorted(seen) == [b"[2]", b'{"a": 1}']
+        # A connection lost between the batch and its write: nothing goes out on it.
+        conn = await UpstreamHost(pool, ep(up.port)).acquire(1.0, 65536)
+        await send_bytes(conn, bytearray(b"POST /x HTTP/1.1\r\nhost: u\r\n"), b"{}", T, pool.writes)
+        assert pool.writes.pending and not conn.sent_all  # batched, not yet written
+        conn.abort()
+        await asyncio.sleep(0.05)
+        assert not pool.writes.pending and not conn.sent_all
+        assert len(seen) == 2  # the upstream never saw a third request
