@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gateway.registry.pool import BACKENDS
 from gateway.status import ASSETS, asset
 from gateway.status.state import Served, StatusBoard
+from gateway.telemetry import edge_metrics  # noqa: F401  (registers the edge metrics)
 from gateway.telemetry.metrics import IN_FLIGHT, REGISTRY, flush
 
 

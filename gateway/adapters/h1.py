@@ -48,14 +48,8 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.adapters.h1_messages import (
-    HIGH_WATER,
-    LOW_WATER,
-    SINGLETONS,
-    Req,
-    absolute,
-    simple_response,
-)
+from gateway.adapters.h1_head import BAD, TOO_LARGE, HeadParser, Refused
+from gateway.adapters.h1_messages import HIGH_WATER, LOW_WATER, Req, simple_response
 from gateway.adapters.h2_guard import PREFACE
 from gateway.adapters.h2_server import serve_h2
 from gateway.adapters.tls_material import identity
@@ -75,20 +69,11 @@ LINGER_S = 2.0
 LINGER_BYTES = 16 * 1024 * 1024
 
 
-class _Refused(Exception):
-    """Raised from a parser callback: the request is refused with this answer."""
+class H1Conn(HeadParser, asyncio.Protocol):
+    """One client connection: the request queue, timers and flow control; the head's parser
+    callbacks and checks are `HeadParser`'s."""
 
-    def __init__(self, status: int, kind: str, text: str) -> None:
-        super().__init__(text)
-        self.status, self.kind, self.text = status, kind, text
-
-
-_TOO_LARGE = (431, "headers_too_large", "request header fields too large")
-_BAD = (400, "bad_request", "malformed HTTP request")
-
-
-class H1Conn(asyncio.Protocol):
-    """One client connection: parser callbacks, the request queue, timers and flow control."""
+    server: H1Server
 
     def __init__(self, server: H1Server) -> None:
         self.server = server
@@ -111,17 +96,7 @@ class H1Conn(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.drainer: asyncio.Future[None] | None = None
-        # Head being parsed.
-        self.in_head = False
-        self.head_bytes = 0
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.header_size = 0
-        self.host_seen = False
-        self.te_seen = False
-        self.seen: set[bytes] = set()  # singleton header names seen in this head
-        self.body_declared = False  # a non-zero Content-Length or chunked
-        self.trailers = 0  # trailer fields of the chunked body being read (dropped)
+        HeadParser.__init__(self)  # the head being parsed
         # One lazily moved deadline.
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -198,15 +173,15 @@ class H1Conn(asyncio.Protocol):
                     if self.ignore or not data:
                         return
         except httptools.HttpParserError as e:
-            ref = e.__context__ if isinstance(e.__context__, _Refused) else None
-            self.refuse(*((ref.status, ref.kind, ref.text) if ref else _BAD))
+            ref = e.__context__ if isinstance(e.__context__, Refused) else None
+            self.refuse(*((ref.status, ref.kind, ref.text) if ref else BAD))
             return
         if self.in_head:
             # A head that began inside this chunk is not counted yet (one chunk is bounded).
             self.head_bytes = 0 if self.head_bytes < 0 else self.head_bytes + len(data)
             limits = self.server.limits
             if self.head_bytes > limits.max_header_bytes + limits.max_line_bytes:
-                self.refuse(*_TOO_LARGE)
+                self.refuse(*TOO_LARGE)
 
     def eof_received(self) -> bool:
         return False  # close; a request in flight is cancelled (as aiohttp does)
@@ -225,71 +200,14 @@ class H1Conn(asyncio.Protocol):
     # --- parser callbacks ---
 
     def on_message_begin(self) -> None:
-        self.in_head = True
-        self.head_bytes = -1  # began inside the chunk being parsed
-        self.url = b""
-        self.headers = []
-        self.header_size = 0
-        self.host_seen = self.te_seen = self.body_declared = False
-        self.trailers = 0
-        self.seen.clear()
+        self.begin_head()
         if self.active is None:
             self.arm(self.server.header_read_s)
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        if len(self.url) > self.server.limits.max_line_bytes:
-            raise _Refused(*_TOO_LARGE)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        limits = self.server.limits
-        if not self.in_head:  # a trailer of a chunked body: dropped, never a request header
-            self.trailers += 1
-            if self.trailers > limits.max_header_count:
-                raise _Refused(*_TOO_LARGE)
-            return
-        if len(name) + len(value) + 2 > limits.max_line_bytes:
-            raise _Refused(*_TOO_LARGE)
-        if len(self.headers) >= limits.max_header_count:
-            raise _Refused(*_TOO_LARGE)
-        # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
-        # of the value).
-        value = value.rstrip(b" \t")
-        ln = name.lower()
-        if ln in SINGLETONS:
-            if ln in self.seen:
-                raise _Refused(*_BAD)
-            self.seen.add(ln)
-            if ln == b"host":
-                self.host_seen = True
-            elif ln == b"transfer-encoding":
-                if value.lower() != b"chunked":
-                    raise _Refused(*_BAD)
-                self.te_seen = self.body_declared = True
-            elif ln == b"content-length" and value.lstrip(b"0"):
-                self.body_declared = True
-        self.header_size += len(name) + len(value) + 4
-        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.in_head = False
         self.deadline = None
-        parser = self.parser
-        method = parser.get_method().decode("ascii")
-        http10 = parser.get_http_version() == "1.0"
-        url = self.url
-        if (
-            method == "CONNECT"
-            or (not self.host_seen and not http10)  # RFC 9112 §3.2: 400 without Host
-            or (self.te_seen and http10)  # RFC 9112 §6.1: faulty framing
-            or (url[:1] != b"/" and not (url == b"*" and method == "OPTIONS") and not absolute(url))
-            # llhttp would take its body for the upgraded protocol; nothing is upgraded here
-            or (self.body_declared and parser.should_upgrade())
-        ):
-            raise _Refused(*_BAD)
-        req = Req(method, url, self.headers, self.header_size, parser.should_keep_alive())
-        req.http10 = http10
-        req.chunked = self.te_seen
+        req = self.parsed_head()
         self.cur = req
         if self.active is None and not self.queue:
             self.start(req)

@@ -45,13 +45,12 @@ from typing import cast
 import h2.events as ev
 from h2.errors import ErrorCodes
 from h2.exceptions import H2Error, ProtocolError
-from hyperframe.frame import GoAwayFrame
 
+from gateway.adapters.h2_ending import H2Ending
 from gateway.adapters.h2_guard import (
     CONTROL_QUEUE,
     MAX_STREAM_ID,
     RAPID_RESET,
-    Breach,
     FrameGuard,
     request_headers,
     server_h2,
@@ -69,7 +68,6 @@ __all__ = ["H2Conn", "Listener"]
 log = logging.getLogger(__name__)
 
 EARLY_RESET_S = 1.0  # a client reset this soon after the stream began counts as early (Envoy)
-ABORT_AFTER_S = 1.0  # a closing connection whose GOAWAY the client does not read is cut
 
 
 class Listener(typing.Protocol):
@@ -89,8 +87,11 @@ class Listener(typing.Protocol):
         ...
 
 
-class H2Conn(asyncio.Protocol):
-    """One client connection: h2's state, the guard, the streams, timers and flow control."""
+class H2Conn(H2Ending, asyncio.Protocol):
+    """One client connection: h2's state, the guard, the streams and flow control; how it ends
+    (GOAWAYs, drain, close, its timer) is `H2Ending`'s."""
+
+    server: Listener
 
     def __init__(self, server: Listener) -> None:
         self.server = server
@@ -141,7 +142,7 @@ class H2Conn(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         for stream in list(self.streams.values()):
-            self._gone(stream)
+            self.stream_gone(stream)
         fut, self.drainer = self.drainer, None
         if fut is not None and not fut.done():
             fut.set_result(None)  # the waiters see `closed` and raise
@@ -235,7 +236,7 @@ class H2Conn(asyncio.Protocol):
         elif t is ev.ConnectionTerminated:  # the client's GOAWAY: h2 takes no more frames
             self.closing = True
             for stream in list(self.streams.values()):
-                self._gone(stream)
+                self.stream_gone(stream)
             if self.transport is not None:
                 self.transport.close()
 
@@ -276,9 +277,10 @@ class H2Conn(asyncio.Protocol):
             return
         if not stream.ended and self.loop.time() - stream.opened_at < EARLY_RESET_S:
             self.early += 1
-        self._gone(stream)
+        self.stream_gone(stream)
 
-    def _gone(self, stream: H2Stream) -> None:
+    def stream_gone(self, stream: H2Stream) -> None:
+        """The stream is over for the client: its task, if running, is cancelled."""
         stream.gone()
         task = stream.task
         if task is not None and not task.done() and stream.started:
@@ -301,7 +303,7 @@ class H2Conn(asyncio.Protocol):
             stream.unacked = 0
         if not self.streams:
             if self.goaway == 2:
-                self._goaway(self.last_sid)
+                self.send_goaway(self.last_sid)
                 self.close()
                 return
             self.arm(self.server.keepalive_s)
@@ -375,7 +377,7 @@ class H2Conn(asyncio.Protocol):
             if self.closed:
                 raise ConnectionResetError("client disconnected")
 
-    # --- writing and ending ---
+    # --- writing ---
 
     def flush_soon(self) -> None:
         """What streams send goes out in one write at the end of this loop iteration, with the
@@ -391,86 +393,3 @@ class H2Conn(asyncio.Protocol):
         transport = self.transport
         if data and transport is not None and not self.closed and not transport.is_closing():
             transport.write(data)
-
-    def calm(self, breach: Breach) -> None:
-        """A limit was passed: GOAWAY with its code, then close."""
-        log.info("HTTP/2 connection from %s ended: %s", self.peer, breach.reason)
-        metrics.REJECTED.labels("h2_" + breach.reason, self.server.protocol).inc()
-        try:
-            self.h2.close_connection(breach.code)
-        except H2Error:
-            pass
-        self.close()
-
-    def close(self) -> None:
-        """Flush, close, and cut if the client does not take the rest within ABORT_AFTER_S."""
-        if self.closing or self.transport is None:
-            return
-        self.closing = True
-        self.flush()
-        for stream in list(self.streams.values()):
-            self._gone(stream)
-        transport = self.transport
-        if self.write_paused:  # the client does not read: nothing more will reach it
-            transport.abort()
-            return
-        transport.close()
-        if transport.get_write_buffer_size():
-            self.loop.call_later(ABORT_AFTER_S, transport.abort)
-
-    def _goaway(self, last: int) -> None:
-        if last == self.final_sent:
-            return
-        self.final_sent = last
-        self.flush()  # frames h2 queued go first
-        if self.transport is not None and not self.closed and not self.transport.is_closing():
-            frame = GoAwayFrame(0)
-            frame.last_stream_id = last
-            frame.error_code = ErrorCodes.NO_ERROR
-            self.transport.write(frame.serialize())
-
-    def drain(self) -> None:
-        """The graceful two-step GOAWAY (the listener drains)."""
-        if self.goaway or self.closing:
-            return
-        self.goaway = 1
-        self._goaway(MAX_STREAM_ID)
-        self.loop.call_later(self.limits.drain_goaway_delay_s, self._final_goaway)
-
-    def _final_goaway(self, last: int | None = None) -> None:
-        if self.goaway == 2 or self.closing or self.closed:
-            return
-        self.goaway = 2
-        self.last_sid = self.h2.highest_inbound_stream_id if last is None else last
-        self._goaway(self.last_sid)
-        if not self.streams:
-            self.close()
-
-    def shutdown(self) -> None:
-        """The drain is over: the last GOAWAY and a close when no stream is left, else a cut
-        (its streams are cancelled)."""
-        if self.transport is None or self.closed:
-            return
-        if self.streams:
-            self.transport.abort()
-            return
-        self._final_goaway()
-        self._goaway(self.last_sid)
-        self.close()
-
-    # --- timer ---
-
-    def arm(self, seconds: float) -> None:
-        self.deadline = self.loop.time() + seconds
-        if self.timer is None:
-            self.timer = self.loop.call_at(self.deadline, self._expired)
-
-    def _expired(self) -> None:
-        self.timer = None
-        if self.deadline is None or self.closed:
-            return
-        if self.loop.time() >= self.deadline:
-            self._goaway(self.h2.highest_inbound_stream_id)  # idle, or headers not in time
-            self.close()
-        else:
-            self.timer = self.loop.call_at(self.deadline, self._expired)

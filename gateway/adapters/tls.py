@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from gateway.adapters.tls_material import Changing, Material, load_material, signature
 from gateway.errors import TlsError
 from gateway.services import ServiceKey
-from gateway.telemetry import metrics
+from gateway.telemetry import edge_metrics
 
 if TYPE_CHECKING:
     import grpc
@@ -82,8 +82,8 @@ class TlsOwner:
         self.loaded_at = time.time()
         self._grpc_generation = 0
         self._task: asyncio.Task[None] | None = None
-        metrics.TLS_CERT_EXPIRY.labels(listener).set(material.not_after)
-        metrics.TLS_STALE.labels(listener).set(0)
+        edge_metrics.TLS_CERT_EXPIRY.labels(listener).set(material.not_after)
+        edge_metrics.TLS_STALE.labels(listener).set(0)
 
     @property
     def verifies_clients(self) -> bool:
@@ -120,8 +120,8 @@ class TlsOwner:
         return True
 
     def _failed(self, e: TlsError) -> None:
-        metrics.TLS_RELOADS.labels(self.listener, e.reason).inc()
-        metrics.TLS_STALE.labels(self.listener).set(1)
+        edge_metrics.TLS_RELOADS.labels(self.listener, e.reason).inc()
+        edge_metrics.TLS_STALE.labels(self.listener).set(1)
         self.error, self.error_reason = f"listeners.{self.listener}.tls.{e.field}: {e}", e.reason
         log.error(
             "TLS files of the %s listener changed but do not load (%s); still serving the "
@@ -137,9 +137,9 @@ class TlsOwner:
         self.generation += 1
         self.loaded_at = time.time()
         self.error = self.error_reason = ""
-        metrics.TLS_RELOADS.labels(self.listener, "ok").inc()
-        metrics.TLS_STALE.labels(self.listener).set(0)
-        metrics.TLS_CERT_EXPIRY.labels(self.listener).set(material.not_after)
+        edge_metrics.TLS_RELOADS.labels(self.listener, "ok").inc()
+        edge_metrics.TLS_STALE.labels(self.listener).set(0)
+        edge_metrics.TLS_CERT_EXPIRY.labels(self.listener).set(material.not_after)
         log.info(
             "TLS certificate of the %s listener rotated: serial %x, %s, valid until %s",
             self.listener,

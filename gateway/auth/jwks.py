@@ -31,7 +31,7 @@ from gateway.core import keyrefresh as kr
 from gateway.errors import JwksError, JwksInvalid
 from gateway.policy.auth import JwksSource as JwksSpec
 from gateway.services import ServiceKey
-from gateway.telemetry import metrics
+from gateway.telemetry import edge_metrics
 
 if TYPE_CHECKING:
     import aiohttp
@@ -104,7 +104,7 @@ class JwksSource:
             log.error("JWKS %s: last good key set is older than max_stale_s; dropped", self.label)
             self.keyset, ks = None, None
             self.generation += 1
-            metrics.JWKS_KEYS.labels(self.label).set(0)
+            edge_metrics.JWKS_KEYS.labels(self.label).set(0)
         return ks
 
     def fetch_to_wait_for(self) -> asyncio.Task[None] | None:
@@ -194,16 +194,16 @@ class JwksSource:
         self.fetched_at, self.fetched_wall = owner.clock(), owner.wall()
         self.failures = 0
         self.next_at = kr.after_success(self.params, self.fetched_at, owner.rand())
-        metrics.JWKS_FETCHES.labels(self.label, "ok" if changed else "unchanged").inc()
-        metrics.JWKS_KEYS.labels(self.label).set(len(self.keyset or ()))
-        metrics.JWKS_LAST_SUCCESS.labels(self.label).set(self.fetched_wall)
+        edge_metrics.JWKS_FETCHES.labels(self.label, "ok" if changed else "unchanged").inc()
+        edge_metrics.JWKS_KEYS.labels(self.label).set(len(self.keyset or ()))
+        edge_metrics.JWKS_LAST_SUCCESS.labels(self.label).set(self.fetched_wall)
 
     def _failed(self, kind: str, reason: str) -> None:
         owner = self._owner
         self.failures += 1
         self.last_error, self.last_error_wall = reason, owner.wall()
         self.next_at = kr.after_failure(self.params, owner.clock(), self.failures, owner.rand())
-        metrics.JWKS_FETCHES.labels(self.label, kind).inc()
+        edge_metrics.JWKS_FETCHES.labels(self.label, kind).inc()
         log.warning(
             "JWKS %s: fetch failed (%s, %d in a row); %s",
             self.label,

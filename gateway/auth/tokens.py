@@ -18,7 +18,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Final
 
 from gateway.services import ServiceKey
-from gateway.telemetry import metrics
+from gateway.telemetry import edge_metrics
 
 if TYPE_CHECKING:
     from gateway.services import Services
@@ -34,7 +34,7 @@ class Tally:
 
     def __init__(self, provider: str) -> None:
         self.n = 0
-        self._counter = metrics.AUTH_RESULTS.labels(provider, "cached")
+        self._counter = edge_metrics.AUTH_RESULTS.labels(provider, "cached")
 
     def flush(self) -> None:
         n, self.n = self.n, 0

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import DatapathError
-from gateway.telemetry import metrics
+from gateway.telemetry import edge_metrics
 
 if TYPE_CHECKING:
     from gateway.datapath.loader import BpfProgram
@@ -48,7 +48,7 @@ class Datapath:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        metrics.DATAPATH_UP.set(0)
+        edge_metrics.DATAPATH_UP.set(0)
         if not self.policy.enabled:
             return
         try:
@@ -59,7 +59,7 @@ class Datapath:
                 raise
             log.warning("datapath optional and unavailable, serving without it: %s", exc)
             return
-        metrics.DATAPATH_UP.set(1)
+        edge_metrics.DATAPATH_UP.set(1)
         self._task = asyncio.create_task(self._loop(), name="sluice-datapath-sync")
 
     async def stop(self, *, detach: bool = False) -> None:
@@ -75,7 +75,7 @@ class Datapath:
             if detach:
                 await asyncio.to_thread(prog.detach)
             prog.close()
-        metrics.DATAPATH_UP.set(0)
+        edge_metrics.DATAPATH_UP.set(0)
 
     async def update_policy(self, policy: DatapathPolicy) -> None:
         """A policy reload: rewrite maps; table sizes or interface changed -> reload the program."""
@@ -105,7 +105,7 @@ class Datapath:
             self._maps.deny(src_ip, self.policy.deny_ttl_s if ttl_s is None else ttl_s)
         except (OSError, KeyError, ValueError) as exc:
             log.warning("deny %s failed: %s", src_ip, exc)
-            metrics.DATAPATH_SYNC_ERRORS.inc()
+            edge_metrics.DATAPATH_SYNC_ERRORS.inc()
             return False
         return True
 
@@ -162,13 +162,13 @@ class Datapath:
             prev = self._seen.get(name, 0)
             delta = value - prev if value >= prev else value  # maps recreated: start over
             if delta:
-                metrics.DATAPATH_EVENTS.labels(name).inc(delta)
+                edge_metrics.DATAPATH_EVENTS.labels(name).inc(delta)
             self._seen[name] = value
         if any(self._stats.get(k, 0) != stats.get(k, 0) for k in BLOCKING_STATS):
             self._close_blocked(maps)  # only then: reading the whole flow table costs
         self._stats = stats
         self._denied = len(maps.denied())
-        metrics.DATAPATH_DENIED.set(self._denied)
+        edge_metrics.DATAPATH_DENIED.set(self._denied)
         self._last_sync = time.monotonic()
 
     def _close_blocked(self, maps: Maps) -> None:
@@ -184,19 +184,19 @@ class Datapath:
                 closed = destroy((key[0], key[1]), (key[2], key[3]), self.netns)
             except OSError as exc:
                 log.warning("closing blocked flow %s:%d failed: %s", key[2], key[3], exc)
-                metrics.DATAPATH_SYNC_ERRORS.inc()
+                edge_metrics.DATAPATH_SYNC_ERRORS.inc()
                 continue
             if closed:
-                metrics.DATAPATH_EVENTS.labels("blocked_flows_closed").inc()
+                edge_metrics.DATAPATH_EVENTS.labels("blocked_flows_closed").inc()
                 log.info("closed blocked flow from %s:%d", key[2], key[3])
 
     async def _loop(self) -> None:
         while True:
             try:
                 await asyncio.to_thread(self.sync_once)
-                metrics.DATAPATH_UP.set(1)
+                edge_metrics.DATAPATH_UP.set(1)
             except Exception as exc:  # noqa: BLE001 - keep syncing; the metric shows it
                 log.warning("datapath sync failed: %s", exc)
-                metrics.DATAPATH_SYNC_ERRORS.inc()
-                metrics.DATAPATH_UP.set(0)
+                edge_metrics.DATAPATH_SYNC_ERRORS.inc()
+                edge_metrics.DATAPATH_UP.set(0)
             await asyncio.sleep(self.policy.sync_interval_s)

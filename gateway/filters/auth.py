@@ -46,7 +46,7 @@ from gateway.core.verdict import (
     reject,
 )
 from gateway.policy.auth import Auth, AuthProvider, RouteAuth, RouteAuthSetting
-from gateway.telemetry import metrics
+from gateway.telemetry import edge_metrics
 
 if TYPE_CHECKING:
     import asyncio
@@ -87,7 +87,7 @@ _wall = time.time
 
 
 def _counter(provider: str, result: str) -> Any:
-    return metrics.AUTH_RESULTS.labels(provider, result)
+    return edge_metrics.AUTH_RESULTS.labels(provider, result)
 
 
 def cert_principal(identity: str) -> Principal:
@@ -206,7 +206,7 @@ class AuthFilter:
         assert type(result) is Verified
         entry = self._entry(result)
         self._cache.put(key, entry)
-        metrics.AUTH_RESULTS.labels(result.provider.name, "ok").inc()
+        edge_metrics.AUTH_RESULTS.labels(result.provider.name, "ok").inc()
         return self._admit(ctx, req, entry)
 
     def _admit(self, ctx: RequestContext, req: jc.Requirement, entry: Entry) -> Status:

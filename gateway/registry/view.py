@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.core.affinity import pick_affinity, pick_allowed
 from gateway.core.balancer import MemberStatus, Plan, build_plan, pick, pick_excluding, pick_sticky
-from gateway.core.breaker import BreakerParams, Change, State
-from gateway.core.health import HealthParams
+from gateway.core.breaker import Change, State
 from gateway.core.outcome import Outcome
-from gateway.core.outlier import Outlier, OutlierParams, max_ejected
+from gateway.core.outlier import Outlier, max_ejected
 from gateway.policy.compiled import endpoint_of
 from gateway.registry.health import start_checker
 from gateway.registry.member import Attempt, Member, MemberBooks, Result, classify, timed_out
 from gateway.registry.models import models_view
+from gateway.registry.params import breaker_params, health_params, outlier_params
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -32,43 +32,6 @@ if TYPE_CHECKING:
     from gateway.registry.heartbeats import Watcher
 
 log = logging.getLogger("sluice.backends")
-
-
-def breaker_params(b: Backend) -> BreakerParams | None:
-    c = b.breaker
-    if c is None:
-        return None
-    return BreakerParams(
-        consecutive_failures=c.consecutive_failures,
-        error_ratio=c.error_ratio,
-        slow_call_s=c.slow_call_s,
-        slow_ratio=c.slow_ratio,
-        min_requests=c.min_requests,
-        window_s=c.window_s,
-        open_s=c.open_s,
-        max_open_s=c.max_open_s,
-        half_open_probes=c.half_open_probes,
-        probe_timeout_s=c.probe_timeout_s if c.probe_timeout_s is not None else c.slow_call_s,
-    )
-
-
-def outlier_params(b: Backend) -> OutlierParams | None:
-    c = b.outlier
-    if c is None:
-        return None
-    return OutlierParams(
-        c.timeout_ratio, c.window_s, c.min_requests, c.max_ejected, c.ejection_s, c.max_ejection_s
-    )
-
-
-def health_params(b: Backend) -> HealthParams | None:
-    c = b.health
-    if c is None:
-        return None
-    return HealthParams(
-        c.interval_s, c.failing_interval_s, c.jitter, c.timeout_s, c.unhealthy_after,
-        c.healthy_after,
-    )  # fmt: skip
 
 
 class ViewPool(MemberBooks, Protocol):
