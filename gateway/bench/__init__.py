@@ -13,7 +13,9 @@ Rows, each after a 2 s warm-up run of the same command:
 - HTTP nginx proxy: wrk → nginx `proxy_pass` with a keep-alive upstream → the same backend: the
   reference proxy (DESIGN.md, "The hot path": ~16 µs/req).
 - HTTP floor: wrk → `gateway.bench.floor`, a bare asyncio.Protocol + httptools proxy on uvloop
-  (no policy, no logging) → the same backend: the least a Python proxy costs here.
+  with a task per request (no policy, no logging) → the same backend: the least a Python proxy
+  costs here, the ratios' denominator. HTTP bare callbacks proxy: the same without the task, a
+  reference row.
 - HTTP Sluice (engine[, chain][, + tail sampling]): wrk → `sluice serve` with a policy written
   here → the same backend. One row per engine (`--engine both`: native and aiohttp) × filter
   chain (`--filters`, repeatable; `default` = the policy's default chain) × tracing (`--tracing`

@@ -262,11 +262,14 @@ def mock_stats(admin_port: int) -> BackendStats:
     return read
 
 
-def start_floor(s: Setup, http_backend: int) -> tuple[subprocess.Popen[bytes], int]:
-    """The bare Protocol + httptools proxy (`gateway.bench.floor`), pinned like the proxies."""
+def start_floor(
+    s: Setup, http_backend: int, callbacks: bool = False
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The bare Protocol + httptools proxy (`gateway.bench.floor`), pinned like the proxies;
+    `callbacks`: its variant without a task per request."""
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.bench.floor", "--listen", f"127.0.0.1:{port}"]
-    cmd += ["--upstream", f"127.0.0.1:{http_backend}"]
+    cmd += ["--upstream", f"127.0.0.1:{http_backend}", *(["--callbacks"] if callbacks else [])]
     p = s.procs.start("floor", pinned(s.gw_cpus, cmd))
     url = f"http://127.0.0.1:{port}/v1/models"
     try:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 HTTP_TARGET_US = 60.0  # DESIGN.md: HTTP full chain ≤ 60 µs/req
+# The hot-path targets as multiples of the floor's CPU per request in the same run (POST).
+FLOOR_TARGETS = {"native": 3.0, "native, full chain": 4.0, "aiohttp, full chain": 5.0}
 GRPC_TARGET_US = 300.0  # DESIGN.md: gRPC unary ≤ 300 µs/call
 GRPC_H2_TARGET = 0.75  # DESIGN.md: gRPC unary on the h2 engine ≤ 0.75 × grpc.aio's CPU per call
 WARMUP_S = 2
@@ -87,6 +89,7 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "cpu_vs_nginx": _ratio(r.cpu_us_per_req, nginx.cpu_us_per_req if nginx else None),
             "cpu_vs_floor": _ratio(r.cpu_us_per_req, floor.cpu_us_per_req if floor else None),
             "pass": None if r.cpu_us_per_req is None else r.cpu_us_per_req <= HTTP_TARGET_US,
+            "floor_target": FLOOR_TARGETS.get(engine),
         }
     if floor and nginx:
         out["http_floor_vs_nginx"] = _ratio(floor.cpu_us_per_req, nginx.cpu_us_per_req)
@@ -158,6 +161,10 @@ def render(rows: list[Row], summ: dict[str, Any], notes: list[str], duration: in
                 f"HTTP  verdict ({name}): {v['cpu_us']:.1f} µs/req vs target ≤ "
                 f"{HTTP_TARGET_US:.0f} → {verdict}"
             )
+        target, ratio = v.get("floor_target"), v["cpu_vs_floor"]
+        if target is not None and ratio is not None:
+            verdict = "PASS" if ratio <= target else "FAIL"
+            yield f"HTTP  verdict ({name}): {ratio:.2f}× the floor vs target ≤ {target} → {verdict}"
     if "grpc_cpu_us" in summ:
         yield f"gRPC  Sluice req/s ÷ direct req/s:   {_f(summ['grpc_rps_vs_direct'], '.2f')}"
         if "grpc_pass" in summ:

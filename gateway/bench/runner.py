@@ -184,15 +184,21 @@ def http_rows(
     rows = [run(Row(f"HTTP backend direct ({kind})"), s.wrk(s.url(http_be)), parse_wrk, None)]
     if proxy is not None:
         rows.append(run(Row("HTTP nginx proxy"), s.wrk(s.url(proxy[1])), parse_wrk, proxy[0].pid))
-    row = Row("HTTP floor (Protocol + httptools)")
-    try:
-        floor, port = start_floor(s, http_be)
-    except Exception as e:
-        row.error = f"floor proxy did not start: {e}"
-    else:
-        run(row, s.wrk(s.url(port)), parse_wrk, floor.pid)
-        s.procs.stop(floor)
-    rows.append(row)
+    # The floor (the ratios' denominator) and, for reference, the same proxy without its task
+    # per request; that row's name does not start with "HTTP floor".
+    for name, callbacks in (
+        ("HTTP floor (Protocol + httptools, a task per request)", False),
+        ("HTTP bare callbacks proxy (the floor without a task)", True),
+    ):
+        row = Row(name)
+        try:
+            floor, port = start_floor(s, http_be, callbacks)
+        except Exception as e:
+            row.error = f"floor proxy did not start: {e}"
+        else:
+            run(row, s.wrk(s.url(port)), parse_wrk, floor.pid)
+            s.procs.stop(floor)
+        rows.append(row)
 
     def probe(row: Row, h2row: Row | None, variant: Variant) -> Probe:
         variant_headers = s.headers(variant)

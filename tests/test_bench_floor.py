@@ -1,0 +1,68 @@
+"""The bench's floor proxy (`gateway.bench.floor`), both variants (a task per request, and the
+callbacks-only reference), forwards keep-alive POSTs and GETs with their bodies intact, so its
+CPU per request is that of a working proxy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from tests.support import ROOT, free_port, wait_for_port
+
+
+class _Echo(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        n = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(n) if n else b""
+        out = b"%s %s %d %s" % (self.command.encode(), self.path.encode(), len(body), body[:16])
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
+        pass
+
+
+@pytest.fixture
+def upstream() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("extra", [[], ["--callbacks"]], ids=["task-per-request", "callbacks"])
+def test_the_floor_proxy_forwards_keep_alive_requests(upstream: int, extra: list[str]) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.bench.floor", "--listen", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen([*cmd, "--upstream", f"127.0.0.1:{upstream}", *extra], cwd=ROOT)
+    try:
+        wait_for_port(port)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            for i in range(20):
+                body = b'{"model":"m","n":%d}' % i
+                r = client.post("/v1/chat/completions", content=body)
+                assert r.status_code == 200
+                assert r.content == b"POST /v1/chat/completions %d %s" % (len(body), body[:16])
+            r = client.get("/v1/models?x=1")
+            assert r.content == b"GET /v1/models?x=1 0 "
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
