@@ -102,6 +102,7 @@ class H1Conn(HeadParser, asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.lingering = -1  # bytes discarded while lingering; -1: not lingering
         self.sniff: bytes | None = b""  # first bytes while they may be the HTTP/2 preface
+        self.out: bytes | None = None  # an answer deferred to the loop turn's `OutBatch`
 
     # --- transport events ---
 
@@ -257,6 +258,7 @@ class H1Conn(HeadParser, asyncio.Protocol):
             self.transport.abort()
             return
         if req.close or self.stopping:
+            self.flush_out()
             if req.body_done:
                 self.transport.close()
             else:
@@ -278,6 +280,7 @@ class H1Conn(HeadParser, asyncio.Protocol):
         """Half-close after the answer, discard further input until EOF, LINGER_S or
         LINGER_BYTES, then close."""
         assert self.transport is not None
+        self.flush_out()
         self.ignore = True
         self.lingering = 0
         try:
@@ -311,6 +314,7 @@ class H1Conn(HeadParser, asyncio.Protocol):
             self.flow()
             return
         if self.transport is not None and not self.closed:
+            self.flush_out()
             self.transport.write(simple_response(status, kind, text))
             self.linger_close()  # what follows the bad request must not reset the answer away
 
@@ -366,6 +370,7 @@ class H1Conn(HeadParser, asyncio.Protocol):
             return
         if self.loop.time() >= self.deadline:
             assert self.transport is not None
+            self.flush_out()
             self.transport.close()  # idle keep-alive, or a head not complete in time
         else:
             self.timer = self.loop.call_at(self.deadline, self._expired)
@@ -373,4 +378,21 @@ class H1Conn(HeadParser, asyncio.Protocol):
     def shutdown(self) -> None:
         self.stopping = True
         if self.active is None and self.transport is not None:
+            self.flush_out()
             self.transport.close()
+
+    # --- deferred writes ---
+
+    def defer(self, data: bytes) -> None:
+        """Write `data` at the start of the next loop turn, with the turn's other answers."""
+        if self.out is None:
+            self.out = data
+            self.server.out.add(self)
+        else:
+            self.out += data
+
+    def flush_out(self) -> None:
+        data, self.out = self.out, None
+        t = self.transport
+        if data is not None and not self.closed and t is not None and not t.is_closing():
+            t.write(data)

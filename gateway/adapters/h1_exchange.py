@@ -13,7 +13,14 @@ import typing
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from gateway.adapters.h1_messages import CONTINUE, HIGH_WATER, REASONS, Req, date_value
+from gateway.adapters.h1_messages import (
+    CONTINUE,
+    DEFER_MAX,
+    HIGH_WATER,
+    REASONS,
+    Req,
+    date_value,
+)
 from gateway.core.request import Protocol, RequestInfo
 from gateway.forward.exchange import BodyTooLarge
 
@@ -62,6 +69,12 @@ class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol
     def request_done(self, req: Req) -> None:
         """The request task ends: next queued request, idle timer, or close."""
 
+    def defer(self, data: bytes) -> None:
+        """Write `data` with the loop turn's other answers (`h1_messages.OutBatch`)."""
+
+    def flush_out(self) -> None:
+        """Write what `defer` kept, before any other write."""
+
 
 class H1Exchange:
     __slots__ = (
@@ -101,6 +114,15 @@ class H1Exchange:
         self.draining = draining
 
     # --- request body ---
+
+    def whole_body(self, limit: int) -> bytes | None:
+        req = self.req
+        if not req.body_done or req.body_error or req.buffered > limit or self.conn.closed:
+            return None
+        data = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+        req.body.clear()
+        req.buffered = 0
+        return data
 
     async def read_body(self, limit: int) -> bytes | None:
         conn, req = self.conn, self.req
@@ -153,6 +175,7 @@ class H1Exchange:
             return
         req.continued = True
         if "expect" in self.info.headers:  # checked to be 100-continue before the chain
+            conn.flush_out()
             conn.transport.write(CONTINUE)
 
     # --- response ---
@@ -181,8 +204,10 @@ class H1Exchange:
         else:
             req.keep_alive = False  # HTTP/1.0: the end of the body is the close
         self._finish_head(head)
-        transport = self.conn.transport
-        if transport is not None and not self.conn.closed:
+        conn = self.conn
+        transport = conn.transport
+        if transport is not None and not conn.closed:
+            conn.flush_out()
             transport.write(bytes(head))
 
     async def write(self, chunk: bytes) -> None:
@@ -199,9 +224,9 @@ class H1Exchange:
         if self.framed and conn.transport is not None and not conn.closed:
             conn.transport.write(_LAST_CHUNK)
 
-    async def respond(
+    def respond(
         self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
-    ) -> None:
+    ) -> None:  # written (or deferred to the loop turn's batch) here: nothing to await
         head = _head(status, lines, date)
         if length is not None:
             head += b"content-length: %d\r\n" % length
@@ -210,7 +235,12 @@ class H1Exchange:
         self._finish_head(head, self.close_after)
         conn = self.conn
         if conn.transport is not None and not conn.closed:
-            conn.transport.write(bytes(head) + body if body else bytes(head))
+            data = bytes(head) + body if body else bytes(head)
+            if self.req.close or len(data) >= DEFER_MAX or conn.write_paused:
+                conn.flush_out()
+                conn.transport.write(data)
+            else:  # the connection stays open: written with this loop turn's other answers
+                conn.defer(data)
 
     def abort(self) -> None:
         self.req.responded = False  # the connection is cut when the request task ends

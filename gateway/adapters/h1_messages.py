@@ -3,18 +3,50 @@ complete JSON error responses, and the header and target rules its parser applie
 
 from __future__ import annotations
 
+import asyncio
 import time
+import typing
 from collections import deque
 from email.utils import formatdate
 from http import HTTPStatus
 
 from gateway.forward.headers import error_body
 
+DEFER_MAX = 65536  # answers under this size may wait for the loop turn's batch (`OutBatch`)
 HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
 LOW_WATER = 64 * 1024
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _date: list[object] = [0, b""]
+
+
+class OutBatch:
+    """Complete small answers of this loop turn, written at the start of the next one, one
+    write per connection back to back (one per listener): the peers' wake-ups of one turn come
+    together. A connection keeps its deferred bytes (`H1Conn.out`) and writes them itself
+    before anything else it writes or closes, so order is kept."""
+
+    __slots__ = ("loop", "conns")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.conns: list[Flushable] = []
+
+    def add(self, conn: Flushable) -> None:
+        conns = self.conns
+        conns.append(conn)
+        if len(conns) == 1:
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        conns, self.conns = self.conns, []
+        for conn in conns:
+            conn.flush_out()
+
+
+class Flushable(typing.Protocol):
+    def flush_out(self) -> None:
+        """Write what was deferred (nothing if it went already, or the connection closed)."""
 
 
 def date_value() -> bytes:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from gateway.adapters.h1 import H1Conn
 from gateway.adapters.h1_exchange import H1Handler
+from gateway.adapters.h1_messages import OutBatch
 from gateway.adapters.h2_exchange import H2HttpHandler
 from gateway.adapters.h2_server import H2Server
 from gateway.forward.http import HttpForward
@@ -31,6 +32,7 @@ class H1Server:
         self.keepalive_s = policy.timeouts.keepalive_s
         self.handler = H1Handler(HttpForward(gateway, loop))
         self.conns: set[H1Conn] = set()
+        self.out = OutBatch(loop)  # small complete answers of one loop turn, written together
         self.mtls = False  # client certificates are verified: connections read their identity
         # HTTP/2 on the same listener: h2c with prior knowledge, h2 when ALPN selects it.
         self.h2 = H2Server(

@@ -90,6 +90,9 @@ class H2Exchange:
 
     # --- request body ---
 
+    def whole_body(self, limit: int) -> bytes | None:
+        return None  # `read_body` always
+
     async def read_body(self, limit: int) -> bytes | None:
         stream, parts = self.stream, self.parts
         while True:
@@ -206,7 +209,7 @@ class H2HttpHandler:
             elif not ex.valid:
                 metrics.REJECTED.labels("bad_request", "http").inc()
                 body = error_body("bad_request", "malformed HTTP request")
-                await ex.respond(400, _JSON_LINES, body, False)
+                await ex.respond(400, _JSON_LINES, body, False)  # (a coroutine here)
             else:
                 await self.forward.serve(ex)
         except (asyncio.CancelledError, ConnectionError):

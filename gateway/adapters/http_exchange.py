@@ -95,6 +95,9 @@ class AiohttpExchange:
         self.draining = draining
         self._prefix = b""
 
+    def whole_body(self, limit: int) -> bytes | None:
+        return None  # `read_body` always
+
     async def read_body(self, limit: int) -> bytes | None:
         content = self.request.content
         cl = self.info.content_length

@@ -9,7 +9,7 @@ chunked), Connection and Date.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Protocol
 
 from gateway.core.request import RequestInfo
@@ -28,6 +28,11 @@ class Exchange(Protocol):
     head_sent: bool  # a response head went out: only `write`/`end`/`abort` may follow
     sse: bool  # the response is an SSE stream of unknown length (it can end with an event)
     close_after: bool  # set by the forwarding path: close the connection after this answer
+
+    def whole_body(self, limit: int) -> bytes | None:
+        """The whole body, taken at once, if it is all here and at most `limit` bytes; else None
+        and nothing is taken (`read_body` then). Saves `read_body`'s coroutine."""
+        ...
 
     async def read_body(self, limit: int) -> bytes | None:
         """The whole body if it is at most `limit` bytes; None if it is larger (what was read
@@ -53,12 +58,13 @@ class Exchange(Protocol):
         """The body is complete (the last chunk marker for chunked responses)."""
         ...
 
-    async def respond(
+    def respond(
         self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
-    ) -> None:
+    ) -> Awaitable[None] | None:
         """A whole response (head and body) at once. Content-Length is `len(body)`, or `length`
         when given (a bodiless answer to HEAD or a 304 announces the upstream's); none for
-        1xx/204. The connection closes afterwards when `close_after` is set."""
+        1xx/204. The connection closes afterwards when `close_after` is set. None: done (an
+        engine that never waits to write it); else the caller awaits what it returns."""
         ...
 
     def abort(self) -> None:

@@ -46,9 +46,10 @@ from gateway.forward.lifecycle import Lifecycle, retry
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Awaitable
 
     from gateway.app import Gateway
+    from gateway.policy.base import Limits
     from gateway.policy.model import Timeouts
     from gateway.snapshot import Snapshot
     from gateway.upstream.response import UpstreamResponse
@@ -75,7 +76,9 @@ class HttpForward:
         info = ex.info
         snap, ctx = self.lifecycle.begin(info)
         try:
-            verdict = await self._admit(ex, ctx, snap)
+            verdict = self._admit(ex, ctx, snap)
+            if verdict is not None and verdict.__class__ is not Verdict:
+                verdict = await verdict  # type: ignore[misc]
             if verdict is not None:
                 await self._reject(ex, ctx, verdict)
                 return
@@ -105,7 +108,10 @@ class HttpForward:
         if pending is not None:
             await pending
 
-    async def _admit(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> Verdict | None:
+    def _admit(
+        self, ex: Exchange, ctx: RequestContext, snap: Snapshot
+    ) -> Verdict | None | Awaitable[Verdict | None]:
+        """Checks, then the chain's request phase: None (go on), a Verdict, or an awaitable."""
         info = ctx.info
         limits = snap.policy.policy.limits
         if (
@@ -118,16 +124,23 @@ class HttpForward:
         expect = info.headers.get("expect")
         if expect is not None and expect.lower() != "100-continue":
             return BAD_EXPECT
-        chain = snap.chain
-        status = chain.run_request(ctx)
-        if status.__class__ is not Status:
-            status = await status  # type: ignore[misc]
+        status = snap.chain.run_request(ctx)
+        if isinstance(status, Status):
+            return self._admitted(ctx, status, limits)
+        return self._admit_later(ctx, status, limits)
+
+    async def _admit_later(
+        self, ctx: RequestContext, pending: Awaitable[Status], limits: Limits
+    ) -> Verdict | None:
+        return self._admitted(ctx, await pending, limits)
+
+    def _admitted(self, ctx: RequestContext, status: Status, limits: Limits) -> Verdict | None:
         if status is Status.STOP:
             return ctx.verdict
         # A route that needs the body's model or prompt takes its member in the body phase.
         if ctx.route is None or (ctx.endpoint is None and not ctx.route.needs_body):
             return NO_ROUTE
-        cl = info.content_length
+        cl = ctx.info.content_length
         if cl is not None and cl > limits.max_body_bytes:
             return BODY_TOO_LARGE
         return None
@@ -149,11 +162,12 @@ class HttpForward:
         try:
             try:
                 if ex.has_body:
-                    deadlines.tighten(task, policy.timeouts.body_read_s, BODY)
-                    whole = await ex.read_body(
-                        min(limits.max_buffered_body_bytes, limits.max_body_bytes)
-                    )
-                    deadlines.relax(task)
+                    cap = min(limits.max_buffered_body_bytes, limits.max_body_bytes)
+                    whole = ex.whole_body(cap)
+                    if whole is None:  # not all here yet: read it within body_read_s
+                        deadlines.tighten(task, policy.timeouts.body_read_s, BODY)
+                        whole = await ex.read_body(cap)
+                        deadlines.relax(task)
                     if whole is not None:
                         body = whole
                         ctx.bytes_in = len(whole)
@@ -192,20 +206,24 @@ class HttpForward:
                     sent = time.monotonic()
                     try:
                         up = await pool.request(
-                            endpoint,
-                            info.method,
-                            path,
-                            headers,
-                            body,
-                            timeouts,
+                            endpoint, info.method, path, headers, body, timeouts,
                             content_length=info.content_length,
-                        )
+                        )  # fmt: skip
                     finally:
                         pool.upload_done(endpoint)
                         ctx.upstream_s += time.monotonic() - sent
                 else:
                     assert body is None or isinstance(body, bytes)
-                    up = await self.tries(ctx, ex, info.method, path, headers, body, timeouts)
+                    if route.retries is None:  # one try (`tries` without its coroutine)
+                        sent = time.monotonic()
+                        try:
+                            up = await pool.request(
+                                endpoint, info.method, path, headers, body, timeouts
+                            )
+                        finally:
+                            ctx.upstream_s += time.monotonic() - sent
+                    else:
+                        up = await self.tries(ctx, ex, info.method, path, headers, body, timeouts)
                     if route.retries is not None and route.retries.before_first_token:
                         up = await first_token.until_first_token(
                             self.tries, ctx, ex, info.method, path, body, up, snap
@@ -318,7 +336,6 @@ class HttpForward:
             yield chunk
 
     async def _expired(self, ex: Exchange, ctx: RequestContext, kind: str) -> None:
-        endpoint = ctx.endpoint
         if kind == BODY:
             await self._reject(ex, ctx, BODY_TIMEOUT)
             return
@@ -327,8 +344,8 @@ class HttpForward:
             ex.abort()
             return
         assert kind == TOTAL
-        if endpoint is not None:
-            metrics.UPSTREAM_ERRORS.labels(endpoint.backend, "timeout").inc()
+        if ctx.endpoint is not None:
+            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, "timeout").inc()
         ctx.outcome = Outcome.UPSTREAM_TIMEOUT
         if not ex.head_sent:
             await self._answer(ex, ctx, 504, "upstream_timeout", "upstream total timeout")
@@ -374,7 +391,8 @@ class HttpForward:
         if close or self.gateway.draining:
             ex.close_after = True
         if ctx.info.method == "HEAD":  # the length of the body, without it (RFC 9110 §9.3.2)
-            await ex.respond(status, lines, b"", False, len(body))
-            return
-        ctx.bytes_out = len(body)
-        await ex.respond(status, lines, body, False)
+            pending = ex.respond(status, lines, b"", False, len(body))
+        else:
+            ctx.bytes_out, pending = len(body), ex.respond(status, lines, body, False)
+        if pending is not None:
+            await pending

@@ -81,7 +81,9 @@ async def relay(
     bodied = may_have_body(ctx.info.method, status)
     limits = snap.policy.policy.limits
     try:
-        chunk = await up.read_chunk()
+        chunk = up.take()
+        if chunk is None:
+            chunk = await up.read_chunk()
         json_body = listen and bodied and _JSON in head.content_type
         if json_body and not up.complete and (head.length or 0) <= limits.max_event_bytes:
             chunk = await _read_up_to(up, chunk, limits.max_event_bytes)
@@ -100,7 +102,9 @@ async def relay(
             if gateway.draining:
                 ex.close_after = True
             length = None if bodied else head.length
-            await ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
+            pending = ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
+            if pending is not None:
+                await pending
             return None
         length = head.length
         ex.sse = bodied and length is None and head.content_type.startswith(_SSE)

@@ -12,6 +12,7 @@ the transport stops reading until the consumer drains below `LOW_WATER`.
 from __future__ import annotations
 
 import asyncio
+import select
 from collections import deque
 from typing import Any, Protocol, cast
 
@@ -277,3 +278,14 @@ class UpstreamConn(asyncio.Protocol):
             raise
         finally:
             self.waiter = None
+
+
+def readable(fd: int) -> bool:
+    """Input (a FIN, or junk) waits on an idle connection's socket: never hand it out. True
+    also when it cannot be told (no descriptor, a closed one)."""
+    if fd < 0:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True

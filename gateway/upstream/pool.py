@@ -12,13 +12,10 @@ its timer live in `gateway.upstream.conn`, request writing in `gateway.upstream.
 response reader in `gateway.upstream.response`.
 
 Timeouts need no per-request `wait_for`: each connection owns one lazily moved timer (see
-`gateway.upstream.conn`). Only opening a new connection, or waiting for a free one, uses
-`asyncio.timeout_at` (connect_s). The total deadline belongs to the
-adapter. Cancelling the awaiting task aborts the connection at once (the backend sees the
-disconnect); so does releasing a response that was not read to its end.
-
-Limits (connections, idle list, response head size) are handed in by the gateway (`configure`
-after each reload).
+`gateway.upstream.conn`); only opening a connection, or waiting for a free one, uses
+`asyncio.timeout_at` (connect_s); the total deadline is the adapter's. Cancelling the awaiting
+task aborts the connection (the backend sees it); so does releasing an unread response. Limits
+(connections, idle list, head size) come from the gateway (`configure` after each reload).
 Hop-by-hop headers are the caller's business (the HTTP adapter strips them both ways); the pool
 adds only the framing header. A response to HEAD, a 1xx interim head (skipped) or extra bytes
 after a response never leave a connection in the idle list in an unknown state: HEAD and extra
@@ -36,7 +33,6 @@ idle for more than `STALE_CHECK_S` is polled for a pending FIN before it is reus
 from __future__ import annotations
 
 import asyncio
-import select
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -45,13 +41,14 @@ from typing import TYPE_CHECKING
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from gateway.telemetry import metrics
 from gateway.telemetry.requests import hist_tally
-from gateway.upstream.conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn
+from gateway.upstream.conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn, readable
 from gateway.upstream.request import (
     REPLAY_LIMIT,
     ReplayStream,
     WriteBatch,
     encode_head,
     send_bytes,
+    send_now,
     send_stream,
     wait_head,
 )
@@ -106,19 +103,25 @@ class UpstreamHost:
         conns.labels(endpoint.backend, "idle").set_function(lambda: len(self.idle))
         conns.labels(endpoint.backend, "busy").set_function(lambda: self.total - len(self.idle))
 
+    def take_idle(self, max_head: int) -> UpstreamConn | None:
+        """An idle connection, at once (`acquire` without its coroutine), or None."""
+        idle, loop = self.idle, self.loop
+        while idle:
+            conn = idle.pop()
+            if loop.time() - conn.idle_since > STALE_CHECK_S and readable(conn.fd):
+                conn.abort()  # FIN (or junk) pending: never hand it out
+                continue
+            conn.busy = conn.reused = True
+            conn.reset(max_head)
+            return conn
+        return None
+
     async def acquire(self, connect_s: float, max_head: int) -> UpstreamConn:
         loop = self.loop
         deadline = loop.time() + connect_s
         while True:
-            idle = self.idle
-            while idle:
-                conn = idle.pop()
-                if loop.time() - conn.idle_since > STALE_CHECK_S and _readable(conn.fd):
-                    conn.abort()  # FIN (or junk) pending: never hand it out
-                    continue
-                conn.busy = True
-                conn.reused = True
-                conn.reset(max_head)
+            conn = self.take_idle(max_head)
+            if conn is not None:
                 return conn
             if self.total < self.pool.limits().max_connections_per_backend:
                 return await self._connect(deadline, max_head)
@@ -255,15 +258,6 @@ class UpstreamHost:
         self.idle.clear()
 
 
-def _readable(fd: int) -> bool:
-    if fd < 0:
-        return True
-    try:
-        return bool(select.select([fd], [], [], 0)[0])
-    except (OSError, ValueError):
-        return True
-
-
 class UpstreamPool:
     """Keep-alive HTTP/1.1 connections to every endpoint; limits come from the live policy."""
 
@@ -348,12 +342,13 @@ class UpstreamPool:
         max_head = self.limits().max_response_header_bytes
         retried = False
         while True:
-            conn = await host.acquire(timeouts.connect_s, max_head)
+            conn = host.take_idle(max_head) or await host.acquire(timeouts.connect_s, max_head)
             conn.head_only = method == "HEAD"
             conn.idle_s = timeouts.idle_s
             try:
                 if stream is None:
-                    await send_bytes(conn, head, body, timeouts, self.writes)  # type: ignore[arg-type]
+                    if not send_now(conn, head, body, self.writes):  # type: ignore[arg-type]
+                        await send_bytes(conn, head, body, timeouts, self.writes)  # type: ignore[arg-type]
                 else:
                     await send_stream(conn, head, stream, chunked, timeouts)
                 return await wait_head(conn, host.fb, timeouts)

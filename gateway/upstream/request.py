@@ -107,15 +107,24 @@ def check_open(conn: UpstreamConn) -> None:
         raise Stale() if conn.reused else UpstreamProtocolError("upstream closed")
 
 
+def send_now(conn: UpstreamConn, head: bytearray, body: bytes, batch: WriteBatch) -> bool:
+    """A request under 64 KB to a connection that takes writes: one write, in this turn's
+    batch (a copy: `head` may be sent again). False: `send_bytes` it (it may wait)."""
+    if len(body) >= 65536 or conn.write_paused:
+        return False
+    check_open(conn)
+    batch.add(conn, bytes(head + body))
+    check_stale(conn)
+    return True
+
+
 async def send_bytes(
     conn: UpstreamConn, head: bytearray, body: bytes, t: Timeouts, batch: WriteBatch
 ) -> None:
     assert conn.transport is not None
-    check_open(conn)
-    if len(body) < 65536 and not conn.write_paused:
-        batch.add(conn, bytes(head + body))  # one write, in this turn's batch (a copy: `head`
-        check_stale(conn)  # may be sent again)
+    if send_now(conn, head, body, batch):
         return
+    check_open(conn)
     conn.transport.write(head)
     conn.transport.write(body)
     if conn.write_paused:

@@ -29,25 +29,35 @@ class UpstreamResponse:
         again, in order, before the rest of the body."""
         self._held = chunks + self._held
 
-    async def read_chunk(self) -> bytes:
-        """The next body chunk as it arrived; b"" at the end of the body."""
+    def take(self) -> bytes | None:
+        """What `read_chunk` would give without waiting (b"" at the end of the body); None: it
+        must wait (or fail), call `read_chunk`. Saves a coroutine when the body is here."""
         if self._held:
             return self._held.pop(0)
         conn = self._conn
         if conn is None:
             return b""
+        if conn.chunks:
+            chunk = conn.chunks.popleft()
+            conn.buffered -= len(chunk)
+            if conn.paused and conn.buffered <= LOW_WATER and not conn.closed:
+                conn.paused = False
+                assert conn.transport is not None
+                conn.transport.resume_reading()
+            return chunk
+        if conn.complete:
+            self.release()
+            return b""
+        return None
+
+    async def read_chunk(self) -> bytes:
+        """The next body chunk as it arrived; b"" at the end of the body."""
         while True:
-            if conn.chunks:
-                chunk = conn.chunks.popleft()
-                conn.buffered -= len(chunk)
-                if conn.paused and conn.buffered <= LOW_WATER and not conn.closed:
-                    conn.paused = False
-                    assert conn.transport is not None
-                    conn.transport.resume_reading()
+            chunk = self.take()
+            if chunk is not None:
                 return chunk
-            if conn.complete:
-                self.release()
-                return b""
+            conn = self._conn
+            assert conn is not None
             exc = conn.exc
             if exc is not None:
                 self.release()
