@@ -240,7 +240,9 @@ class HttpForward:
                 await self._upstream_failed(ex, ctx, e)
                 return
             try:
-                end = await relay.relay(ex, ctx, snap, up, task, deadlines, self.gateway)
+                end = relay.relay(ex, ctx, snap, up, task, deadlines, self.gateway)
+                if end is not None and not isinstance(end, Verdict | UpstreamError):
+                    end = await end
                 if end is not None:  # what the response phase left to answer
                     if isinstance(end, Verdict):
                         await self._reject(ex, ctx, end)

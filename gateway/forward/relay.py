@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from gateway import jsonfast
@@ -32,7 +33,7 @@ from gateway.core.sse import SseParser, error_event
 from gateway.core.verdict import Verdict
 from gateway.errors import UpstreamError, UpstreamProtocolError
 from gateway.forward.deadlines import STALL, Deadlines
-from gateway.forward.headers import BadUpstreamHead, client_head
+from gateway.forward.headers import BadUpstreamHead, ClientHead, client_head
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -48,7 +49,10 @@ def may_have_body(method: str, status: int) -> bool:
     return method != "HEAD" and status >= 200 and status not in (204, 304)
 
 
-async def relay(
+Ending = Verdict | UpstreamError | None
+
+
+def relay(
     ex: Exchange,
     ctx: RequestContext,
     snap: Snapshot,
@@ -56,11 +60,12 @@ async def relay(
     task: asyncio.Task[Any],
     deadlines: Deadlines,
     gateway: Gateway,
-) -> Verdict | UpstreamError | None:
+) -> Ending | Awaitable[Ending]:
     """Relay the upstream response to the client. None: answered here (whole, streamed, or
     ended early). A `Verdict`: a filter refused the response before anything was sent, answer
     it. An `UpstreamError`: the upstream failed (before or after the head went out), answer it
-    by the failure table."""
+    by the failure table. Answered plainly when the whole answer is here and the engine writes
+    without waiting (the common small JSON answer); else an awaitable of the same."""
     status = up.status
     try:
         head = client_head(status, up.headers, ctx)
@@ -79,32 +84,69 @@ async def relay(
     ):
         return ctx.verdict
     bodied = may_have_body(ctx.info.method, status)
+    chunk = up.take()
+    if chunk is not None and up.complete:
+        json_body = listen and bodied and _JSON in head.content_type
+        return _whole(ex, ctx, snap, head, chunk, json_body, bodied, gateway)
+    return _relay(ex, ctx, snap, up, task, deadlines, gateway, head, chunk, listen, bodied)
+
+
+def _whole(
+    ex: Exchange,
+    ctx: RequestContext,
+    snap: Snapshot,
+    head: ClientHead,
+    chunk: bytes,
+    json_body: bool,
+    bodied: bool,
+    gateway: Gateway,
+) -> Verdict | Awaitable[None] | None:
+    """The whole answer is `chunk`: its JSON event, then one response."""
+    status = ctx.http_status
+    if json_body and len(chunk) <= snap.policy.policy.limits.max_event_bytes:
+        doc = _loads(chunk)
+        u = usage_from(doc)
+        if u is not None:
+            ctx.usage = u
+        ev = StreamEvent(EventKind.JSON, status, chunk, doc)
+        if snap.chain.on_event(ctx, ev) is Status.STOP:
+            return ctx.verdict
+    ctx.first_byte_at = time.monotonic()
+    ctx.bytes_out = len(chunk) if bodied else 0
+    # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
+    if gateway.draining:
+        ex.close_after = True
+    length = None if bodied else head.length
+    return ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
+
+
+async def _relay(
+    ex: Exchange,
+    ctx: RequestContext,
+    snap: Snapshot,
+    up: UpstreamResponse,
+    task: asyncio.Task[Any],
+    deadlines: Deadlines,
+    gateway: Gateway,
+    head: ClientHead,
+    chunk: bytes | None,
+    listen: bool,
+    bodied: bool,
+) -> Ending:
+    """`relay` from the first chunk on (`chunk` None: not read yet), when it may wait."""
+    status = ctx.http_status
     limits = snap.policy.policy.limits
     try:
-        chunk = up.take()
         if chunk is None:
             chunk = await up.read_chunk()
         json_body = listen and bodied and _JSON in head.content_type
         if json_body and not up.complete and (head.length or 0) <= limits.max_event_bytes:
             chunk = await _read_up_to(up, chunk, limits.max_event_bytes)
         if up.complete:
-            if json_body and len(chunk) <= limits.max_event_bytes:
-                doc = _loads(chunk)
-                u = usage_from(doc)
-                if u is not None:
-                    ctx.usage = u
-                ev = StreamEvent(EventKind.JSON, status, chunk, doc)
-                if chain.on_event(ctx, ev) is Status.STOP:
-                    return ctx.verdict
-            ctx.first_byte_at = time.monotonic()
-            ctx.bytes_out = len(chunk) if bodied else 0
-            # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
-            if gateway.draining:
-                ex.close_after = True
-            length = None if bodied else head.length
-            pending = ex.respond(status, head.lines, chunk if bodied else b"", head.date, length)
-            if pending is not None:
-                await pending
+            done = _whole(ex, ctx, snap, head, chunk, json_body, bodied, gateway)
+            if done is None or isinstance(done, Verdict):
+                return done
+            await done
             return None
         length = head.length
         ex.sse = bodied and length is None and head.content_type.startswith(_SSE)
