@@ -30,7 +30,8 @@ What a connection does and refuses:
   while its own upstream write buffer is full).
 - a body that turns out malformed after its request was handed to the chain (a later read):
   the request task answers 400 `incomplete body`, as the aiohttp engine does.
-- writes: `drain()` waits on a Future resolved by `resume_writing`.
+- writes: `drain()` waits on a Future resolved by `resume_writing`; a small whole answer on a
+  connection that stays open goes out with the loop turn's others (`h1_messages.OutBatch`).
 - one Task per request (`create_task` is ~1 % of the CPU profile; a task per connection
   that loops would need a Future per request instead).
 - HTTP/2: a connection whose first bytes are the HTTP/2 preface (h2c with prior knowledge), or

@@ -139,3 +139,24 @@ async def test_native_keepalive_timeout(tmp_path: Path) -> None:
         assert rest.startswith(b"{")
         assert 0.2 < asyncio.get_running_loop().time() - t0 < 1.5
         writer.close()
+
+
+async def test_answers_batched_per_loop_turn_reach_their_own_connections(
+    tmp_path: Path, engine: str
+) -> None:
+    """Small answers of one loop turn go out together (native: `OutBatch`): many keep-alive
+    connections at once each get their own answers, in order, and a closing answer still
+    arrives whole before the close."""
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, lst, _c):
+
+        async def client(i: int) -> list[str]:
+            reqs = b"".join(
+                b"GET /api/c%d-r%d HTTP/1.1\r\nHost: a\r\n\r\n" % (i, j) for j in range(4)
+            )
+            last = b"GET /api/c%d-end HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n" % i
+            answers = await exchange(lst.port, reqs + last)
+            return [json.loads(a[2])["path"] for a in answers]
+
+        got = await asyncio.gather(*(client(i) for i in range(24)))
+        for i, paths in enumerate(got):
+            assert paths == [f"/c{i}-r{j}" for j in range(4)] + [f"/c{i}-end"]
