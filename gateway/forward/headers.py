@@ -13,6 +13,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,8 +49,14 @@ _NOTED = RESPONSE_DROP | {b"date", b"content-type", b"x-request-id"}
 JSON = "application/json"  # content type of `error_body`
 
 
-def connection_listed(value: bytes) -> set[bytes]:
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"})
+_NOTHING: frozenset[bytes] = frozenset()
+
+
+def connection_listed(value: bytes) -> AbstractSet[bytes]:
     """Names listed in a Connection header: hop-by-hop for this hop only (RFC 9110 §7.6.1)."""
+    if value in _PLAIN_CONNECTION:  # the usual values: nothing more to drop
+        return _NOTHING
     return {t.strip().lower() for t in value.split(b",") if t.strip()}
 
 
@@ -70,11 +77,18 @@ def request_headers(
     """Client headers minus hop-by-hop, plus Host, X-Forwarded-* and the filters' headers (a
     client header whose name a filter sets is replaced, never doubled)."""
     extra = ctx.upstream_headers
-    # The filters' headers as bytes once (not a decode per client header to compare).
-    added = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()] if extra else ()
-    names = {k for k, _ in added} if added else None
+    # The filters' headers as bytes once (not a decode per client header to compare); a plain
+    # loop: a comprehension is a function call of its own (Python 3.11).
+    added: list[tuple[bytes, bytes]] = []
+    names: set[bytes] | None = None
+    if extra:
+        names = set()
+        for key, val in extra.items():
+            kb = key.encode("latin-1")
+            names.add(kb)
+            added.append((kb, val.encode("latin-1")))
     drop = REQUEST_DROP
-    conn_listed: set[bytes] | None = None
+    conn_listed: AbstractSet[bytes] | None = None
     xff = b""
     out: list[tuple[bytes, bytes]] = [(b"host", endpoint.address.encode())]
     for n, v in raw:
@@ -130,7 +144,7 @@ def client_head(
     if not 100 <= status <= 599:
         raise BadUpstreamHead(f"invalid upstream status {status}")
     head = ClientHead()
-    conn_listed: set[bytes] | None = None
+    conn_listed: AbstractSet[bytes] | None = None
     has_rid = False
     parts: list[bytes] = []
     add = parts.append

@@ -187,7 +187,9 @@ class UpstreamConn(asyncio.Protocol):
             self.headers = []
             self.reason = b""
             return
-        size = sum(len(n) + len(v) + 4 for n, v in self.headers)
+        size = 0
+        for n, v in self.headers:  # a loop, not sum() of a generator: no extra frame
+            size += len(n) + len(v) + 4
         if size > self.max_head:
             self.exc = UpstreamProtocolError("upstream response headers too large")
             return
