@@ -27,6 +27,7 @@ from gateway.core.traceparent import parse as parse_traceparent
 from gateway.policy.model import Tracing as TracingSection
 from gateway.services import Services
 from gateway.telemetry import metrics
+from gateway.telemetry.requests import counter_tally
 from gateway.telemetry.spans import record_of
 from gateway.telemetry.tracing import TRACING, Tracing
 
@@ -46,7 +47,8 @@ class TraceFilter:
         )
         self._threshold = self.sampler.threshold
         self._max_spans = section.max_spans_per_trace
-        self._counters = {r: metrics.TRACE_DECISIONS.labels(r.value) for r in Reason}
+        # Plain-number tallies (flushed at scrape), by the member's id: no lock, no enum hash.
+        self._counters = {id(r): counter_tally(metrics.TRACE_DECISIONS, r.value) for r in Reason}
 
     def activate(self) -> None:
         self.owner.configure(self.section)
@@ -79,7 +81,7 @@ class TraceFilter:
             now - ctx.started,
             trace_id in owner.pending,
         )
-        self._counters[d.reason].inc()
+        self._counters[id(d.reason)].inc()
         if d.keep:
             ctx.trace_kept = True
             owner.offer(record_of(ctx, d, now, self._max_spans), now)
