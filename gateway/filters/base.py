@@ -19,7 +19,9 @@ hook a filter leaves out costs nothing per request):
   A filter whose on_event matters only to some requests says so with a class attribute
   `events_when_asked = True` and sets `ctx.wants_events` for those (in an earlier phase); the
   answers to the others are then not parsed for it (the token rule: only a request that
-  reserved tokens).
+  reserved tokens). A filter whose on_event reads only some kinds of event says which with a
+  class attribute `event_kinds` (a frozenset of `EventKind`); an event of a kind no filter
+  reads is not made (the answer is still parsed for `ctx.usage` when someone listens).
 - `on_response(ctx) -> None` (plain or coroutine): the request is over (`ctx.outcome` says how);
   runs in reverse order for every filter whose `on_request` ran, whatever happened.
 - `activate() -> None`: called once when the policy the filter was built for goes live (at start

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.context import RequestContext, Status, StreamEvent
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
@@ -375,6 +375,8 @@ class TokenRateLimitFilter(RateLimitFilter):
     phase itself (`ctx.wants_events`): an answer to any other is not parsed for it."""
 
     events_when_asked = True
+    # A JSON answer settles from `ctx.usage` (in on_response): no head or JSON event for it.
+    event_kinds = frozenset({EventKind.SSE, EventKind.TRAILERS})
 
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
         return on_body(self, ctx, body)

@@ -1,5 +1,6 @@
 """The response phase is shown to a token rule (and parsed for it) only for requests that
-reserved tokens; a filter with on_event that did not say `events_when_asked` sees every answer."""
+reserved tokens; a filter with on_event that did not say `events_when_asked` sees every answer;
+an event of a kind no filter reads (`event_kinds`) is not made."""
 
 from __future__ import annotations
 
@@ -76,3 +77,24 @@ async def test_a_filter_that_did_not_opt_in_sees_every_answer() -> None:
     chain.on_event(ctx, head)
     assert every.seen == [EventKind.HEAD]
     assert head.metadata == (("content-type", "text/plain"),)  # decoded when read
+
+
+async def test_a_token_rule_reads_no_head_or_json_event_but_gets_the_usage() -> None:
+    from gateway.forward import relay
+
+    pol = policy()
+    every = EveryAnswer()
+    chain = build_chain(pol, Services())
+    assert chain.heard == {EventKind.SSE, EventKind.TRAILERS}
+    post = request(chain, pol, "POST", b'{"model": "m", "max_tokens": 16, "messages": []}')
+    assert chain.listens(post)
+    answer = b'{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}'
+    assert relay.on_head(post, chain, 200, []) is Status.CONTINUE
+    assert relay.on_json(post, chain, 200, answer) is Status.CONTINUE
+    assert post.usage == bodies.Usage(3, 5)
+    # A filter that says nothing of the kinds it reads reads them all.
+    chain = Chain([*chain.filters, every])
+    assert chain.heard == set(EventKind)
+    assert relay.on_head(post, chain, 200, []) is Status.CONTINUE
+    assert relay.on_json(post, chain, 200, answer) is Status.CONTINUE
+    assert every.seen == [EventKind.HEAD, EventKind.JSON]
