@@ -11,7 +11,9 @@ hook a filter leaves out costs nothing per request):
 - `on_body(ctx, body) -> Status`: the request body (`gateway.core.body.RequestBody`): model,
   max_tokens, stream, prompt size, for JSON bodies up to the policy's cap; sizes only otherwise.
   A filter may rewrite a parsed body (`body.set`). Runs for HTTP requests only, after every
-  `on_request`, before the upstream is contacted. STOP rejects as in `on_request`.
+  `on_request`, before the upstream is contacted. STOP rejects as in `on_request`. A filter
+  whose on_body does nothing for a request without a body says `body_when_empty = False`; when
+  every such filter says so, a request without a body has no body phase (`ctx.body` None).
 - `on_event(ctx, event) -> Status`: what comes back: the response head, each SSE event, the
   JSON body of a non-streaming completion (up to a cap), gRPC trailing metadata. STOP ends the
   response cleanly (SSE error event + `[DONE]`; gRPC status from `ctx.verdict`), the outcome

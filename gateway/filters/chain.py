@@ -29,7 +29,7 @@ def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
 class Chain:
     __slots__ = (
         "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "events_always",
-        "sync_request", "sync_response", "heard",
+        "sync_request", "sync_response", "heard", "body_when_empty",
     )  # fmt: skip
 
     def __init__(self, filters: Sequence[Filter]) -> None:
@@ -50,6 +50,11 @@ class Chain:
         self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in reversed(resp))
         self.sync_response = not any(co for _, _, co, _ in self._resp)
         self.has_body = bool(self._body)
+        # Whether a request without a body is shown to on_body (a filter says `body_when_empty
+        # = False` when its on_body does nothing for one).
+        self.body_when_empty = any(
+            getattr(f, "body_when_empty", True) for f in self.filters if hasattr(f, "on_body")
+        )
         self.has_events = bool(listeners)
         # A filter with `events_when_asked` sets `ctx.wants_events` for the requests whose
         # answer it must see; any other filter with on_event sees every answer.

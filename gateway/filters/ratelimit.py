@@ -82,6 +82,8 @@ class RateLimitFilter:
         # Only QPS rules, decided locally: the request holds nothing for the later phases.
         self.simple = not c.has_tokens and not c.late and not any(r.strict for r in c.rules)
         self.trailer = c.section.grpc_usage_trailer
+        # on_body (the token filter's) reads a request without a body for model-keyed rules only.
+        self.body_when_empty = bool(self.late)
         for _, rs in (*self.early, *self.late):
             rs.min_tokens = float(max(1, self.default_max))
 

@@ -305,6 +305,8 @@ class HttpForward:
                     rb = bodies.from_doc(body, jsonfast.loads(body))
                 except (ValueError, RecursionError):
                     pass  # malformed JSON passes through unchanged
+        elif body is None and not snap.chain.body_when_empty:
+            return None  # no body, and no filter that reads a request without one
         else:  # streamed (larger than the buffer cap) or absent: sizes only
             rb = bodies.opaque(length or 0)
         ctx.body = rb

@@ -1,6 +1,7 @@
 """The response phase is shown to a token rule (and parsed for it) only for requests that
 reserved tokens; a filter with on_event that did not say `events_when_asked` sees every answer;
-an event of a kind no filter reads (`event_kinds`) is not made."""
+an event of a kind no filter reads (`event_kinds`) is not made; a request without a body has
+no body phase when no filter reads one (`body_when_empty`)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,35 @@ async def test_a_token_rule_reads_no_head_or_json_event_but_gets_the_usage() -> 
     assert relay.on_head(post, chain, 200, []) is Status.CONTINUE
     assert relay.on_json(post, chain, 200, answer) is Status.CONTINUE
     assert every.seen == [EventKind.HEAD, EventKind.JSON]
+
+
+async def test_a_request_without_a_body_has_no_body_phase_unless_a_filter_reads_it() -> None:
+    from gateway.forward.http import HttpForward
+    from gateway.snapshot import Snapshot
+
+    pol = policy()
+    chain = build_chain(pol, Services())
+    chain.activate()
+    assert chain.has_body and not chain.body_when_empty  # the token rule: nothing to reserve
+    info = RequestInfo(Protocol.HTTP, "GET", "/v1/models", {"x-tenant": "a"}, "10.0.0.1")
+    ctx = RequestContext(info, pol)
+    assert chain.run_request(ctx) is Status.CONTINUE
+    assert HttpForward._body_phase(None, ctx, Snapshot(pol, chain), None, None) is None  # type: ignore[arg-type]
+    assert ctx.body is None and ctx.reservation.tokens is None and not chain.listens(ctx)
+    # A body that is there, even empty, is shown.
+    assert HttpForward._body_phase(None, ctx, Snapshot(pol, chain), b"", None) is None  # type: ignore[arg-type]
+    assert ctx.body is not None and ctx.body.size == 0
+    # A model-keyed rule decides in the body phase, a body or not.
+    doc = {**DOC, "rate_limits": {"rules": [{"name": "m", "key": ["model"], "qps": 1e6}]}}
+    pol = compile_policy(Policy.model_validate(doc))
+    chain = build_chain(pol, Services())
+    assert chain.body_when_empty
+    # So is any filter that does not say.
+    assert Chain([EveryBody()]).body_when_empty
+
+
+class EveryBody:
+    name = "every-body"
+
+    def on_body(self, ctx: RequestContext, body: bodies.RequestBody) -> Status:
+        return Status.CONTINUE
