@@ -299,12 +299,14 @@ class HttpForward:
         self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None
     ) -> Verdict | None:
         if isinstance(body, bytes):
-            rb = bodies.opaque(len(body), body)
+            rb = None
             if body and jsonfast.is_json_type(ctx.info.headers.get("content-type")):
                 try:
                     rb = bodies.from_doc(body, jsonfast.loads(body))
                 except (ValueError, RecursionError):
                     pass  # malformed JSON passes through unchanged
+            if rb is None:
+                rb = bodies.opaque(len(body), body)
         elif body is None and not snap.chain.body_when_empty:
             return None  # no body, and no filter that reads a request without one
         else:  # streamed (larger than the buffer cap) or absent: sizes only
