@@ -10,8 +10,9 @@
 `full` runs in this process the rate-limit part of `sluice bench --full` (its two rules and
 priority, `gateway.bench.full`) for the bench's chat POST and for GET /v1/models: the request
 phase, the body phase (`HttpForward._body_phase`: parse, `from_doc`, `on_body`), the response
-phase of a complete JSON answer with `usage` (`relay.json_answer`) and `on_response`; each
-phase's µs per request minus the same phase of the chain without `rate_limits`.
+phase of a complete JSON answer with `usage` (`relay.on_head`, `relay.on_json`) and the finish
+(`on_response`, `record_request`: its LLM metrics once the usage is read); each phase's µs per
+request minus the same phase of the chain without `rate_limits`.
 
 `core` and `store` run in this process (a private redis-server for `store`); `gateway` pins a
 gateway process to --gateway-cpus and nginx (static /v1/models, the backend) plus wrk to
@@ -196,6 +197,7 @@ async def bench_phases(limits: dict[str, Any] | None, post: bool, n: int = 100_0
     from gateway.context import Principal
     from gateway.forward.http import HttpForward
     from gateway.snapshot import Snapshot
+    from gateway.telemetry.requests import record_request
 
     doc: dict[str, Any] = {
         "backends": [{"name": "a", "endpoints": [{"address": "127.0.0.1:1"}]}],
@@ -242,6 +244,7 @@ async def bench_phases(limits: dict[str, Any] | None, post: bool, n: int = 100_0
                 response_phase(ctx, chain, answer)
             t3 = clock()
             chain.on_response_plain(ctx)
+            record_request(ctx)  # its LLM metrics when the answer's usage was read
             t4 = clock()
             t[0] += t1 - t0
             t[1] += t2 - t1
