@@ -217,10 +217,8 @@ class KeyState:
                 return False
             self.tok_share -= cost
         else:
-            burst = m.burst * scale
-            if self.bucket.level(m.rate * scale, burst, now) <= 0.0:
+            if not self.bucket.take(m.rate * scale, m.burst * scale, now, cost):
                 return False
-            self.bucket.add(-cost, burst)
             self.tok_unleased += cost
         self.tok_used += cost
         return True

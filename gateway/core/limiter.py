@@ -101,6 +101,20 @@ class Bucket:
             self.updated = now
         return self.tokens
 
+    def take(self, rate: float, burst: float, now: float, n: float) -> bool:
+        """`level`, then, if the bucket is not empty, `add(-n)`: one call for a reservation."""
+        dt = now - self.updated
+        t = self.tokens
+        if dt > 0.0:
+            t = t + dt * rate
+            t = self.tokens = burst if t > burst else t
+            self.updated = now
+        if t <= 0.0:
+            return False
+        t = t + -n
+        self.tokens = burst if t > burst else (-burst if t < -burst else t)
+        return True
+
     def add(self, n: float, burst: float) -> None:
         """Refund (n > 0) or charge (n < 0); the balance stays within [-burst, burst]."""
         t = self.tokens + n

@@ -11,11 +11,12 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from gateway.context import RequestContext, Status, StreamEvent
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.filters.base import Filter
 
 log = logging.getLogger("sluice.chain")
+ALL_KINDS = frozenset(EventKind)  # what a filter's on_event reads unless it says (`event_kinds`)
 
 
 def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
@@ -28,7 +29,7 @@ def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
 class Chain:
     __slots__ = (
         "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "events_always",
-        "sync_request", "sync_response",
+        "sync_request", "sync_response", "heard", "body_when_empty",
     )  # fmt: skip
 
     def __init__(self, filters: Sequence[Filter]) -> None:
@@ -38,12 +39,23 @@ class Chain:
         self._req = tuple((i, fn, co) for i, (fn, co) in req)
         self.sync_request = not any(co for _, _, co in self._req)
         self._body = tuple(f.on_body for f in self.filters if hasattr(f, "on_body"))
-        self._event = tuple(f.on_event for f in self.filters if hasattr(f, "on_event"))
+        # Per event kind, the on_event hooks of the filters that read it (`event_kinds`).
+        listeners = [f for f in self.filters if hasattr(f, "on_event")]
+        reads = [(f.on_event, getattr(f, "event_kinds", ALL_KINDS)) for f in listeners]
+        self._event = {
+            kind: tuple(fn for fn, kinds in reads if kind in kinds) for kind in EventKind
+        }
+        self.heard = frozenset(kind for kind, hooks in self._event.items() if hooks)
         resp = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_response"))]
         self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in reversed(resp))
         self.sync_response = not any(co for _, _, co, _ in self._resp)
         self.has_body = bool(self._body)
-        self.has_events = bool(self._event)
+        # Whether a request without a body is shown to on_body (a filter says `body_when_empty
+        # = False` when its on_body does nothing for one).
+        self.body_when_empty = any(
+            getattr(f, "body_when_empty", True) for f in self.filters if hasattr(f, "on_body")
+        )
+        self.has_events = bool(listeners)
         # A filter with `events_when_asked` sets `ctx.wants_events` for the requests whose
         # answer it must see; any other filter with on_event sees every answer.
         self.events_always = any(
@@ -96,7 +108,9 @@ class Chain:
         return self.events_always or (self.has_events and ctx.wants_events)
 
     def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
-        for fn in self._event:
+        """The event to the filters that read its kind (an event of a kind no filter reads, see
+        `heard`, need not be made at all)."""
+        for fn in self._event[event.kind]:
             if fn(ctx, event) is Status.STOP:
                 return Status.STOP
         return Status.CONTINUE

@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from gateway.context import RequestContext, Status, StreamEvent
-from gateway.core.body import RequestBody
+from gateway.context import EventKind, RequestContext, Status
 from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
@@ -56,6 +55,7 @@ NAME = "ratelimit"
 _ADMIT = Code.ADMIT
 _CONTINUE = Status.CONTINUE
 _OK = Outcome.OK
+_GRPC = Protocol.GRPC
 _COUNTER = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
 
 
@@ -82,6 +82,8 @@ class RateLimitFilter:
         # Only QPS rules, decided locally: the request holds nothing for the later phases.
         self.simple = not c.has_tokens and not c.late and not any(r.strict for r in c.rules)
         self.trailer = c.section.grpc_usage_trailer
+        # on_body (the token filter's) reads a request without a body for model-keyed rules only.
+        self.body_when_empty = bool(self.late)
         for _, rs in (*self.early, *self.late):
             rs.min_tokens = float(max(1, self.default_max))
 
@@ -190,8 +192,8 @@ class RateLimitFilter:
             return _CONTINUE  # every rule admitted it and nothing is held
         if t.strict:
             return strict(self, ctx, t)
-        if t.pool is None and not self.grpc_tokens:
-            ctx.reservation = t
+        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not _GRPC):
+            ctx.reservation = t  # what `admitted` does for it, without the call
             return _CONTINUE
         return self.admitted(ctx, t)
 
@@ -294,16 +296,18 @@ class RateLimitFilter:
 
     # -- body phase: tokens -------------------------------------------------------------------
     def reserve(self, ctx: RequestContext, t: Ticket, cost: int, prompt: int) -> Status:
-        res = Reservation(cost, prompt)
-        t.tokens = res
+        res = t.tokens = Reservation(cost, prompt)
         ctx.wants_events = True  # reconciled from the answer's usage: parse it for on_event
         now = self.now()
-        for rs, k, ks in t.entries:
+        amount = float(cost)
+        held = res.entries
+        for e in t.entries:
+            rs, _, ks = e
             rule = rs.rule
             if not rule.has_t:
                 continue
-            if ks.reserve(rule.math, rs.scale, now, float(cost)):
-                res.entries.append((rs, k, ks))
+            if ks.reserve(rule.math, rs.scale, now, amount):
+                held.append(e)
                 rs.tokens[0] += cost
                 continue
             if not rule.enforce:
@@ -325,20 +329,24 @@ class RateLimitFilter:
             return  # nothing reserved, nothing to give back: the common QPS-only case
         if not isinstance(t, Ticket):
             return
-        self._release(ctx, t)
-        started = ctx.first_byte_at is not None or ctx.outcome is Outcome.OK
+        if t.pool is not None:
+            self._release(ctx, t)
+        outcome = ctx.outcome
+        started = outcome is _OK or ctx.first_byte_at is not None
         res = t.tokens
         if res is not None and not res.settled:
             res.settled = True
             diff = float(res.difference(ctx.usage, started))
             if diff:
                 shared = self.lim.store is not None
+                side = 1 if diff > 0 else 2
+                size = abs(diff)
                 for rs, k, ks in res.entries:
                     ks.settle(rs.math, rs.scale, diff)
-                    rs.tokens[1 if diff > 0 else 2] += abs(diff)
+                    rs.tokens[side] += size
                     if shared:
                         rs.dirty[k] = ks
-        if not started and ctx.outcome is Outcome.REJECTED:
+        if not started and outcome is Outcome.REJECTED:
             for _, _, ks in t.entries:  # a later filter refused it: it never counted
                 ks.undo()
 
@@ -375,12 +383,11 @@ class TokenRateLimitFilter(RateLimitFilter):
     phase itself (`ctx.wants_events`): an answer to any other is not parsed for it."""
 
     events_when_asked = True
+    # A JSON answer settles from `ctx.usage` (in on_response): no head or JSON event for it.
+    event_kinds = frozenset({EventKind.SSE, EventKind.TRAILERS})
 
-    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
-        return on_body(self, ctx, body)
-
-    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
-        return on_event(self, ctx, event)
+    on_body = on_body  # the functions themselves: one call less per phase
+    on_event = on_event
 
 
 def build(section: CompiledPolicy, services: Services) -> RateLimitFilter | None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from gateway import jsonfast
 from gateway.context import RequestContext, Status
-from gateway.core import body as bodies
 from gateway.core.outcome import Outcome
 from gateway.core.request import unsafe_path
 from gateway.core.verdict import (
@@ -38,6 +37,7 @@ from gateway.core.verdict import (
 )
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 from gateway.forward import first_token, relay
+from gateway.forward.body_phase import body_phase
 from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
 from gateway.forward.failures import TLS, failure_for
@@ -175,7 +175,7 @@ class HttpForward:
                         body = self._counted(ex, ctx, limits.max_body_bytes)
                         streamed = True
                 if snap.chain.has_body:
-                    verdict = self._body_phase(ctx, snap, body, info.content_length)
+                    verdict = body_phase(ctx, snap.chain, body, info.content_length)
                     if verdict is not None:
                         await self._reject(ex, ctx, verdict)
                         return
@@ -314,23 +314,6 @@ class HttpForward:
                 up.discard()
             ctx.begin_try(nxt.backend, nxt.address, time.monotonic())
             headers = request_headers(ex.raw_headers, ctx, nxt)
-
-    def _body_phase(
-        self, ctx: RequestContext, snap: Snapshot, body: bytes | object, length: int | None
-    ) -> Verdict | None:
-        if isinstance(body, bytes):
-            rb = bodies.opaque(len(body), body)
-            if body and jsonfast.is_json_type(ctx.info.headers.get("content-type")):
-                try:
-                    rb = bodies.from_doc(body, jsonfast.loads(body))
-                except (ValueError, RecursionError):
-                    pass  # malformed JSON passes through unchanged
-        else:  # streamed (larger than the buffer cap) or absent: sizes only
-            rb = bodies.opaque(length or 0)
-        ctx.body = rb
-        if snap.chain.on_body(ctx, rb) is Status.STOP:
-            return ctx.verdict
-        return None
 
     async def _counted(self, ex: Exchange, ctx: RequestContext, limit: int) -> AsyncIterator[bytes]:
         async for chunk in ex.body_stream(limit):

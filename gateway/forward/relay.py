@@ -4,7 +4,8 @@
 - A body that is complete with its head goes out with it in one write.
 - Filters with `on_event` see the HEAD, the JSON body of a non-streaming answer (read whole up to
   `limits.max_event_bytes` before it is sent, so a STOP can still answer with an error), and
-  each SSE event; `ctx.usage` is taken from OpenAI `usage` wherever it appears. SSE is parsed
+  each SSE event, each of the kinds it reads (`event_kinds`: no event is made that no filter
+  reads); `ctx.usage` is taken from OpenAI `usage` wherever it appears. SSE is parsed
   only when someone listens (a filter, or a usage chunk to hide that Sluice asked for); then
   whole events are written, so one can be dropped or the stream ended after it.
 - A stream that cannot finish (a filter's STOP, the upstream dying or timing out, the total
@@ -36,7 +37,10 @@ from gateway.forward.deadlines import STALL, Deadlines
 from gateway.forward.headers import BadUpstreamHead, ClientHead, client_head
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gateway.app import Gateway
+    from gateway.filters.chain import Chain
     from gateway.forward.exchange import Exchange
     from gateway.snapshot import Snapshot
     from gateway.upstream.response import UpstreamResponse
@@ -77,11 +81,7 @@ def relay(
         ctx.outcome = Outcome.UPSTREAM_ERROR  # passed on as the backend sent it
     chain = snap.chain
     listen = chain.listens(ctx)
-    if (
-        listen
-        and chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, raw_headers=up.headers))
-        is Status.STOP
-    ):
+    if listen and on_head(ctx, chain, status, up.headers) is Status.STOP:
         return ctx.verdict
     bodied = may_have_body(ctx.info.method, status)
     chunk = up.take()
@@ -103,14 +103,12 @@ def _whole(
 ) -> Verdict | Awaitable[None] | None:
     """The whole answer is `chunk`: its JSON event, then one response."""
     status = ctx.http_status
-    if json_body and len(chunk) <= snap.policy.policy.limits.max_event_bytes:
-        doc = _loads(chunk)
-        u = usage_from(doc)
-        if u is not None:
-            ctx.usage = u
-        ev = StreamEvent(EventKind.JSON, status, chunk, doc)
-        if snap.chain.on_event(ctx, ev) is Status.STOP:
-            return ctx.verdict
+    if (
+        json_body
+        and len(chunk) <= snap.policy.policy.limits.max_event_bytes
+        and on_json(ctx, snap.chain, status, chunk) is Status.STOP
+    ):
+        return ctx.verdict
     ctx.first_byte_at = time.monotonic()
     ctx.bytes_out = len(chunk) if bodied else 0
     # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
@@ -171,6 +169,27 @@ async def _relay(
     except UpstreamError as e:
         return e
     return None
+
+
+def on_head(
+    ctx: RequestContext, chain: Chain, status: int, headers: Sequence[tuple[bytes, bytes]]
+) -> Status:
+    """The answer's head, shown to the listening filters that read heads."""
+    if EventKind.HEAD not in chain.heard:
+        return Status.CONTINUE
+    return chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, raw_headers=headers))
+
+
+def on_json(ctx: RequestContext, chain: Chain, status: int, chunk: bytes) -> Status:
+    """A complete JSON answer: its `usage` into `ctx.usage`, the parsed answer shown to the
+    listening filters that read JSON answers."""
+    doc = _loads(chunk)
+    u = usage_from(doc)
+    if u is not None:
+        ctx.usage = u
+    if EventKind.JSON not in chain.heard:
+        return Status.CONTINUE  # only the usage was wanted (the token rule)
+    return chain.on_event(ctx, StreamEvent(EventKind.JSON, status, chunk, doc))
 
 
 async def _relay_events(

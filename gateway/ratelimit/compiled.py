@@ -33,14 +33,8 @@ class CompiledRule:
     enforce: bool
     strict: bool
     cut: bool  # on_overrun: cut
-
-    @property
-    def has_q(self) -> bool:
-        return self.math.limit > 0.0
-
-    @property
-    def has_t(self) -> bool:
-        return self.math.rate > 0.0
+    has_q: bool  # a request limit (math.limit > 0)
+    has_t: bool  # a token budget (math.rate > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +146,8 @@ def _rule(r: RateRule, s: RateLimits, th: Thresholds) -> CompiledRule:
         enforce=r.enforce,
         strict=r.strict,
         cut=r.on_overrun == "cut",
+        has_q=math.has_q,
+        has_t=math.has_t,
     )
 
 

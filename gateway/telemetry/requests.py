@@ -48,13 +48,15 @@ def _new_tally(t: _T, metric: object, labels: tuple[str, ...]) -> _T:
 class _Finished:
     """The tallies one kind of finished request updates (route, backend, code, protocol)."""
 
-    __slots__ = ("requests", "seconds", "overhead", "labels")
+    __slots__ = ("requests", "seconds", "overhead", "labels", "tokens")
 
     def __init__(self, route: str, backend: str, code: str, protocol: str) -> None:
         self.labels = (route, backend, code, protocol)
         self.requests = counter_tally(m.REQUESTS, route, backend, code, protocol)
         self.seconds = hist_tally(m.REQUEST_SECONDS, route, protocol)
         self.overhead = hist_tally(m.OVERHEAD_SECONDS, route, protocol)
+        # The usage tokens' tallies (input, output), looked up at the first answer with usage.
+        self.tokens: tuple[CountTally, CountTally] | None = None
 
 
 _finished: dict[tuple[object, ...], _Finished] = {}
@@ -88,7 +90,7 @@ def record_request(ctx: RequestContext) -> None:
     if ctx.overhead_s is not None:
         fin.overhead.observe(ctx.overhead_s)
     if ctx.first_token_at is not None or ctx.usage is not None:
-        _record_llm(ctx, route, backend, exemplar)
+        _record_llm(ctx, fin, route, backend, exemplar)
     if ctx.cancelled:
         m.CLIENT_CANCELLED.labels(protocol.value).inc()
     if not ctx.verdict.allowed:
@@ -96,7 +98,11 @@ def record_request(ctx: RequestContext) -> None:
 
 
 def _record_llm(
-    ctx: RequestContext, route: str, backend: str, exemplar: dict[str, str] | None
+    ctx: RequestContext,
+    fin: _Finished,
+    route: str,
+    backend: str,
+    exemplar: dict[str, str] | None,
 ) -> None:
     """Streams: time to first token, mean inter-token latency; any answer: usage tokens."""
     usage = ctx.usage
@@ -108,5 +114,11 @@ def _record_llm(
         if last is not None and tokens > 1 and last > first:
             hist_tally(m.INTER_TOKEN_LATENCY, route, backend).observe((last - first) / (tokens - 1))
     if usage is not None:
-        counter_tally(m.TOKENS, route, backend, "input").inc(usage.prompt_tokens)
-        counter_tally(m.TOKENS, route, backend, "output").inc(usage.completion_tokens)
+        tallies = fin.tokens
+        if tallies is None:
+            tallies = fin.tokens = (
+                counter_tally(m.TOKENS, route, backend, "input"),
+                counter_tally(m.TOKENS, route, backend, "output"),
+            )
+        tallies[0].inc(usage.prompt_tokens)
+        tallies[1].inc(usage.completion_tokens)

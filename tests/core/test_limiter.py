@@ -122,3 +122,21 @@ def test_token_utilisation_is_one_minus_available_over_capacity(
     tokens: float, burst: float, expected: float
 ) -> None:
     assert utilisation(tokens, burst) == expected
+
+
+def test_bucket_take_is_level_then_add() -> None:
+    """`take` (one call for a reservation) does exactly what `level` and `add(-n)` do."""
+    import random
+
+    rng = random.Random(7)
+    a, b = Bucket(10.0, 0.0), Bucket(10.0, 0.0)
+    now = 0.0
+    for _ in range(2000):
+        now += rng.choice([0.0, -0.01, rng.random() * 0.5])  # time may stand or step back
+        n = rng.choice([1.0, 5.0, 30.0, rng.random() * 40])
+        took = a.take(4.0, 10.0, now, n)
+        expected = b.level(4.0, 10.0, now) > 0.0
+        if expected:
+            b.add(-n, 10.0)
+        assert took is expected
+        assert (a.tokens, a.updated) == (b.tokens, b.updated)
