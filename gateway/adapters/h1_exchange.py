@@ -119,10 +119,7 @@ class H1Exchange:
         req = self.req
         if not req.body_done or req.body_error or req.buffered > limit or self.conn.closed:
             return None
-        data = req.body[0] if len(req.body) == 1 else b"".join(req.body)
-        req.body.clear()
-        req.buffered = 0
-        return data
+        return self._take()
 
     async def read_body(self, limit: int) -> bytes | None:
         conn, req = self.conn, self.req
@@ -141,6 +138,11 @@ class H1Exchange:
             req.high_water = HIGH_WATER
         if req.buffered > limit:
             return None
+        return self._take()
+
+    def _take(self) -> bytes:
+        """The buffered body, taken from the request (it is complete)."""
+        req = self.req
         data = req.body[0] if len(req.body) == 1 else b"".join(req.body)
         req.body.clear()
         req.buffered = 0
