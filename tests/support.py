@@ -10,8 +10,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
+
+from gateway.bench.procs import free_port as free_port  # one port policy for tests and bench
 
 ROOT = Path(__file__).resolve().parent.parent
 STRICT = os.environ.get("SLUICE_STRICT") == "1"
@@ -39,28 +42,32 @@ def require_binary(name: str) -> str:
     return path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 15.0) -> None:
+    """Until something listens on host:port. A connection that met itself (TCP simultaneous
+    open: the kernel picked `port` as its source port) is not a listener."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
+            with socket.create_connection((host, port), timeout=0.2) as s:
+                if s.getsockname() != s.getpeername():
+                    return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
 
 
 class Proc:
-    """A real child process (`python -m gateway ...`) with its output captured to a file."""
+    """A real child process (`python -m gateway ...`) with its output captured to a file.
+
+    Every one started is listed in `Proc.live` until stopped, so a test that fails before it
+    stops its processes does not leave them running (tests/conftest.py stops them)."""
+
+    live: ClassVar[list[Proc]] = []
 
     def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log
+        Proc.live.append(self)
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.popen = subprocess.Popen(
@@ -85,4 +92,6 @@ class Proc:
                 self.popen.kill()
                 self.popen.wait(5)
         self._log.close()
+        if self in Proc.live:
+            Proc.live.remove(self)
         return self.popen.returncode

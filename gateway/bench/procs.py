@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import socket
 import ssl
@@ -17,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 MODELS_JSON = '{"object":"list","data":[{"id":"m"}]}'
@@ -77,11 +78,40 @@ def pinned(cpus: str, cmd: list[str]) -> list[str]:
     return ["taskset", "-c", cpus, *cmd] if cpus else cmd
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _ports_below_ephemeral() -> Iterator[int]:
+    """Ports just below the kernel's ephemeral range, from a random start, each once per process.
+
+    A port the kernel hands out (bind to port 0) is in the ephemeral range, where it can also be
+    taken as the source port of an outgoing connection before the process meant to listen on it
+    binds it; a connect to it then may even meet itself (TCP simultaneous open) and pass for a
+    listener. Below the range neither happens."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    first = max(1024, low - 12000)
+    span = low - first
+    start = random.randrange(span) if span > 0 else 0
+    for i in range(span):
+        yield first + (start + i) % span
+
+
+_PORTS = _ports_below_ephemeral()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing is bound to on `host` now, not handed out before by this process."""
+    for port in _PORTS:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))  # the range is spent: the kernel's choice
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 # ---------------------------------------------------------------------------- /proc CPU
