@@ -40,8 +40,9 @@ class InFlight:
         self._idle.set()
 
     def enter(self) -> None:
+        if not self.count:  # the first in flight (an Event.clear is a Python call)
+            self._idle.clear()
         self.count += 1
-        self._idle.clear()
 
     def leave(self) -> None:
         self.count -= 1

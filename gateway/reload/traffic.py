@@ -54,6 +54,9 @@ SECRET_HEADERS = frozenset(
 )
 REDACTED = "<redacted>"
 
+# By the member's id: an enum's `.value` is two Python-level calls per read.
+_PROTOCOL: Final = {id(p): p.value for p in Protocol}
+
 # (protocol, method, path, header values, route, backend)
 ShapeKey = tuple[str, str, str, tuple[tuple[str, str | None], ...], str, str]
 
@@ -167,7 +170,7 @@ class TrafficBook:
         mh = self._match_headers
         hdrs = self._header_values(info, mh) if mh else ()
         key = (
-            info.protocol.value,
+            _PROTOCOL[id(info.protocol)],
             info.method,
             info.path,
             hdrs,

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import Counter, Histogram
 
+from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol
+from gateway.core.verdict import ALLOW
 from gateway.telemetry import metrics as m
 from gateway.telemetry.tally import CountTally, HistTally
 
@@ -69,14 +71,12 @@ def record_request(ctx: RequestContext) -> None:
     route = route_.name if route_ is not None else "none"
     backend = endpoint.backend if endpoint is not None else "none"
     protocol = ctx.info.protocol
-    status = ctx.grpc_status if protocol is Protocol.GRPC else ctx.http_status
-    key = (route, backend, status, protocol)
+    grpc = protocol is Protocol.GRPC
+    status = ctx.grpc_status if grpc else ctx.http_status
+    key = (route, backend, status, grpc)  # not the enum: its hash is a Python-level call
     fin = _finished.get(key)
     if fin is None:
-        if protocol is Protocol.GRPC:
-            code = str(status if status is not None else 2)
-        else:
-            code = str(status or 0)
+        code = str(status if status is not None else 2) if grpc else str(status or 0)
         fin = _Finished(route, backend, code, protocol.value)
         if len(_finished) < _MAX_CACHED:
             _finished[key] = fin
@@ -91,10 +91,12 @@ def record_request(ctx: RequestContext) -> None:
         fin.overhead.observe(ctx.overhead_s)
     if ctx.first_token_at is not None or ctx.usage is not None:
         _record_llm(ctx, fin, route, backend, exemplar)
-    if ctx.cancelled:
+    # (properties are Python calls: read them only off the common path)
+    if ctx.outcome is Outcome.CLIENT_CANCELLED:
         m.CLIENT_CANCELLED.labels(protocol.value).inc()
-    if not ctx.verdict.allowed:
-        m.REJECTED.labels(ctx.verdict.error_type or "rejected", protocol.value).inc()
+    verdict = ctx.verdict
+    if verdict is not ALLOW and not verdict.allowed:
+        m.REJECTED.labels(verdict.error_type or "rejected", protocol.value).inc()
 
 
 def _record_llm(

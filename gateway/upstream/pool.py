@@ -123,7 +123,7 @@ class UpstreamHost:
             conn = self.take_idle(max_head)
             if conn is not None:
                 return conn
-            if self.total < self.pool.limits().max_connections_per_backend:
+            if self.total < self.pool.limits.max_connections_per_backend:
                 return await self._connect(deadline, max_head)
             fut: asyncio.Future[UpstreamConn | None] = loop.create_future()
             self.waiters.append(fut)
@@ -206,7 +206,7 @@ class UpstreamHost:
             if not fut.done():
                 fut.set_result(conn)
                 return
-        limits = self.pool.limits()
+        limits = self.pool.limits
         if len(self.idle) >= limits.max_idle_connections_per_backend:
             conn.busy = False
             conn.abort()
@@ -215,7 +215,7 @@ class UpstreamHost:
         conn.idle_since = self.loop.time()
         self.idle.append(conn)
         if self.sweeper is None:
-            self.sweeper = self.loop.call_later(self.pool.idle_s(), self._sweep)
+            self.sweeper = self.loop.call_later(self.pool.idle_s, self._sweep)
 
     def forget(self, conn: UpstreamConn) -> None:
         """connection_lost: drop it from the books (once) and let a waiter connect."""
@@ -239,7 +239,7 @@ class UpstreamHost:
 
     def _sweep(self) -> None:
         self.sweeper = None
-        limit = self.pool.idle_s()
+        limit = self.pool.idle_s
         cutoff = self.loop.time() - limit
         for conn in [c for c in self.idle if c.idle_since <= cutoff]:
             conn.abort()  # connection_lost follows and removes it; remove now for accounting
@@ -262,8 +262,9 @@ class UpstreamPool:
     """Keep-alive HTTP/1.1 connections to every endpoint; limits come from the live policy."""
 
     def __init__(self, limits: Limits, idle_s: float) -> None:
-        self._limits = limits
-        self._idle_s = idle_s
+        # The live bounds (set by `configure` only): attributes, not getters, for the hot path.
+        self.limits = limits
+        self.idle_s = idle_s
         # By `Endpoint.upstream_key`: address and TLS settings, so a changed `tls` section opens
         # new connections while the old ones finish (idle ones close after upstream_idle_s).
         self._hosts: dict[str, UpstreamHost] = {}
@@ -289,14 +290,8 @@ class UpstreamPool:
 
     def configure(self, limits: Limits, idle_s: float) -> None:
         """New bounds from a reload; connections in use keep going, new decisions use these."""
-        self._limits = limits
-        self._idle_s = idle_s
-
-    def limits(self) -> Limits:
-        return self._limits
-
-    def idle_s(self) -> float:
-        return self._idle_s
+        self.limits = limits
+        self.idle_s = idle_s
 
     async def request(
         self,
@@ -339,7 +334,7 @@ class UpstreamPool:
                 head += b"transfer-encoding: chunked\r\n"
                 chunked = True
         head += _CRLF
-        max_head = self.limits().max_response_header_bytes
+        max_head = self.limits.max_response_header_bytes
         retried = False
         while True:
             conn = host.take_idle(max_head) or await host.acquire(timeouts.connect_s, max_head)

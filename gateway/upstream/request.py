@@ -191,7 +191,15 @@ async def wait_head(conn: UpstreamConn, first_byte: HistTally, t: Timeouts) -> U
     if not conn.head_done and conn.exc is None:
         conn.arm(FIRST_BYTE, t.first_byte_s)
         while not conn.head_done and conn.exc is None:
-            await conn.wait()
+            # `conn.wait()` without its coroutine (this wait is on every request)
+            fut = conn.waiter = loop.create_future()
+            try:
+                await fut
+            except asyncio.CancelledError:
+                conn.abort()
+                raise
+            finally:
+                conn.waiter = None
     if not conn.head_done:
         assert conn.exc is not None
         raise conn.exc
