@@ -1,0 +1,146 @@
+"""Function calls per request in the gateway: `python -m tests.bench.count_calls [options]`.
+
+    python -m tests.bench.count_calls [--seconds 4] [--engine native|aiohttp] [--full] [--get]
+        [--top 40] [--by-caller]
+
+A count, not a time: the same on every run, so it shows what a small change to the hot path
+takes away where the CPU figures of `sluice bench` move by more than that from run to run.
+Starts an nginx backend, then `sluice serve` with the bench policy (`gateway.bench`: the same
+policy, `--full` as `sluice bench --full`) inside a child of this module that counts, while
+told to (SIGUSR1 on, SIGUSR2 off and write the counts), every Python function call of the
+event-loop thread (`sys.setprofile`: a call event, and another each time a coroutine resumes)
+and every call into C (`len`, `list.append`, a socket write); drives it with wrk (8
+connections, the bench's chat POST, or `--get`) and prints the calls per request and the
+functions called most. `--by-caller` names C calls by the line that makes them. The counting
+makes the gateway several times slower: read the counts, not its speed.
+
+Needs nginx and wrk, as `sluice bench` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gateway.bench.gateways import Setup, Variant, http_ok, policy_doc
+from gateway.bench.loads import parse_wrk
+from gateway.bench.procs import Procs, free_port, pinned, start_nginx, wait_until
+from gateway.bench.report import Row
+
+
+def child(argv: list[str]) -> int:
+    """`sluice` with `argv`, counting calls between SIGUSR1 and SIGUSR2 (written to the file
+    named by SLUICE_COUNT_CALLS, one `count<TAB>where<TAB>name` line each)."""
+    from gateway.cli import main
+
+    out = Path(os.environ["SLUICE_COUNT_CALLS"])
+    by_caller = os.environ.get("SLUICE_COUNT_BY_CALLER") == "1"
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def where(code: Any, line: int = 0) -> str:
+        name = code.co_filename.rsplit("/gateway/", 1)[-1].rsplit("/", 1)[-1]
+        return f"{name}:{line or code.co_firstlineno}"
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            counts[(where(frame.f_code), frame.f_code.co_name)] += 1
+        elif event == "c_call":
+            caller = "C@" + where(frame.f_code, frame.f_lineno) if by_caller else "C@"
+            counts[(caller, getattr(arg, "__qualname__", repr(arg)))] += 1
+
+    def start(*_: object) -> None:
+        counts.clear()
+        sys.setprofile(profile)
+
+    def stop(*_: object) -> None:
+        sys.setprofile(None)
+        lines = [f"{n}\t{w}\t{name}" for (w, name), n in counts.most_common()]
+        out.write_text("\n".join(lines) + "\n")
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
+    return main(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--child"]:
+        return child(args[1:])
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.count_calls")
+    ap.add_argument("--seconds", type=int, default=4)
+    ap.add_argument("--engine", choices=("native", "aiohttp"), default="native")
+    ap.add_argument("--full", action="store_true", help="the full chain (gateway.bench.full)")
+    ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--by-caller", action="store_true")
+    a = ap.parse_args(args)
+    a.gateway_cpus, a.load_cpus, a.connections = "0", "1", 8
+    a.method, a.no_access_log, a.policy_extra = ("get" if a.get else "post"), False, None
+    with tempfile.TemporaryDirectory(prefix="sluice-calls-") as d:
+        tmp = Path(d)
+        procs = Procs(tmp)
+        s = Setup(a, procs)
+        try:
+            backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
+            variant = Variant(a.engine, None, full=a.full)
+            ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
+            doc = policy_doc(ports, backend, None, True, variant, s.extra())
+            if a.full:
+                from gateway.bench.full import with_full_chain
+
+                doc = with_full_chain(doc, s.full_chain(), variant.without)
+            policy = tmp / "policy.yaml"
+            policy.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
+            counts = tmp / "counts.txt"
+            os.environ["SLUICE_COUNT_CALLS"] = str(counts)
+            os.environ["SLUICE_COUNT_BY_CALLER"] = "1" if a.by_caller else "0"
+            cmd = [sys.executable, "-m", "tests.bench.count_calls", "--child"]
+            gw = procs.start("sluice", pinned(s.gw_cpus, [*cmd, "serve", "--policy", str(policy)]))
+            ready = f"http://127.0.0.1:{ports['admin']}/readyz"
+            wait_until("sluice", lambda: http_ok(ready), [gw])
+            make = s.wrk(s.url(ports["http"]), s.headers(variant))
+            subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
+            os.kill(gw.pid, signal.SIGUSR1)
+            time.sleep(0.2)
+            out = subprocess.run(
+                make(a.seconds), capture_output=True, text=True, timeout=a.seconds + 30
+            ).stdout
+            time.sleep(0.5)  # the last answers and their bookkeeping
+            os.kill(gw.pid, signal.SIGUSR2)
+            wait_until("the counts", counts.exists, [gw])
+            row = Row("Sluice")
+            parse_wrk(out, row)
+            print(report(counts.read_text(), row.requests, a))
+        finally:
+            procs.stop_all()
+    return 0
+
+
+def report(text: str, requests: int, a: argparse.Namespace) -> str:
+    rows = [line.split("\t") for line in text.splitlines() if line]
+    n = max(requests, 1)
+    python = sum(int(c) for c, w, _ in rows if not w.startswith("C@"))
+    c_calls = sum(int(c) for c, w, _ in rows if w.startswith("C@"))
+    what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
+    lines = [
+        f"{a.engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} requests",
+        f"per request: {python / n:.1f} Python calls (and coroutine resumes), "
+        f"{c_calls / n:.1f} calls into C",
+    ]
+    for c, w, name in rows[: a.top]:
+        lines.append(f"  {int(c) / n:7.2f}  {name:32s} {w.removeprefix('C@') or 'C'}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
