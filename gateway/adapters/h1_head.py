@@ -87,13 +87,17 @@ class HeadParser:
             if self.trailers > limits.max_header_count:
                 raise Refused(*TOO_LARGE)
             return
-        if len(name) + len(value) + 2 > limits.max_line_bytes:
+        size = len(name) + len(value)
+        if size + 2 > limits.max_line_bytes:
             raise Refused(*TOO_LARGE)
         if len(self.headers) >= limits.max_header_count:
             raise Refused(*TOO_LARGE)
         # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
         # of the value).
-        value = value.rstrip(b" \t")
+        stripped = value.rstrip(b" \t")
+        if stripped is not value:  # (rstrip returns the value itself when nothing goes)
+            value = stripped
+            size = len(name) + len(value)
         ln = name.lower()
         if ln in SINGLETONS:
             if ln in self.seen:
@@ -107,7 +111,7 @@ class HeadParser:
                 self.te_seen = self.body_declared = True
             elif ln == b"content-length" and value.lstrip(b"0"):
                 self.body_declared = True
-        self.header_size += len(name) + len(value) + 4
+        self.header_size += size + 4
         self.headers.append((name, value))
 
     def parsed_head(self) -> Req:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,6 +17,12 @@ class MonotonicClock:
 
     def now(self) -> float:
         return time.monotonic()
+
+
+def reader(clock: Clock) -> Callable[[], float]:
+    """The clock's `now` as a plain function: `time.monotonic` itself for the production clock
+    (a call of a C function, not of a method that calls it)."""
+    return time.monotonic if type(clock) is MonotonicClock else clock.now
 
 
 @dataclass

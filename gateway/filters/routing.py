@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from gateway.context import RequestContext, Status
 from gateway.core.balancer import SmoothWeightedRoundRobin, hash_key, split_sticky
 from gateway.core.canary import CanaryGuard
+from gateway.core.clock import reader
 from gateway.core.models import ALL
 from gateway.core.outcome import Outcome
 from gateway.core.retry import RetryBudget, RetryParams, retriable
@@ -54,7 +55,7 @@ class RoutePicker:
 
     __slots__ = (
         "route", "groups", "weights", "swrr", "canary", "guard", "budget", "override", "sticky",
-        "retry", "clock", "models", "prefix_bytes", "load_factor", "served", "served_epoch",
+        "retry", "clock", "now", "models", "prefix_bytes", "load_factor", "served", "served_epoch",
         "book",
     )  # fmt: skip
 
@@ -74,6 +75,7 @@ class RoutePicker:
         self.book = next((mv.book for mv in self.models if mv is not None), None)
         self.swrr = SmoothWeightedRoundRobin(self.weights)
         self.clock = pool.clock
+        self.now = reader(pool.clock)
         c = route.canary
         names = [n for n, _ in route.targets]
         self.canary = names.index(c.backend) if c is not None else -1
@@ -255,7 +257,7 @@ class RoutePicker:
         responded = ctx.first_byte_at is not None
         if not retriable(p, ctx.outcome, ctx.http_status, ctx.grpc_status, responded):
             return None
-        now = self.clock.now()
+        now = self.now()
         self.close(a, ctx, now)
         budget = self.budget
         name = self.route.name
@@ -332,7 +334,7 @@ class RoutePicker:
 
     def finish(self, ctx: RequestContext, a: Attempt) -> None:
         if not a.done:
-            self.close(a, ctx, self.clock.now())
+            self.close(a, ctx, self.now())
         budget = self.budget
         if budget is not None and budget.active > 0:
             budget.active -= 1
@@ -361,6 +363,7 @@ class RouteFilter:
         self.pickers = {r.name: RoutePicker(r, policy, pool) for r in policy.routes}
         self.views = [pool.view(b) for b in policy.policy.backends]
         self.clock = pool.clock
+        self.now = reader(pool.clock)
         if private:
             self.activate()
 
@@ -374,7 +377,7 @@ class RouteFilter:
         ctx.route = route
         if not self.pool.started:
             self.pool.start()
-        a = self.pickers[route.name].first(ctx, self.clock.now())
+        a = self.pickers[route.name].first(ctx, self.now())
         if a is None:
             return ctx.stop(NO_ENDPOINT)
         ctx.upstream_attempt = a

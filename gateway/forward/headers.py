@@ -147,7 +147,6 @@ def client_head(
     conn_listed: AbstractSet[bytes] | None = None
     has_rid = False
     parts: list[bytes] = []
-    add = parts.append
     for n, v in headers:
         ln = n.lower()
         if ln in _NOTED:
@@ -169,10 +168,7 @@ def client_head(
                 head.content_type = v.lower()
             else:
                 has_rid = True
-        add(n)
-        add(b": ")
-        add(v)
-        add(b"\r\n")
+        parts += (n, b": ", v, b"\r\n")  # no method call per field
     if head.chunked:
         head.length = None
     if conn_listed:  # rare: drop the fields the Connection header named too

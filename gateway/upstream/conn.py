@@ -48,10 +48,10 @@ class UpstreamConn(asyncio.Protocol):
 
     __slots__ = (
         "host", "loop", "transport", "fd", "parser", "closed", "busy", "reused", "idle_since",
-        "head_done", "status", "reason", "headers", "head_bytes", "max_head", "keep_alive",
-        "complete", "informational", "got_byte", "chunks", "buffered", "paused", "write_paused",
-        "waiter", "exc", "timer", "phase", "deadline", "idle_s", "task", "sent_all", "head_only",
-        "gone", "timer_cancelled",
+        "head_done", "status", "reason", "headers", "head_bytes", "feeding", "max_head",
+        "keep_alive", "complete", "informational", "got_byte", "chunks", "buffered", "paused",
+        "write_paused", "waiter", "exc", "timer", "phase", "deadline", "idle_s", "task",
+        "sent_all", "head_only", "gone", "timer_cancelled",
     )  # fmt: skip
 
     def __init__(self, host: ConnOwner) -> None:
@@ -81,7 +81,8 @@ class UpstreamConn(asyncio.Protocol):
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        self.head_bytes = 0
+        self.head_bytes = 0  # of the chunks before the one being parsed, while in the head
+        self.feeding = 0  # bytes of the chunk being parsed (while in the head)
         self.max_head = max_head
         self.keep_alive = False
         self.complete = False
@@ -114,6 +115,8 @@ class UpstreamConn(asyncio.Protocol):
             return
         self.got_byte = True
         head_done = self.head_done
+        if not head_done:
+            self.feeding = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
@@ -187,12 +190,16 @@ class UpstreamConn(asyncio.Protocol):
             self.headers = []
             self.reason = b""
             return
-        size = 0
-        for n, v in self.headers:  # a loop, not sum() of a generator: no extra frame
-            size += len(n) + len(v) + 4
-        if size > self.max_head:
-            self.exc = UpstreamProtocolError("upstream response headers too large")
-            return
+        # Each field counts as `name: value` + CRLF, at most 2 more than its bytes on the wire
+        # (`name:value` + LF): a head whose bytes so far bound that below the limit needs no sum.
+        headers = self.headers
+        if self.head_bytes + self.feeding + 2 * len(headers) > self.max_head:
+            size = 0
+            for n, v in headers:  # a loop, not sum() of a generator: no extra frame
+                size += len(n) + len(v) + 4
+            if size > self.max_head:
+                self.exc = UpstreamProtocolError("upstream response headers too large")
+                return
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()
         self.head_done = True

@@ -305,6 +305,23 @@ async def test_oversize_response_head(tmp_path: Path) -> None:
             await pool.request(ep(up.port), "GET", "/", H, None, T)
 
 
+async def test_a_head_counts_its_fields_as_forwarded_not_as_sent(tmp_path: Path) -> None:
+    """195 fields sent as `a:b` (5 bytes each; the head is 1012 bytes on the wire) count as
+    `a: b` + CRLF, as forwarded: 1189 bytes, over a 1024 limit (no shortcut by the wire size)."""
+
+    async def h(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\n" + b"a:b\r\n" * 195 + b"Content-Length:0\r\n\r\n")
+        await r.read()
+
+    async with (
+        Raw(h) as up,
+        make_pool(tmp_path, up.port, limits="max_response_header_bytes: 1024") as pool,
+    ):
+        with pytest.raises(UpstreamProtocolError, match="headers too large"):
+            await pool.request(ep(up.port), "GET", "/", H, None, T)
+
+
 async def test_garbage_and_reset(tmp_path: Path) -> None:
     async def h(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         head, _ = await read_request(r)
