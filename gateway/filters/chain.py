@@ -29,7 +29,7 @@ def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:
 class Chain:
     __slots__ = (
         "filters", "_req", "_body", "_event", "_resp", "has_body", "has_events", "events_always",
-        "sync_request", "sync_response", "heard", "body_when_empty",
+        "sync_request", "sync_response", "heard", "hears_head", "hears_json", "body_when_empty",
     )  # fmt: skip
 
     def __init__(self, filters: Sequence[Filter]) -> None:
@@ -42,10 +42,12 @@ class Chain:
         # Per event kind, the on_event hooks of the filters that read it (`event_kinds`).
         listeners = [f for f in self.filters if hasattr(f, "on_event")]
         reads = [(f.on_event, getattr(f, "event_kinds", ALL_KINDS)) for f in listeners]
-        self._event = {
-            kind: tuple(fn for fn, kinds in reads if kind in kinds) for kind in EventKind
-        }
-        self.heard = frozenset(kind for kind, hooks in self._event.items() if hooks)
+        hooks = {kind: tuple(fn for fn, kinds in reads if kind in kinds) for kind in EventKind}
+        # By the kind's id: an enum's hash is a Python-level call, and this is per event.
+        self._event = {id(kind): fns for kind, fns in hooks.items()}
+        self.heard = frozenset(kind for kind, fns in hooks.items() if fns)
+        self.hears_head = EventKind.HEAD in self.heard  # (read per answer: no hash then)
+        self.hears_json = EventKind.JSON in self.heard
         resp = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_response"))]
         self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in reversed(resp))
         self.sync_response = not any(co for _, _, co, _ in self._resp)
@@ -110,7 +112,7 @@ class Chain:
     def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
         """The event to the filters that read its kind (an event of a kind no filter reads, see
         `heard`, need not be made at all)."""
-        for fn in self._event[event.kind]:
+        for fn in self._event[id(event.kind)]:
             if fn(ctx, event) is Status.STOP:
                 return Status.STOP
         return Status.CONTINUE

@@ -24,6 +24,7 @@ from gateway.core.body import RequestBody
 from gateway.core.sampler import Reason, TailSampler
 from gateway.core.traceparent import MASK64, client_span_id
 from gateway.core.traceparent import parse as parse_traceparent
+from gateway.core.verdict import ALLOW
 from gateway.policy.model import Tracing as TracingSection
 from gateway.services import Services
 from gateway.telemetry import metrics
@@ -72,10 +73,11 @@ class TraceFilter:
         now = ctx.ended or time.monotonic()
         owner = self.owner
         trace_id = ctx.trace_id
+        verdict = ctx.verdict
         d = self.sampler.decide(
             trace_id,
             ctx.outcome,
-            not ctx.verdict.allowed,
+            verdict is not ALLOW and not verdict.allowed,  # (a property: a call; ALLOW is common)
             ctx.http_status,
             ctx.grpc_status,
             now - ctx.started,

@@ -175,7 +175,7 @@ def on_head(
     ctx: RequestContext, chain: Chain, status: int, headers: Sequence[tuple[bytes, bytes]]
 ) -> Status:
     """The answer's head, shown to the listening filters that read heads."""
-    if EventKind.HEAD not in chain.heard:
+    if not chain.hears_head:
         return Status.CONTINUE
     return chain.on_event(ctx, StreamEvent(EventKind.HEAD, status, raw_headers=headers))
 
@@ -187,7 +187,7 @@ def on_json(ctx: RequestContext, chain: Chain, status: int, chunk: bytes) -> Sta
     u = usage_from(doc)
     if u is not None:
         ctx.usage = u
-    if EventKind.JSON not in chain.heard:
+    if not chain.hears_json:
         return Status.CONTINUE  # only the usage was wanted (the token rule)
     return chain.on_event(ctx, StreamEvent(EventKind.JSON, status, chunk, doc))
 

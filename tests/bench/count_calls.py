@@ -11,7 +11,7 @@ told to (SIGUSR1 on, SIGUSR2 off and write the counts), every Python function ca
 event-loop thread (`sys.setprofile`: a call event, and another each time a coroutine resumes)
 and every call into C (`len`, `list.append`, a socket write); drives it with wrk (8
 connections, the bench's chat POST, or `--get`) and prints the calls per request and the
-functions called most. `--by-caller` names C calls by the line that makes them. The counting
+functions called most. `--by-caller` names each call by the line that makes it. The counting
 makes the gateway several times slower: read the counts, not its speed.
 
 Needs nginx and wrk, as `sluice bench` does.
@@ -53,7 +53,11 @@ def child(argv: list[str]) -> int:
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
-            counts[(where(frame.f_code), frame.f_code.co_name)] += 1
+            name = frame.f_code.co_name
+            back = frame.f_back
+            if by_caller and back is not None:
+                name += " <- " + where(back.f_code, back.f_lineno)
+            counts[(where(frame.f_code), name)] += 1
         elif event == "c_call":
             caller = "C@" + where(frame.f_code, frame.f_lineno) if by_caller else "C@"
             counts[(caller, getattr(arg, "__qualname__", repr(arg)))] += 1
