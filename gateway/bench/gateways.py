@@ -204,8 +204,11 @@ def start_gateway(
     variant: Variant,
     name: str,
     edit: Edit | None = None,
+    runner: Sequence[str] = ("-m", "gateway"),
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
-    """`sluice serve` with the bench policy of `variant` (then `edit`), ready on `/readyz`."""
+    """`sluice serve` with the bench policy of `variant` (then `edit`), ready on `/readyz`;
+    `runner`: what the interpreter runs in place of `-m gateway` (a wrapper that takes the same
+    arguments, e.g. `tests/bench/count_calls.py`'s counting child)."""
     from gateway.policy.model import Policy
 
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
@@ -220,7 +223,7 @@ def start_gateway(
     Policy.model_validate(doc)  # fail here, with the reason, rather than in the child
     path = s.procs.tmp / f"{name}-policy.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
-    cmd = [sys.executable, "-m", "gateway", "serve", "--policy", str(path), "--log-level", "INFO"]
+    cmd = [sys.executable, *runner, "serve", "--policy", str(path), "--log-level", "INFO"]
     workers = getattr(s.args, "workers", 1)
     if workers > 1 and variant.engine is not None:
         cmd += ["--workers", str(workers)]

@@ -101,14 +101,15 @@ _PORTS = _ports_below_ephemeral()
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing is bound to on `host` now, not handed out before by this process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for port in _PORTS:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        with socket.socket(family) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
             return port
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    with socket.socket(family) as s:
         s.bind((host, 0))  # the range is spent: the kernel's choice
         chosen: int = s.getsockname()[1]
         return chosen

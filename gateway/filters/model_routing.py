@@ -119,7 +119,7 @@ class ModelRouteFilter(RouteFilter):
             prefix = prefix_key(doc, route.prefix_bytes)
         if servings is not None or prefix is not None:
             choice = Choice(servings, prefix)
-        a = picker.first(ctx, self.clock.now(), choice)
+        a = picker.first(ctx, self.now(), choice)
         if a is None:
             return ctx.stop(NO_ENDPOINT)
         ctx.upstream_attempt = a

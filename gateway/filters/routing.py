@@ -55,7 +55,7 @@ class RoutePicker:
 
     __slots__ = (
         "route", "groups", "weights", "swrr", "canary", "guard", "budget", "override", "sticky",
-        "retry", "clock", "now", "models", "prefix_bytes", "load_factor", "served", "served_epoch",
+        "retry", "now", "models", "prefix_bytes", "load_factor", "served", "served_epoch",
         "book",
     )  # fmt: skip
 
@@ -74,8 +74,7 @@ class RoutePicker:
         self.served_epoch = -1
         self.book = next((mv.book for mv in self.models if mv is not None), None)
         self.swrr = SmoothWeightedRoundRobin(self.weights)
-        self.clock = pool.clock
-        self.now = reader(pool.clock)
+        self.now = reader(pool.clock)  # the pool's clock, as a plain function
         c = route.canary
         names = [n for n, _ in route.targets]
         self.canary = names.index(c.backend) if c is not None else -1
@@ -362,8 +361,7 @@ class RouteFilter:
         self.pool = pool
         self.pickers = {r.name: RoutePicker(r, policy, pool) for r in policy.routes}
         self.views = [pool.view(b) for b in policy.policy.backends]
-        self.clock = pool.clock
-        self.now = reader(pool.clock)
+        self.now = reader(pool.clock)  # the pool's clock, as a plain function
         if private:
             self.activate()
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import signal
 import subprocess
@@ -32,9 +31,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gateway.bench.gateways import Setup, Variant, http_ok, policy_doc
+from gateway.bench.gateways import Setup, Variant, start_gateway
 from gateway.bench.loads import parse_wrk
-from gateway.bench.procs import Procs, free_port, pinned, start_nginx, wait_until
+from gateway.bench.procs import Procs, start_nginx, wait_until
 from gateway.bench.report import Row
 
 
@@ -97,21 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
             variant = Variant(a.engine, None, full=a.full)
-            ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
-            doc = policy_doc(ports, backend, None, True, variant, s.extra())
-            if a.full:
-                from gateway.bench.full import with_full_chain
-
-                doc = with_full_chain(doc, s.full_chain(), variant.without)
-            policy = tmp / "policy.yaml"
-            policy.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
             counts = tmp / "counts.txt"
             os.environ["SLUICE_COUNT_CALLS"] = str(counts)
             os.environ["SLUICE_COUNT_BY_CALLER"] = "1" if a.by_caller else "0"
-            cmd = [sys.executable, "-m", "tests.bench.count_calls", "--child"]
-            gw = procs.start("sluice", pinned(s.gw_cpus, [*cmd, "serve", "--policy", str(policy)]))
-            ready = f"http://127.0.0.1:{ports['admin']}/readyz"
-            wait_until("sluice", lambda: http_ok(ready), [gw])
+            runner = ("-m", "tests.bench.count_calls", "--child")
+            gw, ports = start_gateway(s, backend, None, variant, "sluice", runner=runner)
             make = s.wrk(s.url(ports["http"]), s.headers(variant))
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             os.kill(gw.pid, signal.SIGUSR1)
