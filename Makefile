@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 POLICY ?= policies/default.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup system-deps lint typecheck unit bench clean proto image
+.PHONY: run test setup system-deps lint typecheck unit bench clean proto image native
 
 run: setup
 	$(BIN)/sluice serve --policy $(POLICY)
@@ -19,7 +19,11 @@ test: setup system-deps
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-setup: $(VENV)/.stamp-deps proto
+setup: $(VENV)/.stamp-deps proto native
+
+# The request path compiled with mypyc (gateway/native.py); a no-op while it matches its sources.
+native: $(VENV)/.stamp-deps proto
+	$(BIN)/python -m gateway.build_native
 
 proto: gateway/proto/inference_pb2.py
 
@@ -47,4 +51,5 @@ image: system-deps
 	bash deploy/build-image.sh
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache gateway/proto/*_pb2*.py
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache gateway/proto/*_pb2*.py build
+	find gateway -name '*.so' -delete; rm -f gateway/_native.json

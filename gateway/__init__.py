@@ -2,4 +2,8 @@
 
 from __future__ import annotations
 
+from gateway.native import guard
+
 __version__ = "0.1.0"
+
+guard()  # before any module of the request path: compiled, or all from source (gateway.native)

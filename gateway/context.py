@@ -132,13 +132,13 @@ class RequestContext:
     info: RequestInfo
     policy: CompiledPolicy
     request_id: str = ""
-    verdict: Verdict = ALLOW
+    verdict: Verdict  # ALLOW until a filter stops the request (set in __init__)
     route: CompiledRoute | None = None
     endpoint: Endpoint | None = None
     started: float  # time.monotonic() at arrival
     started_wall: float  # time.time() at arrival
     # How it ended (set by the forwarding path; filters read it in on_response).
-    outcome: Outcome = Outcome.OK
+    outcome: Outcome  # OK until the forwarding path says otherwise (set in __init__)
     detail: str = ""  # short safe text about the outcome, for the log (never a secret)
     http_status: int = 0
     grpc_status: int | None = None
@@ -191,6 +191,8 @@ class RequestContext:
         self.started_wall = time.time()
         self.upstream_headers = {}
         self.response_headers = []
+        self.verdict = ALLOW  # (not class defaults: mypyc sets only literal ones)
+        self.outcome = Outcome.OK
 
     def __repr__(self) -> str:
         return f"RequestContext({self.info.method} {self.info.path[:80]!r}, id={self.request_id})"

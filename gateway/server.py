@@ -164,6 +164,10 @@ class Server:
         self._stack.callback(sampler.cancel)
         ticker = asyncio.get_running_loop().create_task(self._tick_rollouts())
         self._stack.callback(ticker.cancel)
+        from gateway import native
+
+        if native.STATE != "compiled" and native.STATE != "pure: SLUICE_PURE=1":
+            log.warning("request path interpreted, several times slower: %s", native.STATE[6:])
         # One line a human (and a test) can wait for.
         log.info(
             "sluice ready: %s (policy %s)",

@@ -74,8 +74,6 @@ class H1Conn(HeadParser, asyncio.Protocol):
     """One client connection: the request queue, timers and flow control; the head's parser
     callbacks and checks are `HeadParser`'s."""
 
-    server: H1Server
-
     def __init__(self, server: H1Server) -> None:
         self.server = server
         self.loop = server.loop
@@ -175,7 +173,9 @@ class H1Conn(HeadParser, asyncio.Protocol):
                     if self.ignore or not data:
                         return
         except httptools.HttpParserError as e:
-            ref = e.__context__ if isinstance(e.__context__, Refused) else None
+            ref, self.refused = self.refused, None
+            if ref is None and isinstance(e.__context__, Refused):
+                ref = e.__context__
             self.refuse(*((ref.status, ref.kind, ref.text) if ref else BAD))
             return
         if self.in_head:

@@ -123,7 +123,7 @@ class H1Exchange:
 
     async def read_body(self, limit: int) -> bytes | None:
         conn, req = self.conn, self.req
-        self._continue()
+        self.send_continue()
         req.high_water = limit  # let the connection buffer the whole body (bounded by limit)
         try:
             while not req.body_done:
@@ -148,30 +148,10 @@ class H1Exchange:
         req.buffered = 0
         return data
 
-    async def body_stream(self, limit: int) -> AsyncIterator[bytes]:
-        conn, req = self.conn, self.req
-        self._continue()
-        body = req.body
-        total = 0
-        while True:
-            if body:
-                chunk = body[0] if len(body) == 1 else b"".join(body)
-                body.clear()
-                req.buffered = 0
-                if conn.read_paused:
-                    conn.flow()
-                total += len(chunk)
-                if total > limit:
-                    raise BodyTooLarge()
-                yield chunk
-            elif req.body_done:
-                return
-            elif req.body_error or conn.closed:
-                raise EOFError("incomplete body")
-            else:
-                await conn.wait()
+    def body_stream(self, limit: int) -> AsyncIterator[bytes]:
+        return BodyChunks(self, limit)
 
-    def _continue(self) -> None:
+    def send_continue(self) -> None:
         conn, req = self.conn, self.req
         if req.continued or req.body_done or conn.transport is None:
             return
@@ -277,3 +257,42 @@ class H1Handler:
             req.responded = False
         finally:
             conn.request_done(req)
+
+
+class BodyChunks:
+    """`H1Exchange.body_stream`: the body as it arrives, at most `limit` bytes (BodyTooLarge
+    past it). An iterator class, not an async generator: mypyc compiles no async generators."""
+
+    __slots__ = ("ex", "limit", "total", "started")
+
+    def __init__(self, ex: H1Exchange, limit: int) -> None:
+        self.ex, self.limit = ex, limit
+        self.total = 0
+        self.started = False
+
+    def __aiter__(self) -> BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        ex = self.ex
+        conn, req = ex.conn, ex.req
+        if not self.started:  # 100 Continue once the body is asked for
+            self.started = True
+            ex.send_continue()
+        body = req.body
+        while True:
+            if body:
+                chunk = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                req.buffered = 0
+                if conn.read_paused:
+                    conn.flow()
+                self.total += len(chunk)
+                if self.total > self.limit:
+                    raise BodyTooLarge()
+                return chunk
+            if req.body_done:
+                raise StopAsyncIteration
+            if req.body_error or conn.closed:
+                raise EOFError("incomplete body")
+            await conn.wait()

@@ -10,12 +10,14 @@ docstring of `gateway.adapters.h1`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from gateway.adapters.h1_messages import SINGLETONS, Req, absolute
 
 if TYPE_CHECKING:
     import httptools
+
+    from gateway.adapters.h1_server import H1Server
 
 __all__ = ["BAD", "TOO_LARGE", "HeadParser", "Refused"]
 
@@ -32,28 +34,14 @@ TOO_LARGE = (431, "headers_too_large", "request header fields too large")
 BAD = (400, "bad_request", "malformed HTTP request")
 
 
-class HeadLimits(Protocol):
-    @property
-    def max_line_bytes(self) -> int: ...
-
-    @property
-    def max_header_count(self) -> int: ...
-
-
-class LimitsSource(Protocol):
-    """What the head needs of its server (`gateway.adapters.h1_server.H1Server`)."""
-
-    @property
-    def limits(self) -> HeadLimits: ...
-
-
 class HeadParser:
     """The state of the head being parsed and the callbacks that fill and check it."""
 
-    server: LimitsSource
+    server: H1Server  # one declaration for the subclass too (mypyc: no narrowing)
     parser: httptools.HttpRequestParser
 
     def __init__(self) -> None:
+        self.refused: Refused | None = None
         self.in_head = False
         self.head_bytes = 0
         self.url = b""
@@ -75,23 +63,29 @@ class HeadParser:
         self.trailers = 0
         self.seen.clear()
 
+    def refusal(self, answer: tuple[int, str, str]) -> Refused:
+        """The refusal to raise from a callback, kept in `refused` too: the connection reads it
+        there (the parser's error does not chain it when the callback is compiled)."""
+        r = self.refused = Refused(*answer)
+        return r
+
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > self.server.limits.max_line_bytes:
-            raise Refused(*TOO_LARGE)
+            raise self.refusal(TOO_LARGE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         limits = self.server.limits
         if not self.in_head:  # a trailer of a chunked body: dropped, never a request header
             self.trailers += 1
             if self.trailers > limits.max_header_count:
-                raise Refused(*TOO_LARGE)
+                raise self.refusal(TOO_LARGE)
             return
         size = len(name) + len(value)
         if size + 2 > limits.max_line_bytes:
-            raise Refused(*TOO_LARGE)
+            raise self.refusal(TOO_LARGE)
         if len(self.headers) >= limits.max_header_count:
-            raise Refused(*TOO_LARGE)
+            raise self.refusal(TOO_LARGE)
         # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
         # of the value).
         stripped = value.rstrip(b" \t")
@@ -101,13 +95,13 @@ class HeadParser:
         ln = name.lower()
         if ln in SINGLETONS:
             if ln in self.seen:
-                raise Refused(*BAD)
+                raise self.refusal(BAD)
             self.seen.add(ln)
             if ln == b"host":
                 self.host_seen = True
             elif ln == b"transfer-encoding":
                 if value.lower() != b"chunked":
-                    raise Refused(*BAD)
+                    raise self.refusal(BAD)
                 self.te_seen = self.body_declared = True
             elif ln == b"content-length" and value.lstrip(b"0"):
                 self.body_declared = True
@@ -128,7 +122,7 @@ class HeadParser:
             # llhttp would take its body for the upgraded protocol; nothing is upgraded here
             or (self.body_declared and parser.should_upgrade())
         ):
-            raise Refused(*BAD)
+            raise self.refusal(BAD)
         req = Req(method, url, self.headers, self.header_size, parser.should_keep_alive())
         req.http10 = http10
         req.chunked = self.te_seen

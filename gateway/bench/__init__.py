@@ -162,6 +162,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_pinning(args, notes)
         wait_idle(args.wait_idle, notes)
+        from gateway import native
+
+        notes.append(f"Sluice request path: {native.STATE} (gateway.native)")
         if not args.no_access_log:
             notes.append("Sluice access log on (stderr to a temp file); --no-access-log: off")
         if args.keep_logs:

@@ -152,7 +152,7 @@ def pick_allowed(plan: Plan[M], random: Random, ok: Ok) -> M | None:
             continue
         if n == 1:
             return members[0]
-        total = sum(m.weight for m in members)
+        total = sum((m.weight for m in members), 0.0)  # a float sum (mypyc)
         x = random() * total
         i = 0
         run = members[0].weight

@@ -247,7 +247,7 @@ def _move(
 ) -> M:
     """`first` is over its bound: the prefix moves to the first member of its order with room
     for it (its average moved along), or stays."""
-    share = sum(m.core.avg for m in members) / sum(m.weight for m in members)
+    share = sum((m.core.avg for m in members), 0.0) / sum((m.weight for m in members), 0.0)
     own = p.current(now) if p is not None else 0.0
     fc = first.core
     for m in _ranked(members, key, uniform, first):

@@ -114,7 +114,7 @@ class Weight:
 
 
 class AdmissionFilter:
-    name = NAME
+    name = "admission"  # NAME (a literal: mypyc sets only literal defaults)
 
     def __init__(self, section: Admission, policy: CompiledPolicy, book: AdmissionBook,
                  lim: Limiter | None, members: BackendPool | None = None) -> None:  # fmt: skip

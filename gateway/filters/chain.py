@@ -42,14 +42,16 @@ class Chain:
         # Per event kind, the on_event hooks of the filters that read it (`event_kinds`).
         listeners = [f for f in self.filters if hasattr(f, "on_event")]
         reads = [(f.on_event, getattr(f, "event_kinds", ALL_KINDS)) for f in listeners]
-        hooks = {kind: tuple(fn for fn, kinds in reads if kind in kinds) for kind in EventKind}
+        hooks: dict[EventKind, tuple[Any, ...]] = {
+            kind: tuple(fn for fn, kinds in reads if kind in kinds) for kind in EventKind
+        }
         # By the kind's id: an enum's hash is a Python-level call, and this is per event.
         self._event = {id(kind): fns for kind, fns in hooks.items()}
-        self.heard = frozenset(kind for kind, fns in hooks.items() if fns)
+        self.heard = frozenset([kind for kind in hooks if hooks[kind]])
         self.hears_head = EventKind.HEAD in self.heard  # (read per answer: no hash then)
         self.hears_json = EventKind.JSON in self.heard
         resp = [(i, h) for i, f in enumerate(self.filters) if (h := _hook(f, "on_response"))]
-        self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in reversed(resp))
+        self._resp = tuple((i, fn, co, self.filters[i].name) for i, (fn, co) in resp[::-1])
         self.sync_response = not any(co for _, _, co, _ in self._resp)
         self.has_body = bool(self._body)
         # Whether a request without a body is shown to on_body (a filter says `body_when_empty

@@ -1,28 +1,27 @@
 """Rate limits on the request path: QPS and colour in `on_request`, LLM tokens in the body and
 response phases. Decisions are `gateway.core`'s; state is the services' `Limiter`.
 
-- `on_request` (plain: it decides against local state and leased shares, never awaiting;
-  only a `strict` rule with Redis up, or a request waiting in the yellow queue, hands back
-  an awaitable): the priority class, the backend pool's colour, then each rule's key:
-  arrival counted, colour moved, admit / shed / refuse.
+- `on_request` (plain: it decides against local state and leased shares, never awaiting; only a
+  `strict` rule with Redis up, or a request waiting in the yellow queue, hands back an
+  awaitable): the priority class, the backend pool's colour, then each rule's key.
 - `on_body`, `on_event` (`TokenRateLimitFilter`, built only when a rule limits tokens or is
   keyed by model): the token reservation and the stream's usage, in `ratelimit_tokens`.
 - `on_response`: the reservation settled from `ctx.usage`, the pool's latency sample.
-- The two paths that wait (the yellow queue, `strict` Redis decisions): `ratelimit_wait`.
-  Both go on through this filter's public steps (`ratelimit_steps.Steps`).
+- The paths that wait (the yellow queue, `strict` Redis decisions): `ratelimit_wait`, through
+  this filter's public steps (`ratelimit_steps.Steps`).
 
 Refusals: 429 / RESOURCE_EXHAUSTED with Retry-After and `x-ratelimit-{limit,remaining,reset}-
-{requests,tokens}` (HTTP headers; gRPC trailing metadata); shed by colour: 503 / UNAVAILABLE
-with Retry-After. A shadow rule (`enforce: false`) decides exactly as if it were enforced and
-counts what it would have refused; the request goes on.
+{requests,tokens}`; shed by colour: 503 / UNAVAILABLE with Retry-After. A shadow rule
+(`enforce: false`) decides as if enforced and counts what it would have refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, ClassVar
 
-from gateway.context import EventKind, RequestContext, Status
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.core.body import RequestBody
 from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
@@ -54,15 +53,13 @@ from gateway.services import Services
 NAME = "ratelimit"
 _ADMIT = Code.ADMIT
 _CONTINUE = Status.CONTINUE
-_OK = Outcome.OK
-_GRPC = Protocol.GRPC
 _COUNTER = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
 
 
 class RateLimitFilter:
     """The request and response phases; implements `ratelimit_steps.Steps` for the others."""
 
-    name = NAME
+    name = "ratelimit"  # NAME (a literal: mypyc sets only literal defaults)
 
     def __init__(self, c: CompiledLimits, lim: Limiter) -> None:
         self.c = c
@@ -192,7 +189,7 @@ class RateLimitFilter:
             return _CONTINUE  # every rule admitted it and nothing is held
         if t.strict:
             return strict(self, ctx, t)
-        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not _GRPC):
+        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not Protocol.GRPC):
             ctx.reservation = t  # what `admitted` does for it, without the call
             return _CONTINUE
         return self.admitted(ctx, t)
@@ -325,14 +322,14 @@ class RateLimitFilter:
     # -- response phase -----------------------------------------------------------------------
     def on_response(self, ctx: RequestContext) -> None:
         t = ctx.reservation
-        if t is None or (t.pool is None and t.tokens is None and ctx.outcome is _OK):
+        if t is None or (t.pool is None and t.tokens is None and ctx.outcome is Outcome.OK):
             return  # nothing reserved, nothing to give back: the common QPS-only case
         if not isinstance(t, Ticket):
             return
         if t.pool is not None:
             self._release(ctx, t)
         outcome = ctx.outcome
-        started = outcome is _OK or ctx.first_byte_at is not None
+        started = outcome is Outcome.OK or ctx.first_byte_at is not None
         res = t.tokens
         if res is not None and not res.settled:
             res.settled = True
@@ -384,10 +381,13 @@ class TokenRateLimitFilter(RateLimitFilter):
 
     events_when_asked = True
     # A JSON answer settles from `ctx.usage` (in on_response): no head or JSON event for it.
-    event_kinds = frozenset({EventKind.SSE, EventKind.TRAILERS})
+    event_kinds: ClassVar[frozenset[EventKind]] = frozenset({EventKind.SSE, EventKind.TRAILERS})
 
-    on_body = on_body  # the functions themselves: one call less per phase
-    on_event = on_event
+    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
+        return on_body(self, ctx, body)
+
+    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
+        return on_event(self, ctx, event)
 
 
 def build(section: CompiledPolicy, services: Services) -> RateLimitFilter | None:

@@ -277,6 +277,11 @@ class UpstreamConn(asyncio.Protocol):
             self.timer_cancelled = True
             self.task.cancel()  # it may be awaiting the client's body: stop that too
 
+    def failed(self) -> bool:
+        """`exc` is set. A call, not `exc is None` in a loop around an await: mypy would keep
+        that narrowing across the await, and mypyc would check it (a TypeError)."""
+        return self.exc is not None
+
     async def wait(self) -> None:
         """Wait for the next event on this connection; cancellation aborts the connection."""
         self.waiter = self.loop.create_future()

@@ -33,15 +33,15 @@ idle for more than `STALE_CHECK_S` is polled for a pending FIN before it is reus
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
+from gateway.errors import UpstreamConnectError, UpstreamProtocolError
 from gateway.telemetry import metrics
 from gateway.telemetry.requests import hist_tally
 from gateway.upstream.conn import HIGH_WATER, LOW_WATER, Stale, UpstreamConn, readable
+from gateway.upstream.dial import dial
 from gateway.upstream.request import (
     REPLAY_LIMIT,
     ReplayStream,
@@ -53,7 +53,6 @@ from gateway.upstream.request import (
     wait_head,
 )
 from gateway.upstream.response import UpstreamResponse
-from gateway.upstream.tls import handshake_failed
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
@@ -160,30 +159,13 @@ class UpstreamHost:
 
     async def _connect(self, deadline: float, max_head: int) -> UpstreamConn:
         self.total += 1
-        tls = self.tls
         try:
-            async with asyncio.timeout_at(deadline):  # the TLS handshake included
-                transport, proto = await self.loop.create_connection(
-                    lambda: UpstreamConn(self),
-                    self.host,
-                    self.port,
-                    ssl=None if tls is None else tls.context,
-                    server_hostname=None if tls is None else tls.server_hostname(self.host),
-                )
-        except TimeoutError:
-            self._slot_freed()
-            raise UpstreamTimeout("connect") from None
-        except ssl.SSLError as e:
-            self._slot_freed()
-            raise handshake_failed(tls, f"{self.host}:{self.port}", e) from e
-        except OSError as e:
-            self._slot_freed()
-            raise UpstreamConnectError(f"connect to {self.host}:{self.port}: {e}") from e
+            conn = await dial(
+                self.loop, lambda: UpstreamConn(self), self.host, self.port, self.tls, deadline
+            )
         except BaseException:
             self._slot_freed()
             raise
-        conn = proto
-        conn.attach(transport)
         conn.max_head = max_head
         return conn
 

@@ -177,7 +177,7 @@ def check_stale(conn: UpstreamConn) -> None:
 
 
 async def drain(conn: UpstreamConn) -> None:
-    while conn.write_paused and conn.exc is None and not conn.closed:
+    while conn.write_paused and not conn.failed() and not conn.closed:
         await conn.wait()
     if conn.exc is not None:
         raise conn.exc
@@ -188,9 +188,9 @@ async def wait_head(conn: UpstreamConn, first_byte: HistTally, t: Timeouts) -> U
     arm the idle timer for the body."""
     loop = conn.loop
     sent_at = loop.time()
-    if not conn.head_done and conn.exc is None:
+    if not conn.head_done and not conn.failed():
         conn.arm(FIRST_BYTE, t.first_byte_s)
-        while not conn.head_done and conn.exc is None:
+        while not conn.head_done and not conn.failed():
             # `conn.wait()` without its coroutine (this wait is on every request)
             fut = conn.waiter = loop.create_future()
             try:

@@ -64,9 +64,8 @@ class UpstreamResponse:
                 raise exc if not isinstance(exc, Stale) else UpstreamProtocolError("closed")
             await conn.wait()
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        while chunk := await self.read_chunk():
-            yield chunk
+    def iter_chunks(self) -> AsyncIterator[bytes]:
+        return _Chunks(self)
 
     @property
     def complete(self) -> bool:
@@ -90,3 +89,21 @@ class UpstreamResponse:
 
     async def aclose(self) -> None:
         self.release()
+
+
+class _Chunks:
+    """`UpstreamResponse.iter_chunks` (a class: mypyc compiles no async generators)."""
+
+    __slots__ = ("resp",)
+
+    def __init__(self, resp: UpstreamResponse) -> None:
+        self.resp = resp
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self.resp.read_chunk()
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk

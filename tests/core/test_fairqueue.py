@@ -17,14 +17,17 @@ from gateway.core.fairqueue import (
 )
 
 P = QueueParams(max_queued=100, max_wait_s=5.0, initial_cost=10.0)
+# Arrivals per queue, by the queue's id (a compiled FairQueue takes no attributes of the test's).
+ARRIVED: dict[int, tuple[FairQueue, int]] = {}
 
 
 def waiter(q: FairQueue, tenant: str, cls: int = 0, now: float = 0.0, weight: float = 1.0,
            deadline: float | None = None) -> Waiter:  # fmt: skip
     w, evicted = q.arrive(q.tenant(tenant, cls, weight), cls, now, deadline)
     assert isinstance(w, Waiter) and evicted is None
-    q.arrived = getattr(q, "arrived", 0) + 1  # type: ignore[attr-defined]
-    w.handle = f"{tenant}{q.arrived}"  # type: ignore[attr-defined]
+    n = ARRIVED.get(id(q), (q, 0))[1] + 1
+    ARRIVED[id(q)] = (q, n)  # the queue held: its id is not reused by a later one
+    w.handle = f"{tenant}{n}"
     return w
 
 
@@ -43,6 +46,7 @@ def order(q: FairQueue, now: float = 1.0) -> list[str]:
 
 def full(capacity: int = 1, p: QueueParams = P) -> FairQueue:
     q = FairQueue(p, capacity)
+    ARRIVED[id(q)] = (q, 0)
     for i in range(capacity):
         w, _ = q.arrive(q.tenant(f"busy{i}", 9), 9, 0.0)
         assert isinstance(w, Waiter) and w.state == DISPATCHED

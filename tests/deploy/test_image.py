@@ -157,6 +157,7 @@ def _post(port: int, body: dict, timeout: float = 30) -> bytes:  # type: ignore[
         return bytes(r.read())
 
 
+@pytest.mark.timeout(900)  # the image build (its module fixture) compiles the request path
 def test_image_serves_as_non_root_and_drains_on_sigterm(
     container: tuple[str, dict[str, int]],
 ) -> None:
