@@ -2,7 +2,7 @@
 build. `python -m gateway.build_native [ROOT]` compiles; `make setup` runs it.
 
 Sluice stays Python: mypyc compiles these modules, as typed, into C extensions that sit beside
-their sources (`gateway/forward/http.cpython-311-….so` beside `http.py`, and the group's shared
+their sources (`gateway/forward/relay.cpython-311-….so` beside `relay.py`, and the group's shared
 library `gateway/_native__mypyc….so`). Python imports an extension before the source of the
 same name, so a build that no longer matches its sources would run old code. The build
 therefore writes `gateway/_native.json` with a digest of the sources it compiled, and `guard`
@@ -12,9 +12,10 @@ from its source instead when the digest differs, when there is no build, or when
 modules call each other directly, so a mix would run old code too. `STATE` says which; the
 server logs it at start, `sluice bench` prints it, and the strict suite requires "compiled".
 
-Not compiled: the modules mypyc cannot run as written (async generators, Generic classes,
-weak references to slotted objects, values whose runtime type differs from their stubs'),
-the gRPC paths and everything off the request path.
+Not compiled: the modules mypyc cannot run as written (Generic classes, weak references to
+slotted objects, values whose runtime type differs from their stubs'), `gateway/forward/http.py`
+(compiled, it raised a failed backend TLS handshake again after its 502: README, "The compiled
+request path"), the gRPC paths and everything off the request path.
 """
 
 from __future__ import annotations
