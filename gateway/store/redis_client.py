@@ -65,8 +65,8 @@ REDIS: Final = ServiceKey[RedisClients]("redis")
 
 
 def _create(url: str, cluster: bool) -> Any:
+    from redis.asyncio.retry import Retry  # the asyncio one: redis-py 8 warns of the other
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
     common: dict[str, Any] = {
         "socket_timeout": OUTER_TIMEOUT_S,
