@@ -13,9 +13,13 @@ modules call each other directly, so a mix would run old code too. `STATE` says 
 server logs it at start, `sluice bench` prints it, and the strict suite requires "compiled".
 
 Not compiled: the modules mypyc cannot run as written (Generic classes, weak references to
-slotted objects, values whose runtime type differs from their stubs'), `gateway/forward/http.py`
-(compiled, it raised a failed backend TLS handshake again after its 502: README, "The compiled
-request path"), the gRPC paths and everything off the request path.
+slotted objects, values whose runtime type differs from their stubs'), the gRPC paths and
+everything off the request path.
+
+One rule the compiled modules keep: no `await` inside an `except` or `finally` block. mypyc keeps
+one exception state per thread, not per coroutine; a block that waits restores, when it ends, a
+state saved while an exception was being thrown into the task, and that exception is raised
+again later (`gateway.forward.http.serve`; `tests/test_native_rules.py` checks the rule).
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ MODULES = (
     "gateway.adapters.h1_exchange",
     "gateway.adapters.h1_head",
     "gateway.adapters.h1_messages",
+    "gateway.forward.answers",
     "gateway.forward.body_phase",
     "gateway.forward.deadlines",
     "gateway.forward.exchange",
     "gateway.forward.failures",
     "gateway.forward.first_token",
     "gateway.forward.headers",
+    "gateway.forward.http",
     "gateway.forward.lifecycle",
     "gateway.forward.relay",
     "gateway.upstream.conn",

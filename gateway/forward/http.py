@@ -27,7 +27,6 @@ from gateway.core.request import unsafe_path
 from gateway.core.verdict import (
     BAD_EXPECT,
     BAD_PATH,
-    BODY_TIMEOUT,
     BODY_TOO_LARGE,
     GRPC_UNAVAILABLE,
     HEADERS_TOO_LARGE,
@@ -36,14 +35,13 @@ from gateway.core.verdict import (
     reject,
 )
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
-from gateway.forward import first_token, relay
+from gateway.forward import answers, first_token, relay
 from gateway.forward.body_phase import body_phase
-from gateway.forward.deadlines import BODY, STALL, TOTAL, Deadlines
+from gateway.forward.deadlines import BODY, Deadlines
 from gateway.forward.exchange import BodyTooLarge, Exchange
 from gateway.forward.failures import TLS, failure_for
-from gateway.forward.headers import error_body, request_headers, response_lines
+from gateway.forward.headers import request_headers
 from gateway.forward.lifecycle import Lifecycle, retry
-from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable
@@ -72,32 +70,54 @@ class HttpForward:
 
     async def serve(self, ex: Exchange) -> None:
         """Serve one request to its end. Raises CancelledError / ConnectionError only when the
-        client went away; every other failure is answered."""
+        client went away; every other failure is answered.
+
+        Compiled (`gateway.native`): no `await` here runs inside an `except` or `finally` block.
+        mypyc keeps one exception state per thread, not per coroutine, so a block that waits
+        restores, when it ends, a state saved while an exception was being thrown into the
+        task, and that exception was raised again later (a failed backend TLS handshake, after
+        its 502). What such a block would await is awaited after it instead."""
         info = ex.info
         snap, ctx = self.lifecycle.begin(info)
+        left: BaseException | None = None  # the client went away: raised once finished
+        bug = False
         try:
             verdict = self._admit(ex, ctx, snap)
             if verdict is not None and verdict.__class__ is not Verdict:
                 verdict = await verdict  # type: ignore[misc]
             if verdict is not None:
-                await self._reject(ex, ctx, verdict)
-                return
-            await self._forward(ex, ctx, snap)
-        except (asyncio.CancelledError, ConnectionError):
+                await answers.refuse(ex, ctx, verdict, self.gateway.draining)
+            else:
+                await self._forward(ex, ctx, snap)
+        except (asyncio.CancelledError, ConnectionError) as e:
             if ctx.outcome is Outcome.OK:
                 ctx.outcome = Outcome.CLIENT_CANCELLED
-            raise
+            left = e
         except Exception:  # a bug of ours: one log line with the traceback, a 500 if possible
             log.exception("HTTP request failed: %s %s", info.method, info.path[:200])
             ctx.outcome = Outcome.INTERNAL
+            bug = True
+        if bug:
+            left = await self._internal(ex, ctx)
+        pending = self.lifecycle.finish(snap, ctx)
+        if pending is not None:
+            await pending
+        if left is not None:
+            raise left
+
+    async def _internal(self, ex: Exchange, ctx: RequestContext) -> BaseException | None:
+        """After a bug of ours: a 500 when no head went out yet, else the connection cut. What
+        stopped that answer is returned, to be raised once the request is finished."""
+        try:
             if not ex.head_sent:
-                await self._answer(ex, ctx, 500, "internal", "gateway error", close=True)
+                await answers.answer(
+                    ex, ctx, 500, "internal", "gateway error", self.gateway.draining, close=True
+                )
             else:
                 ex.abort()
-        finally:
-            pending = self.lifecycle.finish(snap, ctx)
-            if pending is not None:
-                await pending
+        except BaseException as e:
+            return e
+        return None
 
     async def cancelled(self, ex: Exchange) -> None:
         """A request whose client left before it could be served (an HTTP/2 stream reset before
@@ -159,102 +179,106 @@ class HttpForward:
         body: AsyncIterator[bytes] | bytes | None = None
         streamed = False
         pool = self.gateway.http_pool
+        early: Exception | None = None  # what ended the request before its answer began
+        expired: str | None = None  # the deadline that cancelled the task
         try:
             try:
-                if ex.has_body:
-                    cap = min(limits.max_buffered_body_bytes, limits.max_body_bytes)
-                    whole = ex.whole_body(cap)
-                    if whole is None:  # not all here yet: read it within body_read_s
-                        deadlines.tighten(task, policy.timeouts.body_read_s, BODY)
-                        whole = await ex.read_body(cap)
-                        deadlines.relax(task)
-                    if whole is not None:
-                        body = whole
-                        ctx.bytes_in = len(whole)
-                    else:
-                        body = self._counted(ex, ctx, limits.max_body_bytes)
-                        streamed = True
-                if snap.chain.has_body:
-                    verdict = body_phase(ctx, snap.chain, body, info.content_length)
-                    if verdict is not None:
-                        await self._reject(ex, ctx, verdict)
+                try:
+                    if ex.has_body:
+                        cap = min(limits.max_buffered_body_bytes, limits.max_body_bytes)
+                        whole = ex.whole_body(cap)
+                        if whole is None:  # not all here yet: read it within body_read_s
+                            deadlines.tighten(task, policy.timeouts.body_read_s, BODY)
+                            whole = await ex.read_body(cap)
+                            deadlines.relax(task)
+                        if whole is not None:
+                            body = whole
+                            ctx.bytes_in = len(whole)
+                        else:
+                            body = Counted(ex.body_stream(limits.max_body_bytes), ctx)
+                            streamed = True
+                    if snap.chain.has_body:
+                        verdict = body_phase(ctx, snap.chain, body, info.content_length)
+                        if verdict is not None:
+                            await answers.refuse(ex, ctx, verdict, self.gateway.draining)
+                            return
+                        b = ctx.body
+                        if b is not None and b.dirty and b.doc is not None:
+                            body = jsonfast.rewritten(b.raw, b.doc, b.changes)
+                            ctx.bytes_in = len(body)
+                        if ctx.route is not route:  # decided on the body: its own deadline
+                            route = ctx.route
+                            assert route is not None
+                            timeouts = route.timeouts
+                            deadlines.start(task, timeouts.total_s)
+                    endpoint = ctx.endpoint
+                    if endpoint is None:
+                        await answers.refuse(ex, ctx, NO_ROUTE, self.gateway.draining)
                         return
-                    b = ctx.body
-                    if b is not None and b.dirty and b.doc is not None:
-                        body = jsonfast.rewritten(b.raw, b.doc, b.changes)
-                        ctx.bytes_in = len(body)
-                    if ctx.route is not route:  # decided on the body: its own deadline
-                        route = ctx.route
-                        assert route is not None
-                        timeouts = route.timeouts
-                        deadlines.start(task, timeouts.total_s)
-                endpoint = ctx.endpoint
-                if endpoint is None:
-                    await self._reject(ex, ctx, NO_ROUTE)
-                    return
-                if streamed and pool.uploads(endpoint) >= limits.max_streamed_uploads_per_backend:
-                    await self._reject(ex, ctx, UPLOADS_FULL)
-                    return
-                path = route.upstream_path(info.path)
-                if ex.query:
-                    path += "?" + ex.query
-                # begin_try counts the attempt and, when tracing, aims traceparent at this try.
-                ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
-                headers = request_headers(ex.raw_headers, ctx, endpoint)
-                if streamed:  # a streamed body cannot be sent twice: one try
-                    pool.upload_started(endpoint)
-                    sent = time.monotonic()
-                    try:
-                        up = await pool.request(
-                            endpoint, info.method, path, headers, body, timeouts,
-                            content_length=info.content_length,
-                        )  # fmt: skip
-                    finally:
-                        pool.upload_done(endpoint)
-                        ctx.upstream_s += time.monotonic() - sent
-                else:
-                    assert body is None or isinstance(body, bytes)
-                    if route.retries is None:  # one try (`tries` without its coroutine)
+                    if (
+                        streamed
+                        and pool.uploads(endpoint) >= limits.max_streamed_uploads_per_backend
+                    ):
+                        await answers.refuse(ex, ctx, UPLOADS_FULL, self.gateway.draining)
+                        return
+                    path = route.upstream_path(info.path)
+                    if ex.query:
+                        path += "?" + ex.query
+                    # begin_try counts the attempt and, when tracing, aims traceparent at this try.
+                    ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
+                    headers = request_headers(ex.raw_headers, ctx, endpoint)
+                    if streamed:  # a streamed body cannot be sent twice: one try
+                        pool.upload_started(endpoint)
                         sent = time.monotonic()
                         try:
                             up = await pool.request(
-                                endpoint, info.method, path, headers, body, timeouts
-                            )
+                                endpoint, info.method, path, headers, body, timeouts,
+                                content_length=info.content_length,
+                            )  # fmt: skip
                         finally:
+                            pool.upload_done(endpoint)
                             ctx.upstream_s += time.monotonic() - sent
                     else:
-                        up = await self.tries(ctx, ex, info.method, path, headers, body, timeouts)
-                    if route.retries is not None and route.retries.before_first_token:
-                        up = await first_token.until_first_token(
-                            self.tries, ctx, ex, info.method, path, body, up, snap
-                        )
-                ctx.try_first_byte(time.monotonic(), up.status)
-            except BodyTooLarge:
-                await self._reject(ex, ctx, BODY_TOO_LARGE)
-                return
-            except EOFError:  # the client's body was malformed or cut
-                ctx.outcome = Outcome.BAD_REQUEST
-                await self._answer(ex, ctx, 400, "bad_request", "incomplete body", close=True)
-                return
-            except UpstreamError as e:
-                await self._upstream_failed(ex, ctx, e)
-                return
-            try:
-                end = relay.relay(ex, ctx, snap, up, task, deadlines, self.gateway)
-                if end is not None and not isinstance(end, Verdict | UpstreamError):
-                    end = await end
-                if end is not None:  # what the response phase left to answer
-                    if isinstance(end, Verdict):
-                        await self._reject(ex, ctx, end)
-                    else:
-                        await self._upstream_failed(ex, ctx, end)
-            finally:
-                up.release()
-        except asyncio.CancelledError:
-            kind = deadlines.expired(task)
-            if kind is None or task.uncancel() > 0:
-                raise  # the client left (or both at once): not ours to answer
-            await self._expired(ex, ctx, kind)
+                        assert body is None or isinstance(body, bytes)
+                        if route.retries is None:  # one try (`tries` without its coroutine)
+                            sent = time.monotonic()
+                            try:
+                                up = await pool.request(
+                                    endpoint, info.method, path, headers, body, timeouts
+                                )
+                            finally:
+                                ctx.upstream_s += time.monotonic() - sent
+                        else:
+                            up = await self.tries(
+                                ctx, ex, info.method, path, headers, body, timeouts
+                            )
+                        if route.retries is not None and route.retries.before_first_token:
+                            up = await first_token.until_first_token(
+                                self.tries, ctx, ex, info.method, path, body, up, snap
+                            )
+                    ctx.try_first_byte(time.monotonic(), up.status)
+                except (BodyTooLarge, EOFError, UpstreamError) as e:
+                    early = e  # answered after the block (`serve`: no await inside one)
+                if early is not None:
+                    await answers.before_answer(ex, ctx, early, self.gateway.draining)
+                    return
+                try:
+                    end = relay.relay(ex, ctx, snap, up, task, deadlines, self.gateway)
+                    if end is not None and not isinstance(end, Verdict | UpstreamError):
+                        end = await end
+                    if end is not None:  # what the response phase left to answer
+                        if isinstance(end, Verdict):
+                            await answers.refuse(ex, ctx, end, self.gateway.draining)
+                        else:
+                            await answers.upstream_failed(ex, ctx, end, self.gateway.draining)
+                finally:
+                    up.release()
+            except asyncio.CancelledError:
+                expired = deadlines.expired(task)
+                if expired is None or task.uncancel() > 0:
+                    raise  # the client left (or both at once): not ours to answer
+            if expired is not None:
+                await answers.expired(ex, ctx, expired, self.gateway.draining)
         finally:
             deadlines.stop(task)
             ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
@@ -315,69 +339,21 @@ class HttpForward:
             ctx.begin_try(nxt.backend, nxt.address, time.monotonic())
             headers = request_headers(ex.raw_headers, ctx, nxt)
 
-    async def _counted(self, ex: Exchange, ctx: RequestContext, limit: int) -> AsyncIterator[bytes]:
-        async for chunk in ex.body_stream(limit):
-            ctx.bytes_in += len(chunk)
-            yield chunk
 
-    async def _expired(self, ex: Exchange, ctx: RequestContext, kind: str) -> None:
-        if kind == BODY:
-            await self._reject(ex, ctx, BODY_TIMEOUT)
-            return
-        if kind == STALL:  # the client stopped reading: cut both ways (the upstream is released)
-            ctx.outcome = Outcome.STALLED
-            ex.abort()
-            return
-        assert kind == TOTAL
-        if ctx.endpoint is not None:
-            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, "timeout").inc()
-        ctx.outcome = Outcome.UPSTREAM_TIMEOUT
-        if not ex.head_sent:
-            await self._answer(ex, ctx, 504, "upstream_timeout", "upstream total timeout")
-        else:
-            await relay.end_early(ex, ctx, "upstream_timeout", "upstream total timeout")
+class Counted:
+    """A streamed request body, each chunk's size added to `ctx.bytes_in` as it passes. An
+    iterator class, not an async generator: mypyc compiles no async generators."""
 
-    async def _upstream_failed(self, ex: Exchange, ctx: RequestContext, e: Exception) -> None:
-        f = failure_for(e)
-        if ctx.endpoint is not None:
-            metrics.UPSTREAM_ERRORS.labels(ctx.endpoint.backend, f.kind).inc()
-        ctx.outcome = f.outcome
-        ctx.detail = str(e)[:200]
-        if not ex.head_sent:
-            await self._answer(ex, ctx, f.http_status, f.error_type, str(e))
-        else:
-            await relay.end_early(ex, ctx, f.error_type, str(e))
+    __slots__ = ("chunks", "ctx")
 
-    async def _reject(self, ex: Exchange, ctx: RequestContext, v: Verdict) -> None:
-        ctx.verdict = v
-        ctx.outcome = Outcome.REJECTED if v.http_status >= 400 else Outcome.OK
-        close = v.http_status in (408, 413, 417, 431)  # the rest is not worth reading
-        await self._answer(
-            ex, ctx, v.http_status, v.error_type, v.reason, v.retry_after, v.headers, close,
-            v.body,
-        )  # fmt: skip
+    def __init__(self, chunks: AsyncIterator[bytes], ctx: RequestContext) -> None:
+        self.chunks = chunks
+        self.ctx = ctx
 
-    async def _answer(
-        self,
-        ex: Exchange,
-        ctx: RequestContext,
-        status: int,
-        error_type: str,
-        message: str,
-        retry_after: float | None = None,
-        extra: tuple[tuple[str, str], ...] = (),
-        close: bool = False,
-        body: bytes = b"",
-    ) -> None:
-        """A JSON error response (or `body`), whole, in one write."""
-        ctx.http_status = status
-        body = body or error_body(error_type or "error", message)
-        lines = response_lines(ctx, retry_after, extra)
-        if close or self.gateway.draining:
-            ex.close_after = True
-        if ctx.info.method == "HEAD":  # the length of the body, without it (RFC 9110 §9.3.2)
-            pending = ex.respond(status, lines, b"", False, len(body))
-        else:
-            ctx.bytes_out, pending = len(body), ex.respond(status, lines, body, False)
-        if pending is not None:
-            await pending
+    def __aiter__(self) -> Counted:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self.chunks.__anext__()
+        self.ctx.bytes_in += len(chunk)
+        return chunk
