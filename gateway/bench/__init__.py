@@ -21,6 +21,11 @@ Rows, each after a 2 s warm-up run of the same command:
   chain (`--filters`, repeatable; `default` = the policy's default chain) × tracing (`--tracing`
   adds a row with tail sampling at 1e-5: the OK requests measured are decided and dropped).
   `--policy-extra` is YAML merged over every bench policy (the sections a chain needs).
+- With `--full`, a row per engine for the full chain (`gateway/bench/full.py`: JWT, two rate-limit
+  rules, tail-sampled tracing, breaker + outlier + retries), and each feature's cost in place:
+  the full-chain gateway and the one without that feature measured in turn, `--pairs` times
+  for `--pair-duration` s each, the median difference printed against the feature's budget
+  (`gateway/bench/features.py`).
 - With `--auth`, HTTP auth rows (`gateway/bench/auth.py`): the same backend through a Sluice
   with an `auth` section: a route with auth off, a cached token, a fresh token per request
   (RS256, ES256). The "HTTP Sluice" row of the same engine, without `auth`, is the baseline.
@@ -38,8 +43,8 @@ happens; every wait has a deadline.
 """
 # Modules: procs (processes, pinning, /proc CPU, readiness, nginx config), loads (wrk, h2load,
 # grpc.aio load and their parsers), gateways (mock backend, floor, Sluice and its bench policy),
-# runner (the rows of one run), auth (the --auth rows), floor (the floor proxy), report (Row,
-# ratios, table).
+# runner (the rows of one run), features (--full's paired feature costs), auth (the --auth rows),
+# floor (the floor proxy), report (Row, ratios, table).
 # This module is the CLI edge: `configure(parser)` and `run(args)`, as gateway/cli.py expects.
 
 from __future__ import annotations
@@ -110,8 +115,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-leave-one-out",
         action="store_true",
-        help="with --full: skip the rows of the full chain without one feature each (which give "
-        "each feature's cost in place)",
+        help="with --full: skip measuring each feature's cost in place (the full chain against "
+        "the chain without that feature, in pairs: gateway.bench.features)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="with --full: runs of each (full chain, chain without one feature) pair; a "
+        "feature's cost is the median of the pairs' differences",
+    )
+    parser.add_argument(
+        "--pair-duration",
+        type=int,
+        default=4,
+        help="seconds of each measured run of a pair (after the usual warm-up)",
     )
     parser.add_argument(
         "--workers",

@@ -129,9 +129,14 @@ def run_all(s: Setup) -> list[Row]:
     cores = cpu_list(s.gw_cpus)
 
     def run(
-        row: Row, cmd: MakeCmd, parse: Parse, pid: int | None, backend: BackendStats | None = None
+        row: Row,
+        cmd: MakeCmd,
+        parse: Parse,
+        pid: int | None,
+        backend: BackendStats | None = None,
+        duration: int | None = None,
     ) -> Row:
-        return measure(row, cmd, parse, a.duration, pid, cores, backend)
+        return measure(row, cmd, parse, duration or a.duration, pid, cores, backend)
 
     rows: list[Row] = []
     if do_http:
@@ -165,7 +170,7 @@ def run_all(s: Setup) -> list[Row]:
 
 def http_rows(
     s: Setup,
-    run: Callable[[Row, MakeCmd, Parse, int | None], Row],
+    run: Callable[..., Row],  # run_all's `run`
     engines: list[str],
     chains: list[tuple[str, ...] | None],
     tracings: list[bool],
@@ -235,10 +240,6 @@ def http_rows(
     ]
     if s.args.full:
         variants += [Variant(engine, full=True) for engine in engines]
-        if not s.args.no_leave_one_out:
-            from gateway.bench.full import FEATURES
-
-            variants += [Variant(engines[0], full=True, without=f) for f in FEATURES]
     for v in variants:
         row = Row(f"HTTP Sluice {v.label}")
         h2row = Row(f"HTTP/2 Sluice {v.label}") if h2 and v.engine == "native" else None
@@ -248,8 +249,13 @@ def http_rows(
             if h2row.cpu_us_per_req and row.cpu_us_per_req:
                 ratio = h2row.cpu_us_per_req / row.cpu_us_per_req
                 s.notes.append(f"{h2row.name}: {ratio:.2f}× the HTTP/1.1 CPU per request")
-    if s.args.full and not s.args.no_leave_one_out:
-        _feature_costs(s, rows, engines[0])
+    if s.args.full and not s.args.no_leave_one_out and s.args.pairs > 0:
+        from gateway.bench.features import feature_costs
+
+        def measure_for(row: Row, cmd: MakeCmd, pid: int) -> Row:
+            return run(row, cmd, parse_wrk, pid, None, s.args.pair_duration)
+
+        feature_costs(s, engines[0], http_be, measure_for)
     if s.args.auth:
         from gateway.bench.auth import auth_rows
 
@@ -259,23 +265,3 @@ def http_rows(
 
 def _models(port: int) -> str:
     return f"http://127.0.0.1:{port}/v1/models"
-
-
-def _feature_costs(s: Setup, rows: list[Row], engine: str) -> None:
-    """Notes: each full-chain feature's cost in place (full row − the row without it)."""
-    from gateway.bench.full import BUDGET_US, FEATURES
-
-    by_name = {r.name: r for r in rows}
-    full = by_name.get(f"HTTP Sluice {Variant(engine, full=True).label}")
-    if full is None or not full.cpu_us_per_req:
-        return
-    for f in FEATURES:
-        less = by_name.get(f"HTTP Sluice {Variant(engine, full=True, without=f).label}")
-        if less is None or not less.cpu_us_per_req:
-            continue
-        cost = full.cpu_us_per_req - less.cpu_us_per_req
-        verdict = "within" if cost <= BUDGET_US[f] else "OVER"
-        s.notes.append(
-            f"{f} in the full chain ({engine}): {cost:+.1f} µs/req (full − without it), "
-            f"budget ≤ {BUDGET_US[f]:g}: {verdict}"
-        )

@@ -2,6 +2,7 @@
 
     python -m tests.bench.profile_hot_path [--duration 10] [--engine native|aiohttp]
         [--policy-extra sections.yaml] [--filters a,b,c] [--full] [--top 25] [--rate 250] [--get]
+        [--native]
 
 Starts an nginx backend (serving `/v1/models` and `/v1/chat/completions` itself) on the load
 core, `sluice serve` with the bench policy (`gateway.bench`: the same policy, `--filters`,
@@ -11,7 +12,10 @@ process with py-spy (`py-spy record --format raw`, `--rate` samples per second,
 `--nonblocking`) for `--duration` seconds. Prints the functions with the most samples of their
 own (self) and with the most samples under them (inclusive), as shares of all samples, and the
 gateway CPU µs per request of the same run (sampling adds a few per cent). The raw stacks are
-kept (`--keep FILE`) for a flame graph (`flamegraph.pl`, speedscope).
+kept (`--keep FILE`) for a flame graph (`flamegraph.pl`, speedscope). The compiled request path
+(`gateway.native`) has no Python frames: its time is charged to the interpreted frame that
+called it, unless `--native` asks py-spy for C frames too (it then stops the process for each
+sample, which slows it: read shares, not the CPU figure).
 
 Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk, as `sluice bench` does.
 """
@@ -79,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
     ap.add_argument("--full", action="store_true", help="the full chain (gateway.bench.full)")
     ap.add_argument("--keep", default=None, help="write py-spy's raw stacks here")
+    ap.add_argument(
+        "--native",
+        action="store_true",
+        help="sample C frames too (py-spy --native): the compiled request path's functions",
+    )
     ap.add_argument("--gateway-cpus", default="0")
     ap.add_argument("--load-cpus", default="1")
     ap.add_argument("--connections", type=int, default=32)
@@ -106,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             raw = tmp / "stacks.txt"
             spy_cmd = [spy, "record", "--pid", str(gw.pid), "--duration", str(a.duration)]
-            spy_cmd += ["--rate", str(a.rate), "--format", "raw", "--nonblocking"]
+            spy_cmd += ["--rate", str(a.rate), "--format", "raw"]
+            # --native stops the process for each sample (py-spy reads C stacks only so).
+            spy_cmd += ["--native"] if a.native else ["--nonblocking"]
             spy_cmd += ["--output", str(raw)]
             sampler = subprocess.Popen(pinned(s.load_cpus, spy_cmd), stdout=subprocess.DEVNULL)
             cpu0 = cpu_seconds(gw.pid)

@@ -1,0 +1,81 @@
+"""Each full-chain feature's cost in place, measured in pairs (`sluice bench --full`).
+
+A feature costs a few µs per request, about what two runs of the same gateway differ by on a
+shared machine, so one run of the full chain against one of the chain without the feature
+says little (the same tree gave auth −2.0 and +3.0 µs in two runs). Instead the full-chain
+gateway and the gateway without the feature run side by side and are measured in turn, full
+then without, `--pairs` times; the feature's cost is the median of the pairs' differences, with
+their lowest and highest beside it. A drift of the machine's speed moves both runs of a pair
+alike, as it does not move two rows measured minutes apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from gateway.bench.full import BUDGET_US, FEATURES
+from gateway.bench.gateways import Setup, Variant, start_gateway
+from gateway.bench.loads import MakeCmd
+from gateway.bench.report import Row
+
+__all__ = ["PairCost", "feature_costs", "pair_cost"]
+
+# Measures one row through a started gateway: (row, load command, its pid) → the row.
+MeasureFor = Callable[[Row, MakeCmd, int], Row]
+
+
+class PairCost:
+    """A feature's cost from its pairs: the median difference and the spread (µs/request)."""
+
+    __slots__ = ("median", "low", "high", "pairs")
+
+    def __init__(self, diffs: list[float]) -> None:
+        self.median = statistics.median(diffs)
+        self.low, self.high = min(diffs), max(diffs)
+        self.pairs = len(diffs)
+
+    def note(self, feature: str, engine: str, budget: float) -> str:
+        verdict = "within" if self.median <= budget else "OVER"
+        return (
+            f"{feature} in the full chain ({engine}): {self.median:+.1f} µs/req, the median of "
+            f"{self.pairs} pairs (full − without it; {self.low:+.1f} … {self.high:+.1f}), "
+            f"budget ≤ {budget:g}: {verdict}"
+        )
+
+
+def pair_cost(full_us: list[float], without_us: list[float]) -> PairCost | None:
+    """The cost from the pairs' CPU per request (None: no pair was measured whole)."""
+    diffs = [f - w for f, w in zip(full_us, without_us, strict=True) if f and w]
+    return PairCost(diffs) if diffs else None
+
+
+def feature_costs(s: Setup, engine: str, http_be: int, measure_for: MeasureFor) -> None:
+    """A note per feature: its paired cost on `engine`, against its budget."""
+    full = Variant(engine, full=True)
+    full_p, full_ports = start_gateway(s, http_be, None, full, "pairs-full")
+    try:
+        full_cmd = s.wrk(s.url(full_ports["http"]), s.headers(full))
+        for feature in FEATURES:
+            less = Variant(engine, full=True, without=feature)
+            p, ports = start_gateway(s, http_be, None, less, f"pairs-{feature}")
+            try:
+                less_cmd = s.wrk(s.url(ports["http"]), s.headers(less))
+                with_us, without_us = [], []
+                for _ in range(s.args.pairs):
+                    a = measure_for(Row(f"HTTP Sluice {full.label}"), full_cmd, full_p.pid)
+                    b = measure_for(Row(f"HTTP Sluice {less.label}"), less_cmd, p.pid)
+                    for r in (a, b):
+                        if r.error:
+                            s.notes.append(f"{r.name} (pairs): {r.error}")
+                    with_us.append(a.cpu_us_per_req or 0.0)
+                    without_us.append(b.cpu_us_per_req or 0.0)
+            finally:
+                s.procs.stop(p)
+            cost = pair_cost(with_us, without_us)
+            if cost is None:
+                s.notes.append(f"{feature} in the full chain ({engine}): no pair measured")
+            else:
+                s.notes.append(cost.note(feature, engine, BUDGET_US[feature]))
+    finally:
+        s.procs.stop(full_p)
