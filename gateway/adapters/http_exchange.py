@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.streams import StreamReader
 
-from gateway.adapters.h1_messages import REASONS
+from gateway.adapters.h1_messages import DEFER_MAX, REASONS, date_value
 from gateway.core.request import Protocol, RequestInfo
 from gateway.forward.exchange import BodyTooLarge
 
@@ -55,6 +56,21 @@ class SluiceResponse(web.StreamResponse):
         # What StreamWriter.write_headers does with its serialised head (aiohttp 3.x).
         writer._headers_buf = bytes(out)
         writer._headers_written = False
+
+
+class _Sent(web.StreamResponse):
+    """What aiohttp's server is handed back for an answer the exchange wrote itself
+    (`AiohttpExchange.respond`): its EOF is sent (`prepare` and `write_eof` return at once) and
+    the connection is kept. One instance serves all: aiohttp reads only `keep_alive` off it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._eof_sent = True
+        self._keep_alive = True
+
+
+SENT = _Sent()
+_BODILESS = (204, 304)
 
 
 class AiohttpExchange:
@@ -163,6 +179,32 @@ class AiohttpExchange:
     async def respond(
         self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
     ) -> None:
+        request = self.request
+        transport = request.transport
+        if (
+            length is None  # `length` comes with a HEAD answer only
+            and status >= 200
+            and status not in _BODILESS
+            and len(body) < DEFER_MAX
+            and not self.close_after
+            and request.keep_alive
+            and request.version == HttpVersion11
+            and request.content.is_eof()
+            and transport is not None
+            and not transport.is_closing()
+            and not transport.get_write_buffer_size()  # else aiohttp's path waits for it
+        ):
+            # What aiohttp's response would write for it, written at once: the head as
+            # `SluiceResponse` builds it (no Connection field on a kept HTTP/1.1 connection).
+            head = b"HTTP/1.1 %d %b\r\n%bcontent-length: %d\r\n" % (
+                status, REASONS.get(status, b""), lines, len(body),
+            )  # fmt: skip
+            if not date:
+                head += b"date: %b\r\n" % date_value()
+            transport.write(head + b"\r\n" + body)
+            self.resp = SENT
+            self.head_sent = True
+            return
         resp = self.resp = SluiceResponse(status, lines, date)
         if length is not None:
             resp.content_length = length

@@ -348,3 +348,65 @@ def test_engines_agree_on_generated_requests(tmp_path: Path) -> None:
     assert stats["examples"] >= EXAMPLES
     assert stats["forwarded"] > EXAMPLES // 5 and stats["refused"] > EXAMPLES // 5
     assert stats["trailers"] < EXAMPLES // 10
+
+
+# One request each, on one connection, then the sentinel: answers on a kept HTTP/1.1 connection
+# (the aiohttp engine writes those itself, `AiohttpExchange.respond`), through aiohttp's response
+# (HTTP/1.0, HEAD, a 404 of Sluice's own), and the closing one.
+HEAD_CASES = (
+    b"GET /api/a HTTP/1.1\r\nHost: s\r\n\r\n",
+    b"POST /api/b HTTP/1.1\r\nHost: s\r\nContent-Length: 3\r\n\r\nabc",
+    b"GET /nowhere HTTP/1.1\r\nHost: s\r\n\r\n",
+    b"HEAD /api/c HTTP/1.1\r\nHost: s\r\n\r\n",
+    b"GET /api/d HTTP/1.0\r\nHost: s\r\nConnection: keep-alive\r\n\r\n",
+)
+
+
+def heads(raw: bytes, methods: list[bytes]) -> list[tuple[bytes, tuple[bytes, ...], bytes]]:
+    """Each response in `raw` (to requests of `methods`, in order) as its status line, its
+    header lines lower-cased and sorted (the Date, the overhead and generated request ids
+    masked), and its body."""
+    out = []
+    i = 0
+    for method in methods:
+        end = raw.index(b"\r\n\r\n", i)
+        status, *lines = raw[i:end].split(b"\r\n")
+        i = end + 4
+        fields = []
+        length = 0
+        for line in lines:
+            name, _, value = line.lower().partition(b": ")
+            if name in (b"date", b"x-sluice-overhead-ms"):
+                value = b"<" + name + b">"
+            elif name == b"content-length":
+                length = int(value)
+            fields.append(name + b": " + re.sub(rb"[0-9a-f]{32}", b"<id>", value))
+        n = 0 if method == b"HEAD" else length
+        out.append((status, tuple(sorted(fields)), raw[i : i + n]))
+        i += n
+    assert i == len(raw), raw[i:]
+    return out
+
+
+async def test_engines_send_the_same_heads(tmp_path: Path) -> None:
+    """Both engines answer the same requests with the same fields, value for value (the order
+    of the fields aside), and the same bodies."""
+    async with engines(tmp_path) as pair:
+        got = {}
+        for e in pair:
+            reader, writer = await asyncio.open_connection("127.0.0.1", e.listener.port)
+            raw = b""
+            try:
+                for case in (*HEAD_CASES, SENTINEL):
+                    writer.write(case)
+                    await writer.drain()
+                    raw += await asyncio.wait_for(reader.read(65536), READ_TIMEOUT_S)
+            finally:
+                writer.close()
+            got[e.name] = raw
+        methods = [c.split(b" ", 1)[0] for c in (*HEAD_CASES, SENTINEL)]
+        aio, native = heads(got["aiohttp"], methods), heads(got["native"], methods)
+        assert [h[0][:12] for h in aio] == [b"HTTP/1.1 200", b"HTTP/1.1 200", b"HTTP/1.1 404"] + [
+            b"HTTP/1.1 200"
+        ] * 3
+        assert aio == native
