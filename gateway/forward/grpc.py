@@ -70,7 +70,7 @@ class GrpcForward:
         self.gateway = gateway
         self.loop = loop
         self.deadlines = Deadlines(loop)
-        self.lifecycle = Lifecycle(gateway)
+        self.lifecycle = Lifecycle(gateway, loop)
 
     async def serve(self, ex: GrpcExchange, request: bytes | None) -> None:
         """Serve one call to its end: `request` is the one request message of a method served

@@ -66,7 +66,7 @@ class HttpForward:
         self.gateway = gateway
         self.loop = loop
         self.deadlines = Deadlines(loop)
-        self.lifecycle = Lifecycle(gateway)
+        self.lifecycle = Lifecycle(gateway, loop)
 
     async def serve(self, ex: Exchange) -> None:
         """Serve one request to its end. Raises CancelledError / ConnectionError only when the

@@ -37,10 +37,11 @@ class Lifecycle:
     """Begin and finish of one request; one per forwarder, over the gateway's long-lived parts
     (policy holder, traffic book, in-flight count)."""
 
-    __slots__ = ("gateway", "_holder", "_traffic", "_inflight", "_batch")
+    __slots__ = ("gateway", "loop", "_holder", "_traffic", "_inflight", "_batch")
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
         self.gateway = gateway
+        self.loop = loop  # its forwarder's (get_running_loop costs a getpid() call on 3.11)
         self._holder = gateway.holder
         self._traffic = gateway.traffic
         self._inflight = gateway.inflight
@@ -65,7 +66,7 @@ class Lifecycle:
         batch = self._batch
         batch.append((snap, ctx))
         if len(batch) == 1:
-            asyncio.get_running_loop().call_soon(self._book)
+            self.loop.call_soon(self._book)
         return None
 
     def _book(self) -> None:

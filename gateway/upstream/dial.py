@@ -1,9 +1,7 @@
 """Opening one upstream connection: TCP, then TLS when the backend has it, by a deadline.
 
 Kept out of the compiled request path (`gateway.native`): it runs once per new connection, not
-per request, and its failures come from the event loop (a failed handshake is thrown into the
-request's task), the path on which a compiled coroutine misbehaved (README, "The compiled
-request path").
+per request.
 """
 
 from __future__ import annotations
