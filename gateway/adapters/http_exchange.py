@@ -3,7 +3,11 @@
 Moves bytes only. The response head is written from Sluice's own header lines, byte for byte
 (`SluiceResponse._write_headers`): aiohttp contributes only the framing and Connection fields
 (and Date when the lines carry none), so both engines send the same head for the same answer
-and no upstream header byte is re-encoded.
+and no upstream header byte is re-encoded. A small whole answer on a kept HTTP/1.1 connection
+(the common proxied JSON answer) is written by `respond` itself, as that head, in one transport
+write, and aiohttp is handed `SENT`, a response whose EOF is already sent: no StreamResponse is
+prepared and ended for it (`tests/adapters/test_differential.py` compares both engines' answers
+field by field).
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ class SluiceResponse(web.StreamResponse):
 class _Sent(web.StreamResponse):
     """What aiohttp's server is handed back for an answer the exchange wrote itself
     (`AiohttpExchange.respond`): its EOF is sent (`prepare` and `write_eof` return at once) and
-    the connection is kept. One instance serves all: aiohttp reads only `keep_alive` off it."""
+    the connection is kept. One instance serves all, never changed: aiohttp reads only
+    `keep_alive` off it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -182,7 +187,8 @@ class AiohttpExchange:
         request = self.request
         transport = request.transport
         if (
-            length is None  # `length` comes with a HEAD answer only
+            length is None  # (given for a bodiless answer: HEAD, 204, 304)
+            and request.method != "HEAD"
             and status >= 200
             and status not in _BODILESS
             and len(body) < DEFER_MAX
