@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HTTP_TARGET_US = 60.0  # DESIGN.md: HTTP full chain ≤ 60 µs/req
-# The hot-path targets as multiples of the floor's CPU per request in the same run (POST).
+# The hot-path targets as multiples of the floor's CPU per request in the same run (POST). The
+# verdicts are all ratios (DESIGN.md, "The hot path"): the absolute µs targets the bench once
+# printed (60 per HTTP request, 300 per gRPC call) were not the design's, and a figure in µs
+# says little from one machine to the next.
 FLOOR_TARGETS = {"native": 3.0, "native, full chain": 4.0, "aiohttp, full chain": 5.0}
-GRPC_TARGET_US = 300.0  # DESIGN.md: gRPC unary ≤ 300 µs/call
 GRPC_H2_TARGET = 0.75  # DESIGN.md: gRPC unary on the h2 engine ≤ 0.75 × grpc.aio's CPU per call
 WARMUP_S = 2
 
@@ -88,7 +89,6 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "rps_vs_direct": _ratio(r.rps, direct.rps if direct else None),
             "cpu_vs_nginx": _ratio(r.cpu_us_per_req, nginx.cpu_us_per_req if nginx else None),
             "cpu_vs_floor": _ratio(r.cpu_us_per_req, floor.cpu_us_per_req if floor else None),
-            "pass": None if r.cpu_us_per_req is None else r.cpu_us_per_req <= HTTP_TARGET_US,
             "floor_target": FLOOR_TARGETS.get(engine),
         }
     if floor and nginx:
@@ -97,8 +97,6 @@ def summary(rows: list[Row]) -> dict[str, Any]:
     if gsluice:
         out["grpc_rps_vs_direct"] = _ratio(gsluice.rps, gdirect.rps if gdirect else None)
         out["grpc_cpu_us"] = gsluice.cpu_us_per_req
-        if gsluice.cpu_us_per_req is not None:
-            out["grpc_pass"] = gsluice.cpu_us_per_req <= GRPC_TARGET_US
     aio, h2 = _by_name(rows, "gRPC Sluice (grpcio"), _by_name(rows, "gRPC Sluice (h2")
     if aio and h2:
         ratio = _ratio(h2.cpu_us_per_req, aio.cpu_us_per_req)
@@ -155,24 +153,12 @@ def render(rows: list[Row], summ: dict[str, Any], notes: list[str], duration: in
             f"µs/req ÷ nginx {_f(v['cpu_vs_nginx'], '.2f')}, "
             f"÷ floor {_f(v['cpu_vs_floor'], '.2f')}"
         )
-        if v["pass"] is not None:
-            verdict = "PASS" if v["pass"] else "FAIL"
-            yield (
-                f"HTTP  verdict ({name}): {v['cpu_us']:.1f} µs/req vs target ≤ "
-                f"{HTTP_TARGET_US:.0f} → {verdict}"
-            )
         target, ratio = v.get("floor_target"), v["cpu_vs_floor"]
         if target is not None and ratio is not None:
             verdict = "PASS" if ratio <= target else "FAIL"
             yield f"HTTP  verdict ({name}): {ratio:.2f}× the floor vs target ≤ {target} → {verdict}"
     if "grpc_cpu_us" in summ:
         yield f"gRPC  Sluice req/s ÷ direct req/s:   {_f(summ['grpc_rps_vs_direct'], '.2f')}"
-        if "grpc_pass" in summ:
-            verdict = "PASS" if summ["grpc_pass"] else "FAIL"
-            yield (
-                f"gRPC  verdict: {summ['grpc_cpu_us']:.1f} µs/call vs target ≤ "
-                f"{GRPC_TARGET_US:.0f} → {verdict}"
-            )
     if summ.get("grpc_h2_pass") is not None:
         verdict = "PASS" if summ["grpc_h2_pass"] else "FAIL"
         yield (
