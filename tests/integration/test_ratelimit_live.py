@@ -149,3 +149,57 @@ async def test_reload_under_load_keeps_the_buckets(backend: Backend, tmp_path: P
     assert kept["admit"] > before["admit"] > 0  # the same counters went on
     # A changed rule: new state, counted from 0 (~10 in the 1 s offered; slack for a slow machine).
     assert fresh["admit"] <= 22 < kept["admit"]
+
+
+TOKENS = """rate_limits:
+  rules:
+    - name: tenant
+      key: ["header:x-tenant"]
+      tokens_per_second: 1000000
+"""
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the sample of `name` with at least `labels` (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("engine", ["native", "aiohttp"])
+async def test_a_json_answer_settles_its_reservation_from_its_usage(
+    backend: Backend, tmp_path: Path, engine: str
+) -> None:
+    """The token rule reserves prompt/4 + max_tokens; the answer's `usage` (read when the
+    request is finished, after the answer went out) refunds the difference and counts the
+    tokens used."""
+    gw = start_gateway(backend, tmp_path, tail=TOKENS, engine=engine)
+    body = {"model": "m", "max_tokens": 400, "messages": [{"role": "user", "content": "hi " * 40}]}
+    try:
+        url = f"{gw.http}/v1/chat/completions"
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s,
+            s.post(url, json=body, headers={"x-tenant": "a"}) as r,
+        ):
+            assert r.status == 200, await r.text()
+            usage = (await r.json())["usage"]
+        used = usage["prompt_tokens"] + usage["completion_tokens"]
+
+        def settled() -> str | None:
+            with urllib.request.urlopen(f"{gw.admin}/metrics", timeout=5) as m:
+                text = m.read().decode()
+            refund = metric(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded")
+            return text if refund else None
+
+        deadline = time.monotonic() + 5  # the limiter's counters reach Prometheus once a second
+        while (text := settled()) is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
+    assert text is not None, "no refund counted"
+    reserved = metric(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="reserved")
+    refunded = metric(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded")
+    assert reserved >= 400 and reserved - refunded == used, (reserved, refunded, usage)
+    assert metric(text, "sluice_tokens_total", type="input") == usage["prompt_tokens"]
+    assert metric(text, "sluice_tokens_total", type="output") == usage["completion_tokens"]
