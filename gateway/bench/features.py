@@ -53,12 +53,20 @@ def pair_cost(full_us: list[float], without_us: list[float]) -> PairCost | None:
 def feature_costs(s: Setup, engine: str, http_be: int, measure_for: MeasureFor) -> None:
     """A note per feature: its paired cost on `engine`, against its budget."""
     full = Variant(engine, full=True)
-    full_p, full_ports = start_gateway(s, http_be, None, full, "pairs-full")
+    try:
+        full_p, full_ports = start_gateway(s, http_be, None, full, "pairs-full")
+    except Exception as e:
+        s.notes.append(f"feature costs: the full-chain gateway did not start: {e}")
+        return
     try:
         full_cmd = s.wrk(s.url(full_ports["http"]), s.headers(full))
         for feature in FEATURES:
             less = Variant(engine, full=True, without=feature)
-            p, ports = start_gateway(s, http_be, None, less, f"pairs-{feature}")
+            try:
+                p, ports = start_gateway(s, http_be, None, less, f"pairs-{feature}")
+            except Exception as e:
+                s.notes.append(f"{feature} in the full chain ({engine}): did not start: {e}")
+                continue
             try:
                 less_cmd = s.wrk(s.url(ports["http"]), s.headers(less))
                 with_us, without_us = [], []
