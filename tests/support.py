@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,6 +19,20 @@ from gateway.bench.procs import free_port as free_port  # one port policy for te
 
 ROOT = Path(__file__).resolve().parent.parent
 STRICT = os.environ.get("SLUICE_STRICT") == "1"
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` in a Prometheus exposition `text` whose labels include
+    `labels` (0 when there is none)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+        if m and all(
+            dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).get(k) == v
+            for k, v in labels.items()
+        ):
+            total += float(m.group(2))
+    return total
 
 
 def require(condition: bool, reason: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ import grpc
 from gateway.proto import load
 from tests.auth import mint
 from tests.integration.conftest import Backend, wait_ready
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, metric_total
 
 pb2, pb2_grpc = load()
 
@@ -174,15 +173,7 @@ class LiveGateway:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels`."""
-        total = 0.0
-        for line in self.admin("/metrics").splitlines():
-            m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-            if not m:
-                continue
-            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-            if all(have.get(k) == v for k, v in labels.items()):
-                total += float(m.group(2))
-        return total
+        return metric_total(self.admin("/metrics"), name, **labels)
 
     def reload(self) -> Any:
         req = urllib.request.Request(

@@ -25,7 +25,7 @@ from hyperframe.frame import (
 )
 
 from tests.integration.conftest import Backend, wait_ready
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, metric_total
 
 SECRET_ENV = "SLUICE_TEST_H2_SECRET"
 CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
@@ -75,16 +75,7 @@ class H2Gateway:
 
     def metric(self, name: str, **labels: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-            if m and all(
-                dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).get(k) == v
-                for k, v in labels.items()
-            ):
-                total += float(m.group(2))
-        return total
+            return metric_total(r.read().decode(), name, **labels)
 
     def rss_kb(self) -> int:
         status = Path(f"/proc/{self.proc.popen.pid}/status").read_text()

@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import Backend, Gateway, start_gateway
 from tests.integration.load import Run, offer
+from tests.support import metric_total
 
 pytestmark = pytest.mark.integration
 
@@ -159,14 +160,6 @@ TOKENS = """rate_limits:
 """
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of the sample of `name` with at least `labels` (0 when absent)."""
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 @pytest.mark.parametrize("engine", ["native", "aiohttp"])
 async def test_a_json_answer_settles_its_reservation_from_its_usage(
     backend: Backend, tmp_path: Path, engine: str
@@ -189,7 +182,9 @@ async def test_a_json_answer_settles_its_reservation_from_its_usage(
         def settled() -> str | None:
             with urllib.request.urlopen(f"{gw.admin}/metrics", timeout=5) as m:
                 text = m.read().decode()
-            refund = metric(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded")
+            refund = metric_total(
+                text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded"
+            )
             return text if refund else None
 
         deadline = time.monotonic() + 5  # the limiter's counters reach Prometheus once a second
@@ -198,8 +193,8 @@ async def test_a_json_answer_settles_its_reservation_from_its_usage(
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
     assert text is not None, "no refund counted"
-    reserved = metric(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="reserved")
-    refunded = metric(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded")
+    reserved = metric_total(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="reserved")
+    refunded = metric_total(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded")
     assert reserved >= 400 and reserved - refunded == used, (reserved, refunded, usage)
-    assert metric(text, "sluice_tokens_total", type="input") == usage["prompt_tokens"]
-    assert metric(text, "sluice_tokens_total", type="output") == usage["completion_tokens"]
+    assert metric_total(text, "sluice_tokens_total", type="input") == usage["prompt_tokens"]
+    assert metric_total(text, "sluice_tokens_total", type="output") == usage["completion_tokens"]
