@@ -7,8 +7,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 POLICY ?= policies/default.yaml
 PYTEST_ARGS ?=
+# The docs site (mkdocs.yml), built strictly: a broken link or anchor, or a page left out of the
+# navigation, fails. About a second; the site goes to build/site (ignored by git).
+DOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
-.PHONY: run test setup system-deps lint typecheck unit bench clean proto image native
+.PHONY: run test setup system-deps lint typecheck unit bench clean proto image native docs
 
 run: setup
 	$(BIN)/sluice serve --policy $(POLICY)
@@ -17,6 +20,7 @@ test: setup system-deps
 	$(BIN)/ruff format --check gateway tests
 	$(BIN)/ruff check gateway tests
 	$(BIN)/mypy
+	$(DOCS_BUILD)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 setup: $(VENV)/.stamp-deps proto native
@@ -42,6 +46,11 @@ $(VENV)/.stamp-deps: pyproject.toml
 # Debian packages used by the tests (redis-server, bcc, kernel headers, iproute2, wrk, h2load).
 system-deps:
 	bash deploy/host-setup.sh
+
+# The docs site into build/site (open build/site/index.html). After a change to the policy
+# models, regenerate the reference first: .venv/bin/sluice policy docs > docs/reference/policy.md
+docs: $(VENV)/.stamp-deps
+	$(DOCS_BUILD)
 
 bench: setup system-deps
 	$(BIN)/sluice bench

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, as root and only when missing, the Debian packages Sluice's tests and benchmarks use,
-# and links the kernel headers bcc needs (see DESIGN.md, "bcc on this machine").
+# and links the kernel headers bcc needs (below; docs/operating/datapath.md).
 # Not root: prints what is missing and exits 0 (the tests then skip, or fail under SLUICE_STRICT=1).
 set -euo pipefail
 

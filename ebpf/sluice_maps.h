@@ -2,9 +2,9 @@
  *
  * This header is the one place the layout is defined; gateway/datapath/maps.py mirrors it with
  * ctypes structures of the same field order and sizes (checked by tests). Sizes that fix a
- * map's capacity arrive as -D cflags from the policy (STYLE.md rule 12): nothing here is edited
- * to configure the classifier, and run-time knobs (budgets, rapid-reset thresholds, ports,
- * priority classes) live in maps the gateway writes.
+ * map's capacity arrive as -D cflags from the policy (docs/contributing.md, "eBPF"): nothing
+ * here is edited to configure the classifier, and run-time knobs (budgets, rapid-reset
+ * thresholds, ports, priority classes) live in maps the gateway writes.
  *
  * Maps are pinned under SLUICE_PIN_DIR (a bpffs directory, -DSLUICE_PIN_DIR="...") when it is
  * defined, so a restarted gateway re-attaches to the same counters, per-source buckets and deny

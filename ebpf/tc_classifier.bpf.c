@@ -4,7 +4,7 @@
  * sluice_maps.h. Attached with direct-action on clsact ingress (sluice_ingress) and egress
  * (sluice_egress).
  *
- * Scope (DESIGN.md "eBPF honest scope"): TC sees packets, not streams. HTTP/2 frames are only
+ * Scope (docs/operating/datapath.md): TC sees packets, not streams. HTTP/2 frames are only
  * visible for cleartext h2c on ports flagged PORT_H2C; TLS traffic is counted per flow only.
  *
  * HTTP/2 frame tracking across segments (RFC 9113 section 4.1: 9-byte frame header, 24-bit

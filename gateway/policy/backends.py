@@ -94,7 +94,8 @@ class HealthCheck(PolicyModel):
 
 
 class CircuitBreaker(PolicyModel):
-    """Per member: trips on consecutive failures, error ratio or slow-call ratio; see README."""
+    """Per member: trips on consecutive failures, an error ratio or a slow-call ratio; open for
+    `open_s` (doubled at each re-open), then half-open probes decide."""
 
     consecutive_failures: int = Field(
         default=5, ge=0, le=10000, description="failures in a row that trip it (0 = off)"

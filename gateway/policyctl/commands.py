@@ -5,7 +5,8 @@ valid but unsafe setting, such as `insecure_skip_verify`) or one `PATH:LINE:COL:
 error (exit 1 if any file is invalid; the TLS files the listeners name are loaded and checked too,
 as the backends' are at every load); with `--against ADMIN_URL` it also prints what the change
 guard of that running gateway would say (exit 2 if it would hold the change). `schema` prints
-the JSON Schema of `Policy`, stable byte for byte (shipped as policies/schema.json). `diff OLD NEW`
+the JSON Schema of `Policy`, stable byte for byte (shipped as policies/schema.json), and `docs`
+the reference page rendered from it (docs/reference/policy.md). `diff OLD NEW`
 prints what reloading NEW over OLD would change, one line each: `+ added`, `- removed`,
 `~ changed: old -> new`, and `! ...: needs a restart` for settings that a hot reload does not
 apply, then the guard's findings (judged on a running gateway's traffic with `--against`; OLD
@@ -56,6 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--against", metavar="ADMIN_URL", help="also run the change guard of this gateway"
     )
     action("schema", "print the JSON Schema of the policy document")
+    action("docs", "print the policy reference page (docs/reference/policy.md)")
     diff = action("diff", "show what reloading NEW over OLD would change")
     diff.add_argument("files", nargs="+", type=Path, metavar="[OLD] NEW")
     diff.add_argument(
@@ -83,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
             return check(args.paths, args.against)
         if cmd == "schema":
             print(schema_text(), end="")
+            return 0
+        if cmd == "docs":
+            from gateway.policy.reference import reference_text
+
+            print(reference_text(), end="")
             return 0
         if cmd == "diff":
             return diff_command(args.files, args.against)

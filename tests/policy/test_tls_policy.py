@@ -132,11 +132,12 @@ def test_policy_check_command(tmp_path: Path, ca: TestCA) -> None:
     assert out.stdout.startswith(f"{p}:8:12: listeners.http.tls.key: cannot read ")
 
 
-def test_the_readme_steps_make_files_the_tls_example_accepts(tmp_path: Path) -> None:
-    """The README's openssl steps (run as written, in a temporary directory instead of
-    /tmp/sluice-tls) make files that `sluice policy check` accepts for the shipped example."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("\n## TLS\n") :]
+def test_the_docs_steps_make_files_the_tls_example_accepts(tmp_path: Path) -> None:
+    """The TLS page's openssl steps (docs/operating/tls.md, run as written, in a temporary
+    directory instead of /tmp/sluice-tls) make files that `sluice policy check` accepts for the
+    shipped example."""
+    page = (ROOT / "docs" / "operating" / "tls.md").read_text()
+    section = page[page.index("\n## Try it\n") :]
     steps = section[section.index("```bash\n") + 8 : section.index("```\n")]
     assert steps.startswith("mkdir -p /tmp/sluice-tls")
     out = subprocess.run(
