@@ -18,7 +18,9 @@ GET  /admin/policy/traffic  the recent traffic the guard judges on (`sluice poli
                             --against` reads it)
 GET  /admin/policy/rollout  the running (or last) staged rollout; 404 if there never was one
 POST /admin/policy/rollout/promote|abort   next stage now / back to the old policy now
-(POST and the traffic are for loopback peers only, wherever the listener is bound)
+GET  /admin/debug/heap      resident set, live objects by type, and (under tracemalloc) the
+                            allocation sites holding most memory; `top=N` types
+(POST, the traffic and the heap are for loopback peers only, wherever the listener is bound)
 """
 
 from __future__ import annotations
@@ -161,6 +163,17 @@ def build_admin_app(server: AdminHost) -> web.Application:
             return _json({"error": {"type": "not_found", "message": "no rollout running"}}, 404)
         return _json(st)
 
+    async def heap(request: web.Request) -> web.Response:
+        if not loopback(request):
+            return _json(forbidden, 403)
+        from gateway.telemetry.heap import TOP_TYPES, heap_report
+
+        try:
+            top = min(1000, max(1, int(request.query.get("top", TOP_TYPES))))
+        except ValueError:
+            return _json({"error": {"type": "bad_request", "message": "top: a number"}}, 400)
+        return _json(heap_report(top))
+
     async def backends(_: web.Request) -> web.Response:
         pool = gw.services.peek(BACKENDS)
         return _json(pool.state() if pool is not None else {"backends": {}, "routes": {}})
@@ -198,6 +211,7 @@ def build_admin_app(server: AdminHost) -> web.Application:
     app.router.add_get("/admin/policy/traffic", traffic)
     app.router.add_get("/admin/policy/rollout", rollout_status)
     app.router.add_post(r"/admin/policy/rollout/{action:promote|abort}", rollout_action)
+    app.router.add_get("/admin/debug/heap", heap)
     return app
 
 

@@ -216,19 +216,41 @@ REQUEST_FLAGS = HeaderValidationFlags(
 )
 
 
+class ServerH2(H2Connection):
+    """h2's connection state with a bound on the closed streams it remembers.
+
+    h2 keeps how each closed stream ended, so that a frame arriving late on it gets the right
+    answer (RST_STREAM for a reset stream, a connection error otherwise). Its default is the last
+    65,536 per connection: a long-lived connection carrying many short streams (gRPC channels)
+    filled that table, and its resizes held tens of MB per connection that the allocator never
+    gave back. A frame can only arrive late by about a round trip, during which a connection
+    closes at most a few times its concurrent streams; older ones are forgotten."""
+
+    def __init__(self, config: H2Configuration, closed_kept: int) -> None:
+        self.MAX_CLOSED_STREAMS = closed_kept  # read by H2Connection.__init__
+        super().__init__(config)
+
+
+def closed_streams_kept(limits: Http2Limits) -> int:
+    """How many closed streams a connection remembers: 4 × SETTINGS_MAX_CONCURRENT_STREAMS, at
+    least 256."""
+    return max(256, 4 * limits.max_concurrent_streams)
+
+
 def server_h2(limits: Http2Limits) -> H2Connection:
     """h2's server state for one connection, with `limits`' SETTINGS. Inbound request headers
     are checked per stream (`request_headers`) rather than by h2. Outbound headers come from
     the lifecycle already checked (`forward.headers`: values, hop-by-hop names dropped) and
     lower-cased by the exchange: h2's second pass over them is skipped."""
-    h2c = H2Connection(
+    h2c = ServerH2(
         H2Configuration(
             client_side=False,
             header_encoding=None,
             validate_inbound_headers=False,
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
-        )
+        ),
+        closed_streams_kept(limits),
     )
     h2c.local_settings = Settings(
         client=False,
