@@ -10,6 +10,7 @@ limits; the pools never look at the policy themselves.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,13 @@ if TYPE_CHECKING:
     from gateway.reload.rollout import ShadowHook
     from gateway.upstream.channels import ChannelPool
     from gateway.upstream.pool import UpstreamPool
+
+log = logging.getLogger("sluice.upstream")
+
+# How often the gRPC channels no policy in use names are closed, besides after each reload:
+# members a registry found leave between reloads, and each left channel would keep trying to
+# reconnect to an address that is gone.
+PRUNE_S = 30.0
 
 
 class InFlight:
@@ -138,10 +146,17 @@ class Gateway:
 
     @property
     def channels(self) -> ChannelPool:
+        """The gRPC channel pool, opened at the first gRPC call; from then on its channels
+        are pruned every `PRUNE_S` seconds too (`prune_channels`)."""
         if self._channels is None:
             from gateway.upstream.channels import ChannelPool
 
             self._channels = ChannelPool(self.active.policy.policy.limits)
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # a tool without a loop: nothing runs in the background
+                return self._channels
+            self.services.spawn(self._prune_every(), "upstreams:prune")
         return self._channels
 
     def upstream_state(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -154,7 +169,9 @@ class Gateway:
         }
 
     async def prune_channels(self, grace: float | None = None) -> int:
-        """Close the gRPC channels the active policy no longer uses (after a reload)."""
+        """Close the gRPC channels no policy in use names (after a reload, and every
+        `PRUNE_S`): static members of the active policy and of a rollout's candidate, and the
+        members the backends' registries found are kept."""
         if self._channels is None:
             return 0
         compiled = self.active.policy
@@ -174,6 +191,14 @@ class Gateway:
         if grace is None:
             grace = compiled.policy.timeouts.drain_s
         return await self._channels.prune(wanted, grace)
+
+    async def _prune_every(self) -> None:
+        while not self.services.closed:
+            await asyncio.sleep(PRUNE_S)
+            try:
+                await self.prune_channels()
+            except Exception:  # a bug in pruning must not stop the next one
+                log.exception("pruning the gRPC channels failed")
 
     async def aclose(self) -> None:
         try:

@@ -177,7 +177,8 @@ class Limiter:
         for rs in self.rules.values():
             for k, ks in list(rs.leased.items()):
                 drop(ks)
-                rs.dirty[k] = ks
+                if rs.keys.get(k) is ks:  # (a key evicted while leased goes now)
+                    rs.dirty[k] = ks
             rs.leased.clear()
         self.set_mode("fallback", reason)
 

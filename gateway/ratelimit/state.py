@@ -1,9 +1,10 @@
 """Per-rule and per-pool runtime state of the limiter (what outlives a reload).
 
-`RuleState` holds one rule's keys (bounded LRU), its local scale, the keys the next sync must
-report, its decision counters and the peak signals of the current second. `PoolState` holds a
-backend pool's adaptive concurrency limit and its colour. Both are plain containers: the
-decisions are `gateway.core`'s, the I/O is the sync loop's.
+`RuleState` holds one rule's keys (bounded LRU: `max_keys`; a key forgotten leaves the keys to
+report and the leased ones too, unless it holds a share, see `RuleState.evict`), its local
+scale, the keys the next sync must report, its decision counters and the peak signals of the
+current second. `PoolState` holds a backend pool's adaptive concurrency limit and its colour.
+Both are plain containers: the decisions are `gateway.core`'s, the I/O is the sync loop's.
 """
 
 from __future__ import annotations
@@ -55,13 +56,26 @@ class RuleState:
         ks = keys.get(k)
         if ks is None:
             ks = keys[k] = KeyState(self.math, self.scale, now, k)
-            if len(keys) > self.max_keys:
-                old, _ = keys.popitem(last=False)
-                self.evicted += 1
-                self.hot.pop(old, None)
+            while len(keys) > self.max_keys:  # (a reload may have lowered the bound)
+                self.evict()
         else:
             keys.move_to_end(k)
         return ks
+
+    def evict(self) -> None:
+        """Forget the least recently used key: it comes back, if it does, as a new key (full
+        bucket, empty window, green). What it counted and has not reported yet goes with it,
+        unless it holds a leased share: then it stays for the sync that gives the share back
+        (the leases are dropped anyway when Redis goes away), so that neither `dirty` nor
+        `leased` grows with the keys a long Redis outage sees."""
+        old, ks = self.keys.popitem(last=False)
+        self.evicted += 1
+        self.hot.pop(old, None)
+        if not ks.leased:
+            if self.dirty.get(old) is ks:
+                del self.dirty[old]
+            if self.leased.get(old) is ks:
+                del self.leased[old]
 
     def recolour(self, k: str, ks: KeyState) -> None:
         """Keep `hot` in step after `ks` changed colour."""

@@ -25,7 +25,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.core.lease import IDLE_S, apply, report, restore
+from gateway.core.keystate import KeyState
+from gateway.core.lease import IDLE_S, Report, apply, report, restore
 from gateway.core.overload import Colour, History
 from gateway.errors import StoreUnavailable
 from gateway.policy.ratelimits import RedisStoreOptions
@@ -146,7 +147,7 @@ async def sync_once(lim: Synced) -> None:
         return
     now = lim.now()
     ops: list[SyncOp] = []
-    refs = []
+    refs: list[tuple[RuleState, str, KeyState, Report]] = []
     for rs in lim.rules.values():
         rule = rs.rule
         todo = rs.dirty
@@ -187,17 +188,13 @@ async def sync_once(lim: Synced) -> None:
     try:
         results = await store.sync(ops)
     except StoreUnavailable as exc:
-        for rs, k, ks, r in refs:
-            restore(ks, r)
-            rs.dirty[k] = ks
+        _restore(refs)
         metrics.RL_REDIS_ERRORS.labels("sync").inc()
         lim.fallback(str(exc))
         return
     metrics.RL_SYNC_SECONDS.observe(time.perf_counter() - t0)
     if lim.mode != "redis":  # went away while we waited (a strict call failed meanwhile)
-        for rs, k, ks, r in refs:
-            restore(ks, r)
-            rs.dirty[k] = ks
+        _restore(refs)
         return
     for (rs, k, ks, r), res in zip(refs, results, strict=True):
         apply(ks, r, res.granted_req, res.granted_tok, res.admitted, res.offered, res.tokens)
@@ -205,6 +202,15 @@ async def sync_once(lim: Synced) -> None:
             rs.leased[k] = ks
         else:
             rs.leased.pop(k, None)
+
+
+def _restore(refs: list[tuple[RuleState, str, KeyState, Report]]) -> None:
+    """A sync that failed: its keys report again at the next one, except those forgotten
+    (evicted) while it ran, which would otherwise stay in `dirty` for the whole outage."""
+    for rs, k, ks, r in refs:
+        restore(ks, r)
+        if rs.keys.get(k) is ks:
+            rs.dirty[k] = ks
 
 
 def flush(lim: Synced, now: float) -> None:

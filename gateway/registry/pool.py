@@ -23,6 +23,10 @@ canary guard stays while its canary section and split weights stay (any change r
 policies of a staged rollout are served from their own views over the same state, so each sees
 its own members. Background work (health checks, registry polls) runs for the views of the
 policy activated last and of any policy that served a request in the last `IDLE_S` seconds.
+State no view holds any more (a changed section's breaker, outlier record or health check, a
+renamed backend's prefix placements, an older policy's canary guards and retry budgets) is
+forgotten at the next sweep (every `SWEEP_S` seconds, and at each activation), so a stream of
+reloads leaves the state of the policies in use, not of every policy since start.
 """
 
 from __future__ import annotations
@@ -204,6 +208,7 @@ class BackendPool:
         held: set[int] = set()
         checked: set[int] = set()
         for v in alive:
+            held.add(id(v.prefixes))
             for m in v.members.values():
                 held.update((id(m.core), id(m.box), id(m.outlier), id(m.hbox)))
                 if id(v) in working and m.hbox is not None:
@@ -220,6 +225,7 @@ class BackendPool:
         _forget(self.cores, held)
         _forget(self.boxes, held)
         _forget(self.outliers, held)
+        _forget(self.books, held)  # a renamed backend's placements
         for hk, h in list(self.healths.items()):
             if id(h) not in checked:
                 h.stop()

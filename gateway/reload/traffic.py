@@ -17,8 +17,11 @@ Cost per request: a `time.monotonic()`, a tuple, a dict lookup and three list in
 `tests/bench/bench_traffic.py`). Memory is bounded: `MAX_SHAPES` per one-minute bucket and
 `BUCKETS` buckets (the window is the last 4 to 5 minutes). Beyond the cap, a new path is
 recorded under its route's path prefix (the guard then replays the prefix, an approximation
-it reports). Values of credential headers (authorization, cookie, ...) are never stored: a
-route matching on one sees "<redacted>".
+it reports); past `MAX_APPROXIMATE` of those too (methods and matched header values are the
+client's, so they could still vary without end), a request is counted in the first
+approximate shape of its protocol, route and backend (names from the policy). Values of
+credential headers (authorization, cookie, ...) are never stored: a route matching on one sees
+"<redacted>".
 
 On a policy change the book keeps its counts (they describe traffic, not policy) and learns the
 header names of the new routes (`configure`).
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 BUCKET_S = 60.0
 BUCKETS = 5
 MAX_SHAPES = 512
+MAX_APPROXIMATE = 512  # shapes kept by path prefix, beyond MAX_SHAPES, per bucket
 SECRET_HEADERS = frozenset(
     {"authorization", "cookie", "proxy-authorization", "x-api-key", "api-key"}
 )
@@ -153,6 +157,8 @@ class TrafficBook:
         self._cur_start = now()
         self._cur_end = self._cur_start + BUCKET_S
         self._old: deque[tuple[float, dict[ShapeKey, ShapeStats]]] = deque(maxlen=BUCKETS - 1)
+        # The first approximate shape of each (protocol, route, backend) in the current bucket.
+        self._folded: dict[tuple[str, str, str], ShapeStats] = {}
         self._match_headers: tuple[str, ...] = ()
 
     def configure(self, policy: CompiledPolicy) -> None:
@@ -202,20 +208,29 @@ class TrafficBook:
         return tuple(out)
 
     def _new_shape(self, key: ShapeKey, ctx: RequestContext) -> ShapeStats:
-        if len(self._cur) < MAX_SHAPES:
-            new = self._cur[key] = ShapeStats()
+        cur = self._cur
+        if len(cur) < MAX_SHAPES:
+            new = cur[key] = ShapeStats()
             return new
         prefix = ctx.route.path_prefix if ctx.route is not None else "/"
         approx_key = (key[0], key[1], prefix, key[3], key[4], key[5])
-        st = self._cur.get(approx_key)
-        if st is None:
-            st = self._cur[approx_key] = ShapeStats(approximate=True)
+        st = cur.get(approx_key)
+        if st is not None:
+            return st
+        kept = (key[0], key[4], key[5])
+        folded = self._folded.get(kept)
+        if folded is not None and len(cur) >= MAX_SHAPES + MAX_APPROXIMATE:
+            return folded
+        st = cur[approx_key] = ShapeStats(approximate=True)
+        if folded is None:
+            self._folded[kept] = st
         return st
 
     def _rotate(self, now: float) -> None:
         if self._cur:
             self._old.append((self._cur_start, self._cur))
         self._cur = {}
+        self._folded = {}
         self._cur_start = now
         self._cur_end = now + BUCKET_S
 

@@ -10,14 +10,15 @@ Per backend: requests/s from `sluice_requests_total`, p99 latency from
 `sluice_request_duration_seconds` of the routes that go to that backend alone, p99 time to
 first token from `sluice_time_to_first_token_seconds` (a p99 is the upper bound of the bucket
 it falls in, over the interval; null when nothing was measured). Queue lengths and tenants'
-served tokens come from the `admission` section of the state document. Bounded: the policy's
-backends and pools, and the `MAX_TENANTS` tenants served most.
+served tokens come from the `admission` section of the state document. Bounded: `KEEP_S` of
+points per line; lines for the backends and pools of the policy and the tenants served most (at
+most `2 × MAX_TENANTS`), and for those that left only while their line has a point to draw.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -105,23 +106,42 @@ class Series:
             self._line(lines, "rps").append(round(rps, 2))
             self._line(lines, "p99_ms").append(p99_ms(c["latency"].get(b), last["latency"].get(b)))
             self._line(lines, "ttft_p99_ms").append(p99_ms(c["ttft"].get(b), last["ttft"].get(b)))
-        pools = doc.get("admission", {}).get("pools", [])
-        for p in pools:
-            self._line(self.queues, str(p.get("pool"))).append(float(p.get("queued", 0)))
+        pools = {str(p.get("pool")): p for p in doc.get("admission", {}).get("pools", [])}
+        for name, p in pools.items():
+            self._line(self.queues, name).append(float(p.get("queued", 0)))
         served = _served(doc)
         delta = {k: v - self.last_served.get(k, 0.0) for k, v in served.items()}
         self.last_served = served
         total = sum(v for v in delta.values() if v > 0)
         for k in sorted(served, key=lambda k: -served[k])[:MAX_TENANTS]:
             if k not in self.tenants and len(self.tenants) < 2 * MAX_TENANTS:
-                self._line(self.tenants, k)  # at most twice the tenants shown, ever
+                self._line(self.tenants, k)  # at most twice the tenants shown at a time
         for k, line in self.tenants.items():
             share = max(delta.get(k, 0.0), 0.0) / total if total else None
             line.append(None if share is None else round(share, 4))
-        for table in (self.queues, self.tenants, *self.backends.values()):
-            for line in table.values():
-                while len(line) < len(self.t):  # a line that got no point this time
+        # A gap in the lines that got no point this time (a backend or pool that left): the
+        # lines stay in step with `t` (padding up to its length stops once the window is full).
+        for b, lines in self.backends.items():
+            if b not in names:
+                for line in lines.values():
                     line.append(None)
+        for k, line in self.queues.items():
+            if k not in pools:
+                line.append(None)
+        self._forget(names, pools, served)
+
+    def _forget(
+        self, backends: Collection[object], pools: Collection[str], tenants: Collection[str]
+    ) -> None:
+        """Drop the lines of backends, pools and tenants that are gone (not in this sample)
+        and have nothing left to draw in the window: a renamed backend or pool, a tenant that
+        stopped, go after `KEEP_S`, and a new top tenant takes the place of one that left."""
+        for b in [b for b, ls in self.backends.items() if b not in backends and
+                  not any(_drawn(line) for line in ls.values())]:  # fmt: skip
+            del self.backends[b]
+        for table, now in ((self.queues, pools), (self.tenants, tenants)):
+            for k in [k for k, line in table.items() if k not in now and not _drawn(line)]:
+                del table[k]
 
     def state(self) -> dict[str, Any]:
         return {
@@ -131,6 +151,11 @@ class Series:
             "queues": {k: list(v) for k, v in self.queues.items()},
             "tenants": {k: list(v) for k, v in self.tenants.items()},
         }
+
+
+def _drawn(line: Iterable[float | None]) -> bool:
+    """The line has a point worth drawing (not only gaps and zeros)."""
+    return any(v for v in line)
 
 
 def _served(doc: Mapping[str, Any]) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """Upstream HTTP/1.1 keep-alive connection pool: asyncio.Protocol + httptools (llhttp).
 
-One `UpstreamHost` per backend endpoint (host, port) bounds its connections, keeps a LIFO list
-of idle keep-alive connections and queues requests that find every connection busy. `request()`
+One `UpstreamHost` per backend endpoint (host, port, TLS settings) bounds its connections, keeps a
+LIFO list of idle keep-alive connections and queues requests that find every connection busy; it
+is made at the endpoint's first request and leaves the pool with its last connection. `request()`
 streams the request body out (Content-Length when known, else chunked; waits for the transport
 to drain) and returns an `UpstreamResponse` as soon as the head arrives; its body is read chunk
 by chunk (`read_chunk` / `iter_chunks`) with backpressure: past `HIGH_WATER` unread bytes the
@@ -83,12 +84,15 @@ class UpstreamHost:
     """Connections to one endpoint: a LIFO idle list, a count, and requests waiting for one."""
 
     __slots__ = (
-        "pool", "loop", "host", "port", "tls", "idle", "total", "waiters", "sweeper", "fb",
+        "pool", "loop", "key", "backend", "host", "port", "tls", "idle", "total", "waiters",
+        "sweeper", "fb",
     )  # fmt: skip
 
     def __init__(self, pool: UpstreamPool, endpoint: Endpoint) -> None:
         self.pool = pool
         self.loop = asyncio.get_running_loop()
+        self.key = endpoint.upstream_key
+        self.backend = backend = endpoint.backend
         self.host = endpoint.host
         self.port = endpoint.port
         self.tls = endpoint.tls  # built at policy load; None: plaintext
@@ -96,11 +100,11 @@ class UpstreamHost:
         self.total = 0
         self.waiters: deque[asyncio.Future[UpstreamConn | None]] = deque()
         self.sweeper: asyncio.TimerHandle | None = None
-        self.fb = hist_tally(metrics.UPSTREAM_FIRST_BYTE_SECONDS, endpoint.backend, "http")
+        self.fb = hist_tally(metrics.UPSTREAM_FIRST_BYTE_SECONDS, backend, "http")
         conns = metrics.UPSTREAM_CONNECTIONS
-        # Read at scrape time: nothing on the hot path.
-        conns.labels(endpoint.backend, "idle").set_function(lambda: len(self.idle))
-        conns.labels(endpoint.backend, "busy").set_function(lambda: self.total - len(self.idle))
+        # Read at scrape time, over every member of the backend: nothing on the hot path.
+        conns.labels(backend, "idle").set_function(lambda: pool.connections(backend, True))
+        conns.labels(backend, "busy").set_function(lambda: pool.connections(backend, False))
 
     def take_idle(self, max_head: int) -> UpstreamConn | None:
         """An idle connection, at once (`acquire` without its coroutine), or None."""
@@ -155,7 +159,7 @@ class UpstreamHost:
         if got is not None:
             self.put(got)
         else:
-            self._wake_waiter()
+            self._pass_slot()
 
     async def _connect(self, deadline: float, max_head: int) -> UpstreamConn:
         self.total += 1
@@ -210,14 +214,18 @@ class UpstreamHost:
 
     def _slot_freed(self) -> None:
         self.total -= 1
-        self._wake_waiter()
+        self._pass_slot()
 
-    def _wake_waiter(self) -> None:
+    def _pass_slot(self) -> None:
+        """A slot is free: the longest waiter may connect. With nobody waiting and no
+        connection left, the host leaves the pool's table."""
         while self.waiters:
             fut = self.waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
                 return
+        if self.total <= 0:
+            self.pool.forget_host(self)
 
     def _sweep(self) -> None:
         self.sweeper = None
@@ -270,6 +278,26 @@ class UpstreamPool:
         else:
             self._uploads.pop(key, None)
 
+    def forget_host(self, host: UpstreamHost) -> None:
+        """`host` has no connection left and nobody waiting for one: it leaves the table (the
+        next request to its endpoint makes a new one), so that the table holds the endpoints
+        with connections, not every member and TLS setting ever used (registry members come
+        and go; a rotated certificate makes a new key)."""
+        if self._hosts.get(host.key) is host:
+            del self._hosts[host.key]
+        if host.sweeper is not None:
+            host.sweeper.cancel()
+            host.sweeper = None
+
+    def connections(self, backend: str, idle: bool) -> int:
+        """Open connections to the members of `backend`: the idle ones, or the busy ones
+        (`sluice_upstream_connections`, read at scrape time)."""
+        n = 0
+        for h in self._hosts.values():
+            if h.backend == backend:
+                n += len(h.idle) if idle else h.total - len(h.idle)
+        return n
+
     def configure(self, limits: Limits, idle_s: float) -> None:
         """New bounds from a reload; connections in use keep going, new decisions use these."""
         self.limits = limits
@@ -296,9 +324,6 @@ class UpstreamPool:
         if self.closed:
             raise UpstreamConnectError("pool closed")
         key = endpoint.upstream_key
-        host = self._hosts.get(key)
-        if host is None:
-            host = self._hosts[key] = UpstreamHost(self, endpoint)
         head = encode_head(method, path, headers)
         stream: ReplayStream | None = None
         chunked = False
@@ -319,6 +344,11 @@ class UpstreamPool:
         max_head = self.limits.max_response_header_bytes
         retried = False
         while True:
+            # Looked up for each try: a stale connection that was the host's last one took the
+            # host out of the table with it.
+            host = self._hosts.get(key)
+            if host is None:
+                host = self._hosts[key] = UpstreamHost(self, endpoint)
             conn = host.take_idle(max_head) or await host.acquire(timeouts.connect_s, max_head)
             conn.head_only = method == "HEAD"
             conn.idle_s = timeouts.idle_s

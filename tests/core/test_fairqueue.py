@@ -236,6 +236,26 @@ def test_tenant_records_are_bounded_idle_ones_first() -> None:
     assert len(q.classes[0].tenants) <= 10
 
 
+def test_a_forgotten_tenant_comes_back_at_the_current_counter() -> None:
+    # Not at 0: a tenant whose record was dropped would otherwise go before every other for as
+    # long as they took to be served that much.
+    q = FairQueue(QueueParams(max_tenants=10, initial_cost=100.0), 1)
+
+    def serve(key: str, at: float) -> None:
+        w, _ = q.arrive(q.tenant(key, 0), 0, at)
+        assert isinstance(w, Waiter)
+        q.finish(w, at, 100.0)
+
+    serve("gone", 0.0)
+    for i in range(20):
+        serve("heavy", float(i))
+    for i in range(20):  # tenants seen once: the idle records go, the oldest first
+        serve(f"once{i}", 30.0 + i)
+    cq = q.classes[0]
+    assert "gone" not in cq.tenants and len(cq.tenants) <= 10
+    assert q.tenant("gone", 0).vt == cq.last_vt >= 1900.0
+
+
 def test_heaps_stay_bounded_by_the_live_waiters() -> None:
     q = full()
     for _ in range(1000):

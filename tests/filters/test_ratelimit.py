@@ -10,6 +10,7 @@ import pytest
 from gateway.context import EventKind, Principal, RequestContext, Status, StreamEvent
 from gateway.core.body import Usage, from_doc
 from gateway.core.clock import ManualClock, MonotonicClock
+from gateway.core.lease import IDLE_S
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.chain import Chain
@@ -18,8 +19,11 @@ from gateway.filters.ratelimit_steps import Ticket
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.model import Policy, reference_errors
+from gateway.policy.ratelimits import RedisStoreOptions
 from gateway.ratelimit.owner import Limiter
+from gateway.ratelimit.sync import sync_once
 from gateway.services import Services
+from gateway.store.memory import MemoryStore
 
 BASE: dict[str, Any] = {
     "backends": [{"name": "a", "endpoints": [{"address": "127.0.0.1:1"}]}],
@@ -406,6 +410,56 @@ async def test_keys_are_bounded_least_recently_used_first() -> None:
     rs = next(iter(rig.lim.rules.values()))
     assert len(rs.keys) == 50 and rs.evicted == 450
     assert "k499" in rs.keys and "k0" not in rs.keys
+
+
+async def test_a_reload_that_lowers_max_keys_trims_at_the_next_new_key() -> None:
+    rig = Rig({"rules": [RULE], "max_keys": 500})
+    for i in range(500):
+        await rig.send(1, 0.0001, headers={"x-tenant": f"k{i}"})
+    rig.load({"rules": [RULE], "max_keys": 50})  # the same rule: its keys are kept
+    rs = next(iter(rig.lim.rules.values()))
+    assert len(rs.keys) == 500
+    await rig.send(1, 0.0001, headers={"x-tenant": "new"})
+    assert len(rs.keys) == 50 and "new" in rs.keys and "k499" in rs.keys
+
+
+async def test_keys_waiting_for_a_sync_stay_within_the_bound_while_redis_is_away() -> None:
+    # While Redis is away a shared rule decides locally and keeps every key it touched for the
+    # next sync: a key forgotten leaves that list too, else an outage would keep every key a
+    # client ever sent (one per source address...).
+    rig = Rig({"rules": [RULE], "max_keys": 50})
+    rig.lim.store = MemoryStore()  # shared: touched keys wait for the next sync (no loop here)
+    rig.lim.fallback("away")
+    rs = next(iter(rig.lim.rules.values()))
+    first = await rig.send(12, 0.0001, headers={"x-tenant": "k0"})
+    assert statuses(first)[-2:] == [429, 429]  # k0 used its window up (10 a second)
+    for i in range(1, 1050):
+        await rig.send(1, 0.0001, headers={"x-tenant": f"k{i}"})
+    assert len(rs.keys) == 50 and rs.evicted == 1000
+    assert len(rs.dirty) <= 50 and set(rs.dirty) <= set(rs.keys)
+    # Forgotten, k0 comes back as a new key: a fresh window, within the same second.
+    assert statuses(await rig.send(1, 0.0001, headers={"x-tenant": "k0"})) == [200]
+
+
+async def test_a_forgotten_key_holding_a_share_gives_it_back_at_the_next_sync() -> None:
+    rig = Rig({"rules": [RULE], "max_keys": 5})
+    lim = rig.lim
+    store = MemoryStore(clock=lambda: rig.clock.t)
+    lim.store, lim.store_cfg = store, RedisStoreOptions()
+    lim.set_mode("redis")
+    await rig.send(1, 0.0001, headers={"x-tenant": "k0"})
+    await sync_once(lim)
+    rs = next(iter(lim.rules.values()))
+    k0 = rs.keys["k0"]
+    assert k0.leased and rs.leased == {"k0": k0}
+    for i in range(1, 20):
+        await rig.send(1, 0.0001, headers={"x-tenant": f"k{i}"})
+    assert "k0" not in rs.keys and rs.leased.get("k0") is k0  # kept until its share is back
+    assert len(rs.dirty) <= 5
+    rig.clock.t += IDLE_S + 1.0
+    await sync_once(lim)
+    assert "k0" not in rs.leased and not k0.leased  # idle: the share went back to the store
+    assert len(rs.leased) <= 5
 
 
 async def test_memory_store_gives_each_worker_its_share(monkeypatch: pytest.MonkeyPatch) -> None:

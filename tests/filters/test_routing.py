@@ -4,6 +4,7 @@ weight to 0, stickiness, priority failover, and what a reload keeps."""
 
 from __future__ import annotations
 
+import gc
 import random
 from collections import Counter
 from typing import Any
@@ -18,7 +19,7 @@ from gateway.core.request import Protocol, RequestInfo
 from gateway.filters.routing import RouteFilter
 from gateway.policy.compiled import Endpoint, compile_policy
 from gateway.policy.model import Policy
-from gateway.registry.pool import BACKENDS, BackendPool
+from gateway.registry.pool import BACKENDS, IDLE_S, BackendPool
 from gateway.services import Services
 
 BREAKER = {"consecutive_failures": 3, "min_requests": 10, "open_s": 5, "max_open_s": 20,
@@ -285,6 +286,37 @@ def test_reload_keeps_member_state_unless_its_section_changed() -> None:
     rig.load(doc)
     m = rig.member("10.0.0.1:80")
     assert m.breaker is not breaker and m.breaker.state is State.CLOSED
+
+
+def test_reloads_that_change_parameters_leave_only_the_live_state() -> None:
+    # 50 reloads, each with other breaker numbers, canary guard and retry budget, and the
+    # backends renamed (a prefix book per backend name): what the pool keeps follows the
+    # policies in use, not every policy since start.
+    rig = Rig(policy())
+    for i in range(50):
+        doc = policy(
+            canary={"backend": f"canary{i}", "min_requests": 10 + i},
+            retries={"attempts": 2, "budget_ratio": 0.1 + i / 1000, "min_retries": 1},
+        )
+        doc["backends"][0]["breaker"] = {**BREAKER, "slow_call_s": 1.0 + i}
+        for b in doc["backends"]:
+            b["name"] += str(i)
+        for r in doc["routes"]:
+            for t in r.get("backends", []):
+                t["backend"] += str(i)
+            if "backend" in r:
+                r["backend"] += str(i)
+        rig.load(doc)
+        for _ in range(3):
+            rig.send()
+    rig.clock.t += IDLE_S + 1
+    gc.collect()  # the older filters are gone
+    rig.pool.sweep(rig.clock.t)
+    pool = rig.pool
+    assert set(pool.books) == {"stable49", "canary49"}
+    assert len(pool.cores) == 4 and len(pool.boxes) == 3
+    assert len(pool.guards) == 1 and len(pool.budgets) == 1
+    assert set(pool.views) <= {v.key for v in pool.latest.values()}
 
 
 def test_grpc_failure_codes() -> None:

@@ -7,7 +7,16 @@ from pathlib import Path
 from gateway.core.clock import ManualClock
 from gateway.core.histogram import latency_bucket, size_bucket
 from gateway.core.request import Protocol
-from gateway.reload.traffic import BUCKET_S, BUCKETS, MAX_SHAPES, REDACTED, TRAFFIC, TrafficSnapshot
+from gateway.policy.compiled import CompiledPolicy
+from gateway.reload.traffic import (
+    BUCKET_S,
+    BUCKETS,
+    MAX_APPROXIMATE,
+    MAX_SHAPES,
+    REDACTED,
+    TRAFFIC,
+    TrafficSnapshot,
+)
 from tests.reload.traffic_support import BASE, add, book_with, compiled, served
 
 
@@ -57,13 +66,37 @@ def test_shapes_are_bounded_and_overflow_is_kept_by_prefix() -> None:
     assert len(approx) == 1 and approx[0].path == "/v1/" and approx[0].stats.count == 200
 
 
-def test_match_headers_are_kept_credentials_redacted() -> None:
-    text = BASE.replace(
-        "  - name: grpc\n",
-        "  - name: canary\n    match: {headers: [{name: x-canary, value: '1'},"
-        " {name: authorization}]}\n    backend: vllm\n  - name: grpc\n",
+def header_routes() -> CompiledPolicy:
+    """BASE with a route matching on headers: `x-canary: 1`, and any `authorization`."""
+    return compiled(
+        BASE.replace(
+            "  - name: grpc\n",
+            "  - name: canary\n    match: {headers: [{name: x-canary, value: '1'},"
+            " {name: authorization}]}\n    backend: vllm\n  - name: grpc\n",
+        )
     )
-    p = compiled(text)
+
+
+def test_client_chosen_header_values_cannot_grow_the_book_past_its_bound() -> None:
+    # A route matching on a header makes its values part of a shape, and a client chooses them:
+    # past the approximate shapes too, requests are counted in one shape of their route.
+    p = header_routes()
+    book = book_with(p, ManualClock(0.0), 0)
+    n = MAX_SHAPES + MAX_APPROXIMATE + 5000
+    for i in range(n):
+        book.record(served(p, headers={"x-canary": f"v{i}"}))
+    snap = book.snapshot()
+    assert snap.total == n  # every request still counted
+    assert len(snap.shapes) == MAX_SHAPES + MAX_APPROXIMATE
+    approx = [s for s in snap.shapes if s.stats.approximate]
+    assert approx[0].route == "openai" and approx[0].stats.count == 5001
+    # A route the folded shapes do not hold yet still gets a shape of its own.
+    book.record(served(p, headers={"x-canary": "1", "authorization": "Bearer t"}))
+    assert {s.route for s in book.snapshot().shapes} == {"openai", "canary"}
+
+
+def test_match_headers_are_kept_credentials_redacted() -> None:
+    p = header_routes()
     clock = ManualClock(0.0)
     book = book_with(p, clock, 0)
     book.record(served(p, headers={"x-canary": "1", "authorization": "Bearer s3cret"}))

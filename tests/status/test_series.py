@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.status.series import MAX_TENANTS, Series, p99_ms
+from gateway.status.series import KEEP_S, MAX_TENANTS, Series, p99_ms
 
 INF = float("inf")
 
@@ -58,3 +58,28 @@ def test_lines_are_bounded_in_length_and_tenants() -> None:
     assert len(st["t"]) == 900 and len(st["backends"]["sim"]["rps"]) == 900
     assert len(st["tenants"]) <= 2 * MAX_TENANTS
     assert all(len(v) == 900 for v in st["tenants"].values())
+
+
+def test_lines_of_what_left_go_once_nothing_is_left_to_draw() -> None:
+    # Backends and pools renamed by reloads, tenants that stopped: their lines go once their
+    # window holds no point, so the series follow what is current, not every name since start.
+    s = Series(1.0)
+    n = int(KEEP_S) + 2
+    for gen in range(5):
+        b, pool, tenant = f"b{gen}", f"p{gen}", f"t{gen}"
+        for i in range(n):
+            t = float(gen * n + i)
+            d = {
+                "backends": {"backends": [{"name": b}]},
+                "admission": {"pools": [{"pool": pool, "queued": 1,
+                                         "tenants": [{"tenant": tenant, "served_tokens": t}]}]},
+            }  # fmt: skip
+            s.sample(t, {"requests": {b: t}, "latency": {}, "ttft": {}}, d)
+            if gen and i == n // 2:  # the previous ones are still drawn
+                st = s.state()
+                assert f"b{gen - 1}" in st["backends"] and f"t{gen - 1}" in st["tenants"]
+    st = s.state()
+    assert set(st["backends"]) == {"b4"} and set(st["queues"]) == {"p4"}
+    assert set(st["tenants"]) == {"t4"}
+    lines = [*st["backends"]["b4"].values(), *st["queues"].values(), *st["tenants"].values()]
+    assert all(len(line) == len(st["t"]) for line in lines)

@@ -11,6 +11,7 @@ import grpc.aio
 import pytest
 from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
 
+from gateway import app
 from gateway.app import Gateway
 from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Limits
@@ -56,6 +57,27 @@ async def test_prune_closes_channels_of_endpoints_gone_after_reload(tmp_path: Pa
         with pytest.raises(grpc.aio.UsageError):
             await old.unary_unary("/a.B/C", None, None)(b"")
         assert pool.get(endpoint(new_port)) is new
+    finally:
+        await gateway.aclose()
+
+
+async def test_channels_nobody_names_are_closed_without_a_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Members a registry found come and go between reloads: the channels of those that left
+    # are closed every PRUNE_S, not only at the next reload.
+    monkeypatch.setattr(app, "PRUNE_S", 0.05)
+    gateway = Gateway(write_policy(tmp_path, free_port()))
+    pool = gateway.channels
+    try:
+        named = endpoint(gateway.active.policy.routes[0].endpoints[0].port)
+        pool.get(named)
+        for _ in range(20):  # members that left (nothing names them)
+            pool.get(endpoint(free_port()))
+        deadline = time.monotonic() + 2.0
+        while pool.addresses() != {named.address}:
+            assert time.monotonic() < deadline, pool.addresses()
+            await asyncio.sleep(0.05)
     finally:
         await gateway.aclose()
 

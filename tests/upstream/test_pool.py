@@ -16,6 +16,7 @@ from gateway.app import Gateway
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
 from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Timeouts
+from gateway.telemetry import metrics
 from gateway.upstream.pool import HIGH_WATER, UpstreamHost, UpstreamPool
 
 T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
@@ -236,11 +237,17 @@ async def test_streams_before_upstream_finishes(tmp_path: Path) -> None:
         assert await resp.read_chunk() == b""
 
 
-async def test_connect_refused(tmp_path: Path) -> None:
+def closed_port() -> int:
+    """A port nothing listens on (connecting is refused)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+    port: int = s.getsockname()[1]
     s.close()
+    return port
+
+
+async def test_connect_refused(tmp_path: Path) -> None:
+    port = closed_port()
     async with make_pool(tmp_path, port) as pool:
         with pytest.raises(UpstreamConnectError):
             await pool.request(ep(port), "GET", "/", H, None, T)
@@ -411,7 +418,17 @@ async def test_stalled_request_body_times_out(tmp_path: Path) -> None:
         await asyncio.wait_for(up.closed.wait(), 1.0)
 
 
-async def test_idle_connections_are_swept(tmp_path: Path) -> None:
+def connections(state: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value(
+        "sluice_upstream_connections", {"backend": "up", "state": state}
+    )
+
+
+async def test_idle_connections_are_swept_and_the_endpoint_leaves_with_the_last(
+    tmp_path: Path,
+) -> None:
+    # Members come and go (a registry; a rotated certificate makes another key): the table of
+    # endpoints holds those with connections, not every one ever used.
     async def h(request: web.BaseRequest) -> web.StreamResponse:
         return web.Response(text="ok")
 
@@ -419,8 +436,14 @@ async def test_idle_connections_are_swept(tmp_path: Path) -> None:
         aiohttp_upstream(h) as (port, peers),
         make_pool(tmp_path, port, timeouts="upstream_idle_s: 0.2") as pool,
     ):
+        for _ in range(50):  # members that left: refused
+            with pytest.raises(UpstreamConnectError):
+                await read_all(pool, closed_port())
         assert await read_all(pool, port) == b"ok"
-        await asyncio.sleep(0.5)
+        assert pool.state() == {f"127.0.0.1:{port}": {"connections": 1, "idle": 1, "waiting": 0}}
+        assert connections("idle") == 1 and connections("busy") == 0
+        await asyncio.sleep(0.6)
+        assert pool.state() == {} and connections("idle") == 0
         assert await read_all(pool, port) == b"ok"
         assert len(set(map(str, peers))) == 2  # the first connection was closed when idle
 
