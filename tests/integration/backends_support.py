@@ -222,13 +222,3 @@ class Load:
 
     def ok(self, since: float = 0.0) -> int:
         return sum(1 for a in self.answers if a.status == 200 and a.start >= since)
-
-
-async def wait_until(check: Any, timeout: float = 10.0, every: float = 0.05) -> float:
-    """Poll `check()` until true; returns the seconds it took."""
-    t0 = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < timeout, "condition never became true"
-        await asyncio.sleep(every)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Proc, free_port, wait_for_port
+from tests.support import Proc, free_port, wait_for_port, wait_until
 
 
 def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 5.0) -> Any:
@@ -24,21 +23,20 @@ def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 
         return json.loads(r.read())
 
 
+def readyz_status(admin_port: int) -> int:
+    """The status of GET /readyz (503 while starting or draining); OSError if none answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        e.close()  # the error holds the response socket open
+        return e.code
+
+
 def wait_ready(admin_port: int, proc: Proc, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{proc.output()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except urllib.error.HTTPError as e:
-            e.close()  # 503 while starting; the error holds the response socket open
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"gateway not ready after {timeout}s:\n{proc.output()}")
+    wait_until(lambda: readyz_status(admin_port), timeout, ok=lambda code: code == 200,
+               interval=0.1, what=f"/readyz on :{admin_port} answering 200", proc=proc,
+               ignore=(OSError,))  # fmt: skip
 
 
 @dataclass

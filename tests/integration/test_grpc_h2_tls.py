@@ -19,8 +19,8 @@ from tests.integration.tls_gateway import (
     grpc_infer,
     start_tls_gateway,
     tls_block,
-    wait_until,
 )
+from tests.support import wait_until
 from tests.tls_support import TestCA, peer_serial, replace_atomically
 
 pytestmark = pytest.mark.integration

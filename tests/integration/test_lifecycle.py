@@ -15,6 +15,7 @@ import pytest
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, http_json, policy_yaml, start_gateway
+from tests.support import until
 
 pytestmark = pytest.mark.integration
 
@@ -22,13 +23,13 @@ pb2, pb2_grpc = load()
 
 
 async def _wait_version_change(admin: str, old: str, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = http_json(f"{admin}/admin/policy")["status"]
-        if st["version"] != old or not st["last_reload"]["ok"]:
-            return st  # type: ignore[no-any-return]
-        await asyncio.sleep(0.1)
-    raise TimeoutError("policy did not change")
+    return await until(  # type: ignore[no-any-return]
+        lambda: http_json(f"{admin}/admin/policy")["status"],
+        timeout,
+        ok=lambda st: st["version"] != old or not st["last_reload"]["ok"],
+        interval=0.1,
+        what=f"a reload from version {old} (or a failed one)",
+    )
 
 
 async def test_hot_reload_good_then_broken_file(backend: Backend, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import pytest
 from gateway.policy.compiled import compile_policy
 from gateway.policy.loader import load_policy_text
 from tests.integration.conftest import Backend, Gateway, http_json, policy_yaml, start_gateway
-from tests.support import ROOT, Proc, free_port, wait_for_port
+from tests.support import ROOT, Proc, free_port, until, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -99,21 +99,9 @@ class Load:
         return Counter(s for at, s in self.statuses if at >= t)
 
     async def wait_requests(self, n: int, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
         start = len(self.statuses)
-        while len(self.statuses) - start < n:
-            assert time.monotonic() < deadline, f"load stalled: {self.statuses[-5:]}"
-            await asyncio.sleep(0.05)
-
-
-async def until(cond: Any, timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met in {timeout}s"
-        await asyncio.sleep(0.05)
+        await until(lambda: self.statuses[start:], timeout, ok=lambda new: len(new) >= n,
+                    what=f"{n} more answers from the load")  # fmt: skip
 
 
 def policy_status(gw: Gateway) -> dict[str, Any]:
@@ -184,6 +172,7 @@ async def test_each_guarded_change_is_held_under_traffic_then_forced(
                 gw.policy.write_text(text)  # the file watcher picks it up
                 held = await until(
                     lambda v=bad_version: (policy_status(gw)["held"] or {}).get("version") == v,
+                    15,
                     what=f"{name} held",
                 )
                 st = policy_status(gw)
@@ -207,7 +196,9 @@ async def test_each_guarded_change_is_held_under_traffic_then_forced(
                 # Back to the good file: nothing the running (broken) policy serves is lost.
                 gw.policy.write_text(good)
                 await until(
-                    lambda: policy_status(gw)["version"] == good_version, what=f"{name} restored"
+                    lambda: policy_status(gw)["version"] == good_version,
+                    15,
+                    what=f"{name} restored",
                 )
                 t2 = time.monotonic()
                 await load.wait_requests(10)

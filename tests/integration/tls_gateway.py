@@ -6,9 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,15 +93,6 @@ def start_tls_gateway(
         proc.stop()
         raise
     return TlsGateway(proc, policy, http, grpc_port, admin, ca, served, cert, key, engine)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"not within {timeout}s: {what}")
 
 
 def https(gw: TlsGateway, ctx: ssl.SSLContext | None = None) -> http.client.HTTPSConnection:
