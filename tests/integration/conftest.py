@@ -23,20 +23,21 @@ def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 
         return json.loads(r.read())
 
 
-def readyz_status(admin_port: int) -> int:
-    """The status of GET /readyz (503 while starting or draining); OSError if none answers."""
+def readiness(admin_port: int) -> tuple[int, Any]:
+    """GET /readyz: its status (503 while starting or draining) and its JSON. OSError when nothing
+    answers, ValueError when what answers is not JSON."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
-            return int(r.status)
+            return int(r.status), json.loads(r.read())
     except urllib.error.HTTPError as e:
-        e.close()  # the error holds the response socket open
-        return e.code
+        with e:  # the error holds the response socket open
+            return e.code, json.loads(e.read() or b"null")
 
 
 def wait_ready(admin_port: int, proc: Proc, timeout: float = 30.0) -> None:
-    wait_until(lambda: readyz_status(admin_port), timeout, ok=lambda code: code == 200,
-               interval=0.1, what=f"/readyz on :{admin_port} answering 200", proc=proc,
-               ignore=(OSError,))  # fmt: skip
+    wait_until(lambda: readiness(admin_port), timeout, ok=lambda r: r[0] == 200, interval=0.1,
+               what=f"/readyz on :{admin_port} answering 200", proc=proc,
+               ignore=(OSError, ValueError))  # fmt: skip
 
 
 @dataclass
