@@ -344,12 +344,17 @@ async def test_requests_finish_on_the_version_they_started_with(
                 assert code == 202
                 rids = [f"{ending}-{i}" for i in range(12)]
                 streams = [asyncio.ensure_future(_stream(s, url, r, tokens)) for r in rids]
-                await asyncio.sleep(0.3)  # all mid-stream now, on one side or the other
+                await until(
+                    lambda want=set(rids): (served_ids(other) | served_ids(quick)) & want,  # type: ignore[misc]
+                    ok=lambda ids: len(ids) == 12,
+                    what="every stream at a backend, on one side or the other",
+                )
                 on_new = served_ids(other) & set(rids)
                 on_old = served_ids(quick) & set(rids)
                 assert on_new and on_old and not on_new & on_old, (on_new, on_old)
                 code, st = post(f"{rgw.admin}/admin/policy/rollout/{ending}")
                 assert code == 200
+                assert not any(t.done() for t in streams)  # all mid-stream at the switch
                 if ending == "promote":
                     assert st["stage"] == "100%"
                     code, st = post(f"{rgw.admin}/admin/policy/rollout/promote")
