@@ -20,6 +20,14 @@ from tests.tls_support import Issued, TestCA, replace_atomically
 
 INFER = "/sluice.inference.v1.Inference/Infer"
 CHAT = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+# What the simulated backend answers (its tokens cycle through fixed words): CHAT gets these
+# three, and grpc_infer's request ("hi", at most 2 tokens) exactly INFER_REPLY.
+CHAT_CONTENT = "sluice gates hold "
+INFER_REPLY = inference_pb2.InferResponse(
+    model="m",
+    text="sluice gates ",
+    usage=inference_pb2.Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+)
 
 
 @dataclass
@@ -106,6 +114,22 @@ def post_chat(conn: http.client.HTTPConnection) -> tuple[int, bytes]:
     conn.request("POST", "/v1/chat/completions", json.dumps(CHAT), headers)
     r = conn.getresponse()
     return r.status, r.read()
+
+
+def check_chat_answer(answer: Any) -> None:
+    """`answer` (a decoded JSON body) is the backend's whole answer to CHAT."""
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-"), answer
+    assert answer["model"] == "m", answer
+    assert answer["choices"] == [
+        {
+            "index": 0,
+            "finish_reason": "length",
+            "message": {"role": "assistant", "content": CHAT_CONTENT},
+        }
+    ], answer
+    usage = answer["usage"]
+    assert usage["completion_tokens"] == 3 and usage["prompt_tokens"] >= 1, usage
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 3, usage
 
 
 def grpc_infer(port: int, ca: TestCA, client: Issued | None = None) -> Any:
