@@ -52,12 +52,10 @@ routes:
     # on a loaded machine the breaker takes longer to open and more connects fail together.
     try:
         async with Load(gw.url, workers=8) as load:
-            await asyncio.sleep(1.0)
-            before = [s.served() for s in sims]
-            assert all(n > 0 for n in before)  # all three take traffic
+            before = await until(lambda: [s.served() for s in sims], what="all three served",
+                                 ok=lambda ns: all(n > 0 for n in ns))  # fmt: skip
             killed_at = time.monotonic()
             sims[0].kill()
-            await asyncio.sleep(0.5)
             await until(lambda: load.ok(since=killed_at + 0.2) >= 30, 30)
         failed = load.failures()
         # Only requests in flight to the dead member fail (at most one per client), and only
@@ -166,8 +164,7 @@ routes:
             await until(lambda: gw.member("pool", slow.address)["breaker"]["state"] == "open", 20)
             slow.reset()
             fast.reset()
-            t = time.monotonic()
-            await asyncio.sleep(1.5)
+            t = await load.answered(20)
         assert not load.failures()
         assert load.ok(since=t) > 0 and slow.served() == 0 and fast.served() > 0
         m = gw.member("pool", fast.address)["breaker"]
@@ -207,7 +204,10 @@ routes:
                 await until(
                     lambda: "unanswered" in gw.member("pool", bad.address)["breaker"]
                     .get("last_change", ""), 5)  # fmt: skip
-                await asyncio.sleep(1.5)  # several open/half-open rounds while probes hang
+                reopened = gw.member("pool", bad.address)["breaker"]["reopens"]
+                await until(lambda: gw.member("pool", bad.address)["breaker"]["reopens"], 15,
+                            ok=lambda n: n >= reopened + 2,
+                            what="two more open/half-open rounds while probes hang")  # fmt: skip
                 await until(lambda: load_more.ok() >= 20, 30)
             rounds = gw.member("pool", bad.address)["breaker"]["reopens"]
             served = bad.served()
@@ -280,7 +280,7 @@ routes:
 """)  # fmt: skip
     try:
         async with Load(gw.url, workers=4) as load:
-            await asyncio.sleep(0.8)
+            await load.answered(20)
             assert sims[2].served() == 0  # the secondary waits while the primary is whole
             killed_at = time.monotonic()
             sims[0].kill()

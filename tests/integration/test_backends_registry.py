@@ -62,8 +62,7 @@ routes:
     try:
         await until(lambda: rotation() == {sims[0].address, sims[1].address}, 15)
         async with Load(gw.url, workers=4) as load:
-            await asyncio.sleep(0.5)
-            assert sims[0].served() > 0 and sims[1].served() > 0
+            await until(lambda: [s.served() for s in sims[:2]], ok=all, what="both served")
             # an agent dies without withdrawing: its member leaves within the TTL
             agents[1].popen.kill()
             t0 = time.monotonic()

@@ -5,7 +5,6 @@ draining ends the process)."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import socket
 import time
@@ -80,7 +79,7 @@ async def test_redis_discovery_gains_redis_limits_by_reload_and_loses_them(
     try:
         assert readyz(gw.admin_port)["redis"] == {"clients": [redis_server.url]}
         async with Load(gw.url, workers=4) as load:
-            await asyncio.sleep(0.3)
+            await load.answered(10)
             v1 = gw.version()
             rewrite(gw, discovery(sim, redis_server) + limits(redis_server))
             await until(lambda: gw.version() != v1, 10)
@@ -91,12 +90,12 @@ async def test_redis_discovery_gains_redis_limits_by_reload_and_loses_them(
             ready = readyz(gw.admin_port)
             assert ready["redis"] == {"clients": [redis_server.url]}, ready
             assert gw.backends()["backends"]["llm"]["registry"]["up"] is True
-            await asyncio.sleep(0.3)
+            await load.answered(10)
             v2 = gw.version()
             rewrite(gw, discovery(sim, redis_server))  # and back
             await until(lambda: gw.version() != v2, 10)
             assert policy_status(gw.admin_port)["last_reload"]["ok"] is True
-            await asyncio.sleep(0.3)
+            await load.answered(10)
         assert load.ok() > 0 and not load.failures(), load.failures()[:5]
         assert readyz(gw.admin_port)["redis"] == {"clients": [redis_server.url]}
     finally:
@@ -202,7 +201,7 @@ routes:
             await until(lambda: readyz(gw.admin_port)["in_flight"] == 2, 10)
             gw.proc.popen.send_signal(signal.SIGTERM)
             wait_for_line(gw.proc, "draining")
-            time.sleep(0.3)
+            time.sleep(0.3)  # the subject: a gateway that did not wait for its two would exit
             assert gw.proc.popen.poll() is None  # still draining its two requests
             gw.proc.popen.send_signal(signal.SIGTERM)
             code = exits_within(gw.proc, 10)
