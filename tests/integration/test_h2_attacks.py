@@ -36,6 +36,7 @@ from tests.integration.h2_support import (
     settings,
     start_h2_gateway,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -171,11 +172,14 @@ def test_flood_closes_the_connection_quickly(gw: H2Gateway, name: str) -> None:
     label = "h2_" + reason
     before = gw.metric("sluice_rejected_total", reason=label)
     rss = gw.rss_kb()
-    with Bystander(gw):
+    with Bystander(gw) as normal:
         conn = RawH2(gw.port)
         elapsed = flood(conn, make(conn), pause)
         conn.close()
-        time.sleep(0.3)
+        wait_until(lambda: gw.metric("sluice_rejected_total", reason=label) - before,
+                   ok=lambda n: n >= 1, what=f"{label} counted")  # fmt: skip
+        served = len(normal.results)
+        wait_until(lambda: len(normal.results) > served, what="the normal client served after")
     assert elapsed < CLOSE_WITHIN_S, f"{name}: connection open after {elapsed:.1f}s"
     assert gw.metric("sluice_rejected_total", reason=label) == before + 1
     assert gw.rss_kb() - rss < 20 * 1024, "memory grew more than 20 MB"
@@ -246,13 +250,19 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> None:
     rss = gw.rss_kb()
+    names = ("continuation", "ping_never_read", "rapid_reset")
+
+    def rejected() -> float:
+        return sum(gw.metric("sluice_rejected_total", reason="h2_" + ATTACKS[n][0]) for n in names)
+
+    before = rejected()
     for _ in range(3):
-        for name in ("continuation", "ping_never_read", "rapid_reset"):
+        for name in names:
             _, make, pause = ATTACKS[name]
             conn = RawH2(gw.port)
             flood(conn, make(conn), pause)
             conn.close()
-    time.sleep(0.5)
+    wait_until(rejected, ok=lambda n: n >= before + 9, what="the nine floods counted")
     assert gw.rss_kb() - rss < 20 * 1024
     with httpx.Client(http1=False, http2=True, timeout=5) as c:
         assert c.post(f"{gw.url}/v1/chat/completions", json=CHAT).status_code == 200
