@@ -164,7 +164,7 @@ class Waiting(Generic[T]):
 def describe(check: Callable[[], object]) -> str:
     """The source text of `check` (a lambda's line), to say what a wait waited for."""
     try:
-        text = " ".join(inspect.getsource(check).split())
+        text = " ".join(inspect.getsource(check).split()).rstrip(",")
     except (OSError, TypeError):
         text = getattr(check, "__qualname__", repr(check))
     return text if len(text) <= 200 else text[:200] + "..."
