@@ -138,14 +138,16 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         proc.stop()
 
 
-def start_gateway(backend: Backend, tmp: Path, workers: int = 1, **extra: str) -> Gateway:
+def start_gateway(
+    backend: Backend, tmp: Path, workers: int = 1, env: dict[str, str] | None = None, **extra: str
+) -> Gateway:
     http, grpc, admin = free_port(), free_port(), free_port()
     policy = tmp / "policy.yaml"
     policy.write_text(policy_yaml(backend, http, grpc, admin, **extra))
     proc = Proc(
         ["serve", "--policy", str(policy), "--workers", str(workers)],
         tmp / "gateway.log",
-        env={"SLUICE_WATCH_INTERVAL": "0.2"},
+        env={"SLUICE_WATCH_INTERVAL": "0.2", **(env or {})},
     )
     wait_ready(admin, proc)
     return Gateway(proc, policy, http, grpc, admin)

@@ -224,7 +224,11 @@ def rollout_text(b: Backend, gw: Gateway, target: Backend, tail: str, route: str
 
 @pytest.fixture(scope="module")
 def rgw(quick: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = start_gateway(quick, tmp_path_factory.mktemp("rollout"))
+    # Its tests reload explicitly (the admin API, the CLI's apply): a file watcher would race
+    # them, and on a loaded machine load a file before `sluice policy apply` has started.
+    gw = start_gateway(
+        quick, tmp_path_factory.mktemp("rollout"), env={"SLUICE_WATCH_INTERVAL": "3600"}
+    )
     try:
         yield gw
     finally:
