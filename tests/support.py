@@ -99,7 +99,7 @@ class Waiting(Generic[T]):
     Raises AssertionError after `timeout` s, or as soon as `proc` (when given) has exited, saying
     `what` was awaited (by default the check's source), the last value seen and `proc`'s log
     tail. Exceptions of the `ignore` types count as "not yet" (a server still starting) and are
-    shown as the last value; any other propagates at once."""
+    shown after the last value; any other propagates at once."""
 
     def __init__(
         self,
@@ -120,7 +120,9 @@ class Waiting(Generic[T]):
         self.proc = proc
         self.ignore = ignore
         self.value: T
-        self.last: object = "(nothing: every poll raised)"
+        self.last: object = None
+        self.seen = False  # `check` has returned a value (`last`) at least once
+        self.error: BaseException | None = None  # an ignored one, raised after `last`
         self.deadline = time.monotonic() + timeout
 
     def poll(self) -> bool:
@@ -129,9 +131,9 @@ class Waiting(Generic[T]):
         try:
             value = self.check()
         except self.ignore as e:
-            self.last = e
+            self.error = e
         else:
-            self.last = value
+            self.last, self.seen, self.error = value, True, None
             if self.ok(value) if self.ok is not None else value:
                 self.value = value
                 return True
@@ -152,10 +154,12 @@ class Waiting(Generic[T]):
         return self.value
 
     def fail(self, why: str) -> NoReturn:
-        last = repr(self.last)
+        last = repr(self.last) if self.seen else "nothing"
         if len(last) > 600:
             last = last[:600] + "..."
         message = f"waited for {self.what}: {why}; last seen: {last}"
+        if self.error is not None:
+            message += f", then {self.error!r}"
         if self.proc is not None:
             message += f"\n--- {self.proc.log_path} (tail) ---\n{self.proc.output()[-4000:]}"
         raise AssertionError(message)

@@ -51,8 +51,15 @@ def test_ignored_exceptions_are_not_yet_and_others_propagate() -> None:
         raise ConnectionRefusedError("still starting")
 
     assert wait_until(flaky, interval=0.001, ignore=(OSError,)) == 7
-    with pytest.raises(AssertionError, match=r"last seen: ConnectionRefusedError\('still start"):
+    with pytest.raises(AssertionError, match=r"last seen: nothing, then ConnectionRefusedError\("):
         wait_until(down, 0.1, ignore=(OSError,))
+    values = iter([5])
+
+    def up_then_down() -> int:
+        return next(values, None) or down()
+
+    with pytest.raises(AssertionError, match=r"seen: 5, then ConnectionRefusedError\('still"):
+        wait_until(up_then_down, 0.1, ok=lambda n: n > 5, ignore=(OSError,))
     with pytest.raises(KeyError):
         wait_until(lambda: dict[str, int]()["missing"])
 
