@@ -126,22 +126,13 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway) -> None:
     rss = gw.rss_kb()
-    names = ("continuation", "ping_never_read", "rapid_reset")
-
-    def rejected() -> float:
-        return sum(
-            gw.metric("sluice_rejected_total", reason="h2_" + ATTACKS[n][0], protocol="grpc")
-            for n in names
-        )
-
-    before = rejected()
     for _ in range(3):
-        for name in names:
+        for name in ("continuation", "ping_never_read", "rapid_reset"):
             _, make, pause = ATTACKS[name]
             conn = RawH2(gw.port)
             flood(conn, make(conn), pause)
             conn.close()
-    wait_until(rejected, ok=lambda n: n >= before + 9, what="the nine floods counted")
+    time.sleep(0.5)  # a settle time, not an event: see test_h2_attacks's memory test
     assert gw.rss_kb() - rss < 20 * 1024
     with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
         reply = pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="x"), timeout=5)

@@ -250,19 +250,15 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> None:
     rss = gw.rss_kb()
-    names = ("continuation", "ping_never_read", "rapid_reset")
-
-    def rejected() -> float:
-        return sum(gw.metric("sluice_rejected_total", reason="h2_" + ATTACKS[n][0]) for n in names)
-
-    before = rejected()
     for _ in range(3):
-        for name in names:
+        for name in ("continuation", "ping_never_read", "rapid_reset"):
             _, make, pause = ATTACKS[name]
             conn = RawH2(gw.port)
             flood(conn, make(conn), pause)
             conn.close()
-    wait_until(rejected, ok=lambda n: n >= before + 9, what="the nine floods counted")
+    # A settle time, not an event: nothing the gateway exposes says it has let go of the closed
+    # connections (a loaded machine cuts some floods for another reason, or not within 5 s).
+    time.sleep(0.5)
     assert gw.rss_kb() - rss < 20 * 1024
     with httpx.Client(http1=False, http2=True, timeout=5) as c:
         assert c.post(f"{gw.url}/v1/chat/completions", json=CHAT).status_code == 200
