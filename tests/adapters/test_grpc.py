@@ -19,7 +19,7 @@ from gateway.adapters.grpc import GrpcListener, server_options, start_grpc
 from gateway.app import Gateway
 from gateway.policy.model import Limits
 from gateway.proto import load
-from tests.support import free_port
+from tests.support import free_port, until
 
 pb2, pb2_grpc = load()
 EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
@@ -477,7 +477,8 @@ async def test_h2_engine_drains_with_two_goaways(tmp_path: Path) -> None:
             + frame(HeadersFrame(1), {"END_HEADERS"}, data=block)
             + frame(DataFrame(1), set(), data=b"\x00" + len(msg).to_bytes(4) + msg)
         )
-        await asyncio.sleep(0.1)  # the call is under way
+        await until(lambda: gateway.inflight.count, ok=lambda n: n == 1, interval=0.01,
+                    what="the call under way")  # fmt: skip
         stopping = asyncio.create_task(listener.stop(5.0))
         goaways: list[int] = []
         ended = False

@@ -139,7 +139,7 @@ def claims(**over: Any) -> dict[str, Any]:
         "aud": AUDIENCE,
         "sub": "user-1",
         "iat": now,
-        "exp": now + 600,
+        "exp": now + 3600,  # cases are minted at collection: valid through a slow suite run
         "tenant": "acme",
         "tier": "gold",
     }

@@ -17,6 +17,7 @@ from gateway.policy.auth import JwksSource as JwksSpec
 from gateway.services import Services
 from tests.auth import mint
 from tests.auth.jwks_server import JwksServer
+from tests.support import until
 
 K1, K2 = mint.rsa_key("k1"), mint.ec_key("k2")
 
@@ -43,14 +44,6 @@ async def services() -> AsyncIterator[Services]:
 def spec(server: JwksServer, **over: Any) -> JwksSpec:
     base: dict[str, Any] = {"url": server.url, "cache_s": 30, "unknown_kid_cooldown_s": 0.2}
     return JwksSpec(**{"timeout_s": 1.0, **base, **over})
-
-
-async def until(cond: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.02)
 
 
 async def loaded(services: Services, sp: JwksSpec) -> tuple[JwksCaches, JwksSource]:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.adapters.http import start_http
 from gateway.app import Gateway
+from tests.support import until
 
 
 @dataclass
@@ -147,7 +148,7 @@ async def test_streamed_uploads_are_capped_per_backend(tmp_path: Path, engine: s
         big = b"x" * 2000  # above max_buffered_body_bytes: streamed
         head = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 4000\r\n\r\n"
         held = [asyncio.create_task(_slow_upload(port, head, [big, big], 0.35)) for _ in range(2)]
-        await asyncio.sleep(0.15)
+        await until(lambda: up.requests, ok=lambda n: n == 2, interval=0.01, what="both streaming")
         answer = await _slow_upload(port, head, [big, big], 0.0)
         assert answer.startswith(b"HTTP/1.1 503 ")
         assert b"uploads_busy" in answer

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from tests.integration.conftest import http_json, wait_ready
-from tests.support import Proc, free_port, wait_for_port
+from tests.support import Proc, free_port, until, wait_for_port
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
@@ -223,12 +223,9 @@ class Load:
     def ok(self, since: float = 0.0) -> int:
         return sum(1 for a in self.answers if a.status == 200 and a.start >= since)
 
-
-async def wait_until(check: Any, timeout: float = 10.0, every: float = 0.05) -> float:
-    """Poll `check()` until true; returns the seconds it took."""
-    t0 = time.monotonic()
-    while True:
-        if check():
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < timeout, "condition never became true"
-        await asyncio.sleep(every)
+    async def answered(self, n: int, timeout: float = 30.0) -> float:
+        """Until `n` requests sent from now on are answered 200; returns when "now" was."""
+        since = time.monotonic()
+        await until(lambda: self.ok(since=since), timeout, ok=lambda k: k >= n,
+                    what=f"{n} answers 200 (failures: {self.failures(since)[:3]})")  # fmt: skip
+        return since

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Proc, free_port, wait_for_port
+from tests.support import Proc, free_port, wait_for_port, wait_until
 
 
 def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 5.0) -> Any:
@@ -24,21 +23,21 @@ def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 
         return json.loads(r.read())
 
 
+def readiness(admin_port: int) -> tuple[int, Any]:
+    """GET /readyz: its status (503 while starting or draining) and its JSON. OSError when nothing
+    answers, ValueError when what answers is not JSON."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
+            return int(r.status), json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        with e:  # the error holds the response socket open
+            return e.code, json.loads(e.read() or b"null")
+
+
 def wait_ready(admin_port: int, proc: Proc, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.popen.poll() is not None:
-            raise RuntimeError(f"gateway exited early:\n{proc.output()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except urllib.error.HTTPError as e:
-            e.close()  # 503 while starting; the error holds the response socket open
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"gateway not ready after {timeout}s:\n{proc.output()}")
+    wait_until(lambda: readiness(admin_port), timeout, ok=lambda r: r[0] == 200, interval=0.1,
+               what=f"/readyz on :{admin_port} answering 200", proc=proc,
+               ignore=(OSError, ValueError))  # fmt: skip
 
 
 @dataclass
@@ -139,14 +138,16 @@ def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
         proc.stop()
 
 
-def start_gateway(backend: Backend, tmp: Path, workers: int = 1, **extra: str) -> Gateway:
+def start_gateway(
+    backend: Backend, tmp: Path, workers: int = 1, env: dict[str, str] | None = None, **extra: str
+) -> Gateway:
     http, grpc, admin = free_port(), free_port(), free_port()
     policy = tmp / "policy.yaml"
     policy.write_text(policy_yaml(backend, http, grpc, admin, **extra))
     proc = Proc(
         ["serve", "--policy", str(policy), "--workers", str(workers)],
         tmp / "gateway.log",
-        env={"SLUICE_WATCH_INTERVAL": "0.2"},
+        env={"SLUICE_WATCH_INTERVAL": "0.2", **(env or {})},
     )
     wait_ready(admin, proc)
     return Gateway(proc, policy, http, grpc, admin)

@@ -29,7 +29,7 @@ from gateway.proto import load
 from tests.integration.admission_support import admission as section
 from tests.integration.admission_support import start, start_backend, two_tenants
 from tests.integration.conftest import Backend, Gateway
-from tests.support import free_port
+from tests.support import free_port, until
 
 pytestmark = pytest.mark.integration
 pb2, pb2_grpc = load()
@@ -57,13 +57,6 @@ def admission(gw: Gateway) -> Any:
 
 def pool(gw: Gateway, name: str = "sim") -> Any:
     return next(p for p in admission(gw)["pools"] if p["pool"] == name)
-
-
-async def eventually(check: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition never became true"
-        await asyncio.sleep(0.05)
 
 
 async def test_two_tenants_share_the_slots_fairly(backend: Backend, tmp_path: Path) -> None:
@@ -114,15 +107,15 @@ async def test_a_client_that_leaves_the_queue_gives_up_its_place(
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
             one_slot.reset()
             first = asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": "a"}))
-            await eventually(lambda: pool(gw)["in_flight"] == 1)
+            await until(lambda: pool(gw)["in_flight"] == 1)
             leaver = asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": "b"}))
-            await eventually(lambda: pool(gw)["queued"] == 1)
+            await until(lambda: pool(gw)["queued"] == 1)
             with urllib.request.urlopen(f"{gw.admin}/metrics", timeout=5) as r:
                 scraped = r.read().decode()
             assert 'sluice_admission_queue_length{class="2",pool="sim"} 1.0' in scraped
             assert 'sluice_admission_capacity{pool="sim"} 1.0' in scraped
             leaver.cancel()  # the client goes away while queued
-            await eventually(lambda: pool(gw)["queued"] == 0, timeout=2.0)
+            await until(lambda: pool(gw)["queued"] == 0, timeout=2.0)
             assert pool(gw)["in_flight"] == 1  # the first still runs: it left the queue at once
             third = await http.post(url, json=SLOW, headers={"x-tenant": "c"})
             assert third.status_code == 200 and (await first).status_code == 200
@@ -148,7 +141,7 @@ async def test_a_reload_of_the_queue_section_keeps_waiting_requests(
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
             calls = [asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": t}))
                      for t in ("a", "b", "a", "b")]  # fmt: skip
-            await eventually(lambda: pool(gw)["queued"] == 3)
+            await until(lambda: pool(gw)["queued"] == 3)
             text = gw.policy.read_text().replace("max_wait_ms: 20000", "max_wait_ms: 15000")
             gw.policy.write_text(text.replace("max_queued: 2000", "max_queued: 100"))
             req = urllib.request.Request(f"{gw.admin}/admin/policy/reload", method="POST",
@@ -188,14 +181,14 @@ async def test_an_adaptive_pool_queues_and_its_colour_sheds_the_queue_tail(
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
             gold = [call(http, "gold") for _ in range(4)]
-            await eventually(lambda: pool(gw)["in_flight"] == 4)
+            await until(lambda: pool(gw)["in_flight"] == 4)
             assert pool(gw)["capacity"] == 4  # the adaptive limit
             free = []
             for n in range(1, 3):
                 free.append(call(http, "free"))
-                await eventually(lambda n=n: pool(gw)["queued"] == n)  # green: they wait
+                await until(lambda n=n: pool(gw)["queued"] == n)  # green: they wait
             free.append(call(http, "free"))  # 7 of 4 + 4: yellow, the free tail is shed
-            await eventually(lambda: pool(gw)["refused"].get("shed", 0) >= 2)
+            await until(lambda: pool(gw)["refused"].get("shed", 0) >= 2)
             gold.append(call(http, "gold"))  # gold still waits in yellow, and is served
             answers = await asyncio.gather(*gold, *free)
     finally:
@@ -218,7 +211,7 @@ async def test_grpc_calls_wait_in_their_pools_queue_too(one_slot: Backend, tmp_p
                                   metadata=(("x-tenant", tenant),), timeout=timeout)  # fmt: skip
 
             calls = [asyncio.ensure_future(infer(t)) for t in ("a", "b", "c")]
-            await eventually(lambda: pool(gw, "sim-grpc")["queued"] == 2)
+            await until(lambda: pool(gw, "sim-grpc")["queued"] == 2)
             assert pool(gw, "sim-grpc")["in_flight"] == 1
             leaver = asyncio.ensure_future(infer("d", timeout=0.3))  # its deadline passes queued
             with pytest.raises(grpc.aio.AioRpcError):
@@ -238,7 +231,7 @@ async def test_a_hopeless_deadline_is_refused_at_once(one_slot: Backend, tmp_pat
             warm = await http.post(url, json=SLOW, headers={"x-tenant": "a"})  # hold time ~0.8 s
             assert warm.status_code == 200
             busy = asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": "a"}))
-            await eventually(lambda: pool(gw)["in_flight"] == 1)
+            await until(lambda: pool(gw)["in_flight"] == 1)
             t0 = time.monotonic()
             hopeless = await http.post(url, json=SLOW, headers={
                 "x-tenant": "b", "x-sluice-deadline-ms": "50"})  # fmt: skip
@@ -285,7 +278,7 @@ async def test_a_member_out_of_rotation_takes_its_slots_with_it(
                 await asyncio.sleep(0.2)
             calls = [asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": t}))
                      for t in "abcd"]  # fmt: skip
-            await eventually(lambda: pool(gw)["queued"] == 2 and pool(gw)["in_flight"] == 2)
+            await until(lambda: pool(gw)["queued"] == 2 and pool(gw)["in_flight"] == 2)
             answers = await asyncio.gather(*calls)
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
@@ -306,9 +299,9 @@ async def test_a_slot_is_held_for_the_tenant_that_comes_back(
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
             assert (await http.post(url, json=SLOW, headers={"x-tenant": "a"})).status_code == 200
             b1 = asyncio.ensure_future(http.post(url, json=SLOW, headers=b_hdrs))
-            await eventually(lambda: pool(gw)["in_flight"] == 1)
+            await until(lambda: pool(gw)["in_flight"] == 1)
             a = asyncio.ensure_future(http.post(url, json=SLOW, headers={"x-tenant": "a"}))
-            await eventually(lambda: pool(gw)["queued"] == 1)
+            await until(lambda: pool(gw)["queued"] == 1)
             assert (await b1).status_code == 200
             b2 = await http.post(url, json=SLOW, headers=b_hdrs)  # came back at once
             assert b2.status_code == 200 and not a.done()  # b went first

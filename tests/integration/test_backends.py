@@ -19,9 +19,8 @@ from tests.integration.backends_support import (
     Spawn,
     rewrite,
     start_gateway,
-    wait_until,
 )
-from tests.support import free_port
+from tests.support import free_port, until
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +52,11 @@ routes:
     # on a loaded machine the breaker takes longer to open and more connects fail together.
     try:
         async with Load(gw.url, workers=8) as load:
-            await asyncio.sleep(1.0)
-            before = [s.served() for s in sims]
-            assert all(n > 0 for n in before)  # all three take traffic
+            before = await until(lambda: [s.served() for s in sims], what="all three served",
+                                 ok=lambda ns: all(n > 0 for n in ns))  # fmt: skip
             killed_at = time.monotonic()
             sims[0].kill()
-            await asyncio.sleep(0.5)
-            await wait_until(lambda: load.ok(since=killed_at + 0.2) >= 30, 30)
+            await until(lambda: load.ok(since=killed_at + 0.2) >= 30, 30)
         failed = load.failures()
         # Only requests in flight to the dead member fail (at most one per client), and only
         # because they were sent already: connect failures after the death were retried.
@@ -164,13 +161,10 @@ routes:
     try:
         body = {**CHAT, "stream": True, "max_tokens": 8}
         async with Load(gw.url, workers=4, body=body) as load:
-            await wait_until(
-                lambda: gw.member("pool", slow.address)["breaker"]["state"] == "open", 20
-            )
+            await until(lambda: gw.member("pool", slow.address)["breaker"]["state"] == "open", 20)
             slow.reset()
             fast.reset()
-            t = time.monotonic()
-            await asyncio.sleep(1.5)
+            t = await load.answered(20)
         assert not load.failures()
         assert load.ok(since=t) > 0 and slow.served() == 0 and fast.served() > 0
         m = gw.member("pool", fast.address)["breaker"]
@@ -199,27 +193,28 @@ routes:
 """)  # fmt: skip
     try:
         async with Load(gw.url, workers=2):
-            await wait_until(lambda: gw.member("pool", bad.address)["breaker"]["reopens"] >= 1)
+            await until(lambda: gw.member("pool", bad.address)["breaker"]["reopens"] >= 1)
             bad.knobs(failure="hang")  # the probes to come will hang
             bad.reset()
             await asyncio.sleep(0.1)
             load_more = Load(gw.url, workers=8)
             async with load_more:
                 # half-open: at most 2 probes reach it; they hang; the breaker re-opens anyway
-                await wait_until(lambda: bad.stats()["in_flight"] >= 1, 5)
-                await wait_until(
+                await until(lambda: bad.stats()["in_flight"] >= 1, 5)
+                await until(
                     lambda: "unanswered" in gw.member("pool", bad.address)["breaker"]
                     .get("last_change", ""), 5)  # fmt: skip
-                await asyncio.sleep(1.5)  # several open/half-open rounds while probes hang
-                await wait_until(lambda: load_more.ok() >= 20, 30)
+                reopened = gw.member("pool", bad.address)["breaker"]["reopens"]
+                await until(lambda: gw.member("pool", bad.address)["breaker"]["reopens"], 15,
+                            ok=lambda n: n >= reopened + 2,
+                            what="two more open/half-open rounds while probes hang")  # fmt: skip
+                await until(lambda: load_more.ok() >= 20, 30)
             rounds = gw.member("pool", bad.address)["breaker"]["reopens"]
             served = bad.served()
             # every half-open round admits 2 probes, no more, however many clients wait
             assert 1 <= served <= 2 * rounds, (served, rounds)
             bad.knobs(failure="none")
-            await wait_until(
-                lambda: gw.member("pool", bad.address)["breaker"]["state"] == "closed", 10
-            )
+            await until(lambda: gw.member("pool", bad.address)["breaker"]["state"] == "closed", 10)
     finally:
         gw.stop()
 
@@ -244,9 +239,9 @@ routes:
 """)  # fmt: skip
     try:
         async with Load(gw.url, workers=4) as load:
-            await wait_until(lambda: gw.backends()["routes"]["chat"]["canary"]["tripped"], 15)
+            await until(lambda: gw.backends()["routes"]["chat"]["canary"]["tripped"], 15)
             tripped_at = time.monotonic()
-            await wait_until(lambda: load.ok(since=tripped_at + 0.1) >= 20, 30)
+            await until(lambda: load.ok(since=tripped_at + 0.1) >= 20, 30)
         state = gw.backends()["routes"]["chat"]
         assert state["weights"] == {"vllm": 80.0, "vllm-canary": 0.0}
         assert "error ratio" in state["canary"]["reason"]
@@ -285,12 +280,12 @@ routes:
 """)  # fmt: skip
     try:
         async with Load(gw.url, workers=4) as load:
-            await asyncio.sleep(0.8)
+            await load.answered(20)
             assert sims[2].served() == 0  # the secondary waits while the primary is whole
             killed_at = time.monotonic()
             sims[0].kill()
             sims[1].kill()
-            await wait_until(lambda: load.ok(since=killed_at + 0.3) >= 20, 30)
+            await until(lambda: load.ok(since=killed_at + 0.3) >= 20, 30)
         assert not load.failures(since=killed_at + 0.3)
         assert len(load.failures()) <= 4  # only requests in flight to the dead members
         assert sims[2].served() >= 20
@@ -325,7 +320,7 @@ routes:
     gw = start_gateway(tmp_path, body(60))
     try:
         async with Load(gw.url, workers=4) as load:
-            await wait_until(
+            await until(
                 lambda: gw.member("pool", broken.address)["breaker"]["state"] == "open"
                 and not gw.member("pool", sick.address)["health"]["healthy"], 10
             )  # fmt: skip
@@ -336,8 +331,8 @@ routes:
             for idle in (61, 62, 63):  # three reloads while requests run
                 old = gw.version()
                 rewrite(gw, body(idle))
-                await wait_until(lambda old=old: gw.version() != old, 10)  # type: ignore[misc]
-            await wait_until(lambda: load.ok(since=started) >= 20, 30)
+                await until(lambda old=old: gw.version() != old, 10)  # type: ignore[misc]
+            await until(lambda: load.ok(since=started) >= 20, 30)
         b = gw.member("pool", broken.address)
         h = gw.member("pool", sick.address)
         assert b["breaker"]["state"] == "open" and b["breaker"]["reopens"] == 1

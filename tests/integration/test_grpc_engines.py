@@ -21,7 +21,7 @@ import pytest
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, wait_ready
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, until
 
 pytestmark = pytest.mark.integration
 
@@ -225,16 +225,12 @@ async def test_deadline_exceeded(stub: Any) -> None:
 
 
 async def test_client_cancel_reaches_the_backend(stub: Any, backend: Backend) -> None:
-    deadline = time.monotonic() + 5
-    while backend.stats()["in_flight"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: backend.stats()["in_flight"], 5, ok=lambda n: n == 0)
     before = int(backend.stats()["cancelled"])
     call = stub.Generate(pb2.InferRequest(prompt="x", max_tokens=200), timeout=30)
     await asyncio.wait_for(call.read(), 5)
     call.cancel()
-    deadline = time.monotonic() + 3
-    while int(backend.stats()["cancelled"]) <= before and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: int(backend.stats()["cancelled"]), 3, ok=lambda n: n > before)
     assert int(backend.stats()["cancelled"]) == before + 1
 
 
@@ -309,7 +305,5 @@ async def test_a_connection_storm_is_accounted_call_by_call(gw: GrpcGateway) -> 
     storm = [open_and_drop(gw.port, cancel=i % 2 == 0) for i in range(n)]
     for i in range(0, n, 50):
         await asyncio.gather(*storm[i : i + 50])
-    deadline = time.monotonic() + 10
-    while gw.calls_recorded() - before < n and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    await until(lambda: gw.calls_recorded() - before, ok=lambda k: k >= n, interval=0.2)
     assert gw.calls_recorded() - before == n

@@ -15,12 +15,13 @@ import pytest
 from tests.integration.conftest import Backend
 from tests.integration.test_mtls import LIMITS
 from tests.integration.tls_gateway import (
+    INFER_REPLY,
     TlsGateway,
     grpc_infer,
     start_tls_gateway,
     tls_block,
-    wait_until,
 )
+from tests.support import wait_until
 from tests.tls_support import TestCA, peer_serial, replace_atomically
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ def test_alpn_selects_h2(gw: TlsGateway) -> None:
 
 
 def test_secure_channel_without_a_certificate_is_served(gw: TlsGateway) -> None:
-    assert grpc_infer(gw.grpc_port, gw.ca).text
+    assert grpc_infer(gw.grpc_port, gw.ca) == INFER_REPLY  # a reply: status OK (else RpcError)
 
 
 def test_optional_client_certificate_identity_keys_the_limit(gw: TlsGateway) -> None:
@@ -66,7 +67,7 @@ def test_optional_client_certificate_identity_keys_the_limit(gw: TlsGateway) -> 
         for _ in range(20):
             grpc_infer(gw.grpc_port, gw.ca, a)
     assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert grpc_infer(gw.grpc_port, gw.ca).text  # the anonymous bucket is another one
+    assert grpc_infer(gw.grpc_port, gw.ca) == INFER_REPLY  # the anonymous bucket is another
     shown = json.dumps(json.loads(gw.get("/admin/state"))["ratelimit"])
     assert "spiffe://sluice.test/grpc-a" in shown
 
@@ -88,7 +89,7 @@ def test_rotation_reaches_new_connections(gw: TlsGateway) -> None:
         lambda: peer_serial("127.0.0.1", gw.grpc_port, gw.ca) == fresh.serial,
         what="the gRPC listener serves the new certificate",
     )
-    assert grpc_infer(gw.grpc_port, gw.ca).text
+    assert grpc_infer(gw.grpc_port, gw.ca) == INFER_REPLY
 
 
 def test_tls_handshake_is_required(gw: TlsGateway) -> None:

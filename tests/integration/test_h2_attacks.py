@@ -36,6 +36,7 @@ from tests.integration.h2_support import (
     settings,
     start_h2_gateway,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -171,11 +172,14 @@ def test_flood_closes_the_connection_quickly(gw: H2Gateway, name: str) -> None:
     label = "h2_" + reason
     before = gw.metric("sluice_rejected_total", reason=label)
     rss = gw.rss_kb()
-    with Bystander(gw):
+    with Bystander(gw) as normal:
         conn = RawH2(gw.port)
         elapsed = flood(conn, make(conn), pause)
         conn.close()
-        time.sleep(0.3)
+        wait_until(lambda: gw.metric("sluice_rejected_total", reason=label) - before,
+                   ok=lambda n: n >= 1, what=f"{label} counted")  # fmt: skip
+        served = len(normal.results)
+        wait_until(lambda: len(normal.results) > served, what="the normal client served after")
     assert elapsed < CLOSE_WITHIN_S, f"{name}: connection open after {elapsed:.1f}s"
     assert gw.metric("sluice_rejected_total", reason=label) == before + 1
     assert gw.rss_kb() - rss < 20 * 1024, "memory grew more than 20 MB"
@@ -238,8 +242,9 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
     refused, goaway = refused_streams(conn)
     assert goaway is None
     assert len(refused) == 50 and min(refused) == 201, sorted(refused)[:3]
-    with Bystander(gw):
+    with Bystander(gw) as normal:
         elapsed = flood(conn, lambda i: make(3 + i), 0.005)
+        wait_until(lambda: normal.results, what="the normal client served")  # the cut may be quick
     conn.close()
     assert elapsed < CLOSE_WITHIN_S
 
@@ -252,6 +257,8 @@ def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> Non
             conn = RawH2(gw.port)
             flood(conn, make(conn), pause)
             conn.close()
+    # A settle time, not an event: nothing the gateway exposes says it has let go of the closed
+    # connections (a loaded machine cuts some floods for another reason, or not within 5 s).
     time.sleep(0.5)
     assert gw.rss_kb() - rss < 20 * 1024
     with httpx.Client(http1=False, http2=True, timeout=5) as c:

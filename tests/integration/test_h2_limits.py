@@ -24,6 +24,7 @@ from tests.integration.h2_support import (
     rst,
     start_h2_gateway,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +104,8 @@ def test_streams_reset_before_they_were_served_are_accounted(gw: H2Gateway) -> N
     for i in range(4):  # under the request cap: the resets are all the connection does
         sid = 2 * i + 1
         conn.send(conn.headers(sid, "POST", "/v1/chat/completions", end_stream=False) + rst(sid))
-    time.sleep(0.5)
+    wait_until(lambda: gw.metric("sluice_client_cancelled_total", protocol="http") - before,
+               ok=lambda n: n >= 4, what="four cancelled streams counted")  # fmt: skip
     conn.close()
     assert gw.metric("sluice_client_cancelled_total", protocol="http") - before == 4
 
@@ -191,10 +193,11 @@ def test_a_large_answer_to_a_client_that_reads_late_is_delivered(
     gw: H2Gateway, backend: Backend
 ) -> None:
     """A large answer (100,000 tokens) to a client with a large window and a small receive
-    buffer that reads only after 2 s: the socket buffers fill, the connection waits for the
-    client and the answer arrives whole (a full buffer is taken for a flood only when no
-    response was written into it)."""
+    buffer that reads only once the gateway has ended the stream (and counted the request):
+    the socket buffers are full, the connection waits for the client and the answer arrives
+    whole (a full buffer is taken for a flood only when no response was written into it)."""
     backend.knobs(completion_tokens=100_000, token_delay_ms=0)
+    answered = gw.metric("sluice_requests_total", code="200")
     try:
         conn = RawH2(gw.port, settings={4: 1 << 30}, rcvbuf=8192)  # 4: INITIAL_WINDOW_SIZE
         conn.send(frame(WindowUpdateFrame(0), window_increment=(1 << 30)))
@@ -209,7 +212,10 @@ def test_a_large_answer_to_a_client_that_reads_late_is_delivered(
             )  # fmt: skip
             + frame(DataFrame(1), data=body, flags={"END_STREAM"})
         )
-        time.sleep(2.0)  # the answer is written while nothing is read
+        # The whole answer is in the gateway's buffers, full since nothing is read; the scrape
+        # is answered after that write, so after any cut it would have caused.
+        wait_until(lambda: gw.metric("sluice_requests_total", code="200") - answered,
+                   ok=lambda n: n == 1, what="the answer counted, nothing read")  # fmt: skip
         data, ended = b"", False
         for f in conn.frames(5.0):
             if isinstance(f, DataFrame) and f.stream_id == 1:

@@ -23,7 +23,7 @@ from tests.auth.jwks_server import JwksServer
 from tests.auth.live import ALT_ISSUER, GRPC_OF_HTTP, LiveGateway, policy, start
 from tests.auth.mint import DROP, b64, b64json, claims, jws, raw
 from tests.integration.conftest import Backend
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -414,15 +414,18 @@ def test_each_refusal_has_its_reason(gateways: dict[str, LiveGateway]) -> None:
     for i, c in enumerate(CASES):
         path = "/v1/models" if c.route == "v1" else f"/{c.route}/v1/models"
         gw.http(path, [("authorization", v) for v in c.values] + [("x-request-id", f"case-{i}")])
-    got: dict[int, str] = {}
-    deadline = time.monotonic() + 10
-    while len(got) < len(CASES) and time.monotonic() < deadline:
+
+    def logged() -> dict[int, str]:
+        got: dict[int, str] = {}
         for line in gw.proc.output().splitlines():
             if '"request_id":"case-' in line:
                 doc = json.loads(line)
                 detail = doc.get("detail", "")
                 got[int(doc["request_id"][5:])] = detail.split(" ")[1] if detail else ""
-        time.sleep(0.1)
+        return got
+
+    got = wait_until(logged, ok=lambda g: len(g) >= len(CASES), interval=0.1,
+                     what="an access-log line for every case")  # fmt: skip
     wrong = {c.name: got.get(i) for i, c in enumerate(CASES) if got.get(i) != c.reason}
     assert not wrong, wrong
 
@@ -499,14 +502,17 @@ def test_access_log_records_provider_and_reason(gateways: dict[str, LiveGateway]
         ("log-ok", "/v1/models", jws(claims(), CORP_RSA)),
     ):
         gw.http(path, [("authorization", f"Bearer {token}"), ("x-request-id", rid)])
-    deadline = time.monotonic() + 10
-    lines: dict[str, dict[str, Any]] = {}
-    while time.monotonic() < deadline and len(lines) < 3:
+
+    def logged() -> dict[str, dict[str, Any]]:
+        lines: dict[str, dict[str, Any]] = {}
         for x in gw.proc.output().splitlines():
             if x.startswith('{"ts"') and '"request_id":"log-' in x:
                 doc = json.loads(x)
                 lines[doc["request_id"]] = doc
-        time.sleep(0.1)
+        return lines
+
+    lines = wait_until(logged, ok=lambda got: len(got) >= 3, interval=0.1,
+                       what="the three access-log lines")  # fmt: skip
     e, c, ok = lines["log-expired"], lines["log-claims"], lines["log-ok"]
     assert (e["status"], e["rejected"], e["detail"]) == (
         401,

@@ -21,6 +21,7 @@ from tests.auth import mint
 from tests.auth.jwks_server import JwksServer
 from tests.auth.live import LiveGateway, bearer, policy, start
 from tests.integration.conftest import Backend
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +39,6 @@ def token(key: mint.Key, **over: Any) -> str:
 def jwks_state(gw: LiveGateway) -> dict[str, Any]:
     state: dict[str, Any] = gw.admin("/readyz")["jwks"]["corp"]
     return state
-
-
-def wait(cond: Any, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what or "condition not met")
-        time.sleep(0.05)
 
 
 def alt_file(tmp: Path) -> Path:
@@ -110,18 +103,19 @@ def test_a_failing_jwks_keeps_the_last_good_keys(
 ) -> None:
     server, gw = refreshing
     settings, kind = FAULTS[fault]
-    wait(lambda: jwks_state(gw)["keys"] == 2 and jwks_state(gw)["failures_in_a_row"] == 0)
+    wait_until(
+        lambda: jwks_state(gw), 20, ok=lambda s: s["keys"] == 2 and not s["failures_in_a_row"]
+    )
     before = jwks_state(gw)["fetches"]
     if settings.get("down"):
         server.down()
     else:
         server.serve(**settings)
     try:
-        wait(
-            lambda: (
-                (s := jwks_state(gw))["failures_in_a_row"] >= 2
-                and (s["last_error"] or "").startswith(kind)
-            ),
+        wait_until(
+            lambda: jwks_state(gw),
+            20,
+            ok=lambda s: s["failures_in_a_row"] >= 2 and (s["last_error"] or "").startswith(kind),
             what=f"two failed fetches ({kind})",
         )
         state = jwks_state(gw)
@@ -137,7 +131,7 @@ def test_a_failing_jwks_keeps_the_last_good_keys(
         if settings.get("down"):
             server.up()
         server.serve(mint.jwks(K1, K2))
-    wait(lambda: jwks_state(gw)["failures_in_a_row"] == 0, what="recovery")
+    wait_until(lambda: jwks_state(gw)["failures_in_a_row"] == 0, 20, what="recovery")
     assert gw.metric("sluice_jwks_fetches_total", provider="corp", result=kind) >= 1
 
 
@@ -148,11 +142,11 @@ def test_rotation_new_kid_at_once_removed_kid_after_ttl(
     old = token(K1)
     assert gw.http("/v1/models", bearer(old))[0] == 200  # verified and cached
     server.serve(mint.jwks(K1, K2, NEW))
-    time.sleep(0.6)  # past the unknown-kid cooldown of this gateway
+    time.sleep(0.6)  # the subject: past this gateway's unknown-kid cooldown (0.5 s)
     assert gw.http("/v1/models", bearer(token(NEW)))[0] == 200  # refetch on the unknown kid
     server.serve(mint.jwks(K2, NEW))  # K1 retired
     fetches = jwks_state(gw)["fetches"]
-    wait(lambda: jwks_state(gw)["fetches"] >= fetches + 2, what="refresh after the TTL")
+    wait_until(lambda: jwks_state(gw)["fetches"] >= fetches + 2, 20, what="refresh after TTL")
     assert gw.http("/v1/models", bearer(old))[0] == 401  # the cached verdict went with the key
     assert gw.http("/v1/models", bearer(token(K1)))[0] == 401
     assert gw.http("/v1/models", bearer(token(NEW)))[0] == 200
@@ -215,6 +209,11 @@ def test_reload_under_traffic_neither_refetches_nor_forgets(
             except OSError as e:
                 errors.append(repr(e))
 
+    def twenty_more_cached() -> None:  # the traffic goes on, its token taken from the cache
+        start = gw.metric("sluice_auth_total", provider="corp", result="cached")
+        wait_until(lambda: gw.metric("sluice_auth_total", provider="corp", result="cached"), 20,
+                   ok=lambda n: n >= start + 20, what="20 more tokens from the cache")  # fmt: skip
+
     threads = [threading.Thread(target=traffic) for _ in range(4)]
     for t in threads:
         t.start()
@@ -224,8 +223,8 @@ def test_reload_under_traffic_neither_refetches_nor_forgets(
         version = gw.admin("/admin/policy")["status"]["version"]
         gw.policy_path.write_text(text.replace("name: open\n", "name: open-renamed\n"))
         assert gw.reload()["last_reload"]["ok"]
-        wait(lambda: gw.admin("/admin/policy")["status"]["version"] != version)
-        time.sleep(1.0)
+        wait_until(lambda: gw.admin("/admin/policy")["status"]["version"] != version, 20)
+        twenty_more_cached()
         assert gw.metric("sluice_auth_total", provider="corp", result="ok") == ok0
         # 2. an auth change (leeway): new token cache, the same key set (no refetch)
         version = gw.admin("/admin/policy")["status"]["version"]
@@ -235,8 +234,8 @@ def test_reload_under_traffic_neither_refetches_nor_forgets(
         assert changed != text
         gw.policy_path.write_text(changed)
         assert gw.reload()["last_reload"]["ok"]
-        wait(lambda: gw.admin("/admin/policy")["status"]["version"] != version)
-        time.sleep(1.0)
+        wait_until(lambda: gw.admin("/admin/policy")["status"]["version"] != version, 20)
+        twenty_more_cached()
     finally:
         done.set()
         for t in threads:
@@ -245,7 +244,7 @@ def test_reload_under_traffic_neither_refetches_nor_forgets(
     assert server.count() == fetches0  # neither reload fetched the JWKS
     ok1 = gw.metric("sluice_auth_total", provider="corp", result="ok")
     assert 1 <= ok1 - ok0 <= 4  # re-verified once after the auth change (one per racing thread)
-    wait(lambda: gw.metric("sluice_auth_total", provider="corp", result="cached") > 10)
+    wait_until(lambda: gw.metric("sluice_auth_total", provider="corp", result="cached") > 10, 20)
     assert jwks_state(gw)["keys"] == 2
 
 

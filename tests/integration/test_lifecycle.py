@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +12,8 @@ import grpc
 import pytest
 
 from gateway.proto import load
-from tests.integration.conftest import Backend, http_json, policy_yaml, start_gateway
+from tests.integration.conftest import Backend, http_json, policy_yaml, readiness, start_gateway
+from tests.support import metric_total, until
 
 pytestmark = pytest.mark.integration
 
@@ -22,13 +21,18 @@ pb2, pb2_grpc = load()
 
 
 async def _wait_version_change(admin: str, old: str, timeout: float = 5.0) -> dict:  # type: ignore[type-arg]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = http_json(f"{admin}/admin/policy")["status"]
-        if st["version"] != old or not st["last_reload"]["ok"]:
-            return st  # type: ignore[no-any-return]
-        await asyncio.sleep(0.1)
-    raise TimeoutError("policy did not change")
+    return await until(  # type: ignore[no-any-return]
+        lambda: http_json(f"{admin}/admin/policy")["status"],
+        timeout,
+        ok=lambda st: st["version"] != old or not st["last_reload"]["ok"],
+        interval=0.1,
+        what=f"a reload from version {old} (or a failed one)",
+    )
+
+
+def scrape(admin: str) -> str:
+    with urllib.request.urlopen(f"{admin}/metrics", timeout=5) as r:
+        return str(r.read().decode())
 
 
 async def test_hot_reload_good_then_broken_file(backend: Backend, tmp_path: Path) -> None:
@@ -85,36 +89,44 @@ async def test_sigterm_drains_in_flight_streams(
     backend: Backend, tmp_path: Path, engine: str
 ) -> None:
     gw = start_gateway(backend, tmp_path, engine=engine)
-    tokens = 40  # 40 × 20 ms ≈ 0.8 s per stream, well inside drain_s = 10
+    tokens = 100  # 100 × 20 ms ≈ 2 s per stream, well inside drain_s = 10
     backend.knobs(completion_tokens=tokens)
     body = {"model": "m", "stream": True, "max_tokens": tokens, "prompt": "x"}
+    streaming: set[int] = set()  # the streams that have had a token
 
-    async def http_stream(s: aiohttp.ClientSession) -> int:
+    async def http_stream(s: aiohttp.ClientSession, i: int) -> int:
         async with s.post(f"{gw.http}/v1/completions", json=body) as r:
             assert r.status == 200
-            lines = [line.strip() async for line in r.content if line.startswith(b"data: ")]
+            lines = []
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    streaming.add(i)
+                    lines.append(line.strip())
             assert lines[-1] == b"data: [DONE]"  # the stream ended normally, not cut
             return sum(1 for line in lines if b'"finish_reason":null' in line)
 
-    async def grpc_stream(stub: object) -> int:
+    async def grpc_stream(stub: object, i: int) -> int:
         call = stub.Generate(pb2.InferRequest(prompt="x", max_tokens=tokens), timeout=20)  # type: ignore[attr-defined]
-        return len([c async for c in call])
+        n = 0
+        async for _ in call:
+            streaming.add(i)
+            n += 1
+        return n
 
     async with (
         aiohttp.ClientSession() as s,
         grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}") as ch,
     ):
         stub = pb2_grpc.InferenceStub(ch)
-        tasks = [asyncio.ensure_future(http_stream(s)) for _ in range(3)]
-        tasks += [asyncio.ensure_future(grpc_stream(stub)) for _ in range(3)]
-        await asyncio.sleep(0.3)  # all six are mid-stream now
+        tasks = [asyncio.ensure_future(http_stream(s, i)) for i in range(3)]
+        tasks += [asyncio.ensure_future(grpc_stream(stub, i)) for i in range(3, 6)]
+        await until(lambda: len(streaming), ok=lambda n: n == 6, what="all six streams under way")
         gw.proc.popen.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.2)
         # Not ready any more, while the streams go on.
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"{gw.admin}/readyz", timeout=2)
-        e.value.close()  # an HTTPError holds the response socket open
-        assert e.value.code == 503
+        _, ready = await until(lambda: readiness(gw.admin_port), ok=lambda r: r[0] == 503,
+                               what="/readyz answering 503 after SIGTERM")  # fmt: skip
+        assert ready["draining"] and ready["in_flight"] == 6, ready
+        assert not any(t.done() for t in tasks)
         counts = await asyncio.gather(*tasks)
     backend.knobs(completion_tokens=16)
     assert all(c == tokens for c in counts), counts
@@ -143,20 +155,14 @@ async def test_workers_share_the_ports_and_stop_cleanly(backend: Backend, tmp_pa
             for _ in range(20):
                 async with s.get(f"{gw.http}/v1/models", headers={"Connection": "close"}) as r:
                     assert r.status == 200
-            # Aggregated over both workers; each worker moves its request tallies into the
-            # shared files every second (gateway.telemetry.tally), so a scrape may lag by that.
-            deadline = time.monotonic() + 3.0
-            while True:
-                async with s.get(f"{gw.admin}/metrics") as r:
-                    text = await r.text()
-                served = sum(
-                    float(line.rsplit(" ", 1)[1])
-                    for line in text.splitlines()
-                    if line.startswith("sluice_requests_total{") and 'code="200"' in line
-                )
-                if served >= 20 or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.2)
-        assert served == 20, text
+        # Aggregated over both workers; each worker moves its request tallies into the shared
+        # files every second (gateway.telemetry.tally), so a scrape may lag by that.
+        served = await until(
+            lambda: metric_total(scrape(gw.admin), "sluice_requests_total", code="200"),
+            ok=lambda n: n >= 20,
+            interval=0.2,
+            what="the 20 answers counted across both workers",
+        )
+        assert served == 20
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()

@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.backends_support import Gw, Spawn, rewrite, start_gateway, wait_until
+from tests.integration.backends_support import Gw, Spawn, rewrite, start_gateway
 from tests.integration.llm_support import addresses, chat, chats
+from tests.support import until
 
 pytestmark = pytest.mark.integration
 
@@ -48,9 +49,7 @@ routes:
     by_model: true
 """,
     )
-    await wait_until(
-        lambda: len(discovered(gw, "llama")) == 2 and all(discovered(gw, "llama").values())
-    )
+    await until(lambda: len(discovered(gw, "llama")) == 2 and all(discovered(gw, "llama").values()))
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         assert await served_by(c, "sql-lora", 6) == 6  # the adapter: only where it is loaded
         assert (chats(a), chats(b)) == (6, 0)
@@ -63,7 +62,7 @@ routes:
             "llama-3-8b": None, "sql-lora": "llama-3-8b",
         }  # fmt: skip
         b.knobs(models=["llama-3-70b"])  # b now serves another model
-        await wait_until(lambda: discovered(gw, "llama")[b.address] == ["llama-3-70b"])
+        await until(lambda: discovered(gw, "llama")[b.address] == ["llama-3-70b"])
         a.reset()
         b.reset()
         assert await served_by(c, "llama-3-70b", 5) == 5
@@ -89,11 +88,11 @@ routes:
     by_model: true
 """,
     )
-    await wait_until(lambda: discovered(gw, "pool")[a.address] == ["old-model"])
+    await until(lambda: discovered(gw, "pool")[a.address] == ["old-model"])
     a.knobs(healthy=False)
-    await wait_until(lambda: gw.member("pool", a.address)["health"]["healthy"] is False)
+    await until(lambda: gw.member("pool", a.address)["health"]["healthy"] is False)
     a.knobs(models=["new-model"], healthy=True)  # restarted with another model
-    await wait_until(lambda: discovered(gw, "pool")[a.address] == ["new-model"])
+    await until(lambda: discovered(gw, "pool")[a.address] == ["new-model"])
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         assert await served_by(c, "new-model", 2) == 2
     gw.stop()
@@ -115,12 +114,12 @@ routes:
     by_model: true
 """
     gw = start_gateway(tmp_path, body.replace("LORA", "load_on_demand"))
-    await wait_until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b", "sql-lora"])
+    await until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b", "sql-lora"])
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         assert await served_by(c, "sql-lora", 4) == 4
         assert (chats(a), chats(b)) == (4, 0)  # loaded on a: it goes there
         a.knobs(adapters={})  # a unloads it: nobody has it now
-        await wait_until(lambda: discovered(gw, "llama")[a.address] == ["llama-3-8b"])
+        await until(lambda: discovered(gw, "llama")[a.address] == ["llama-3-8b"])
         assert await served_by(c, "sql-lora", 10) == 10  # to the parent's members, loaded there
         assert chats(a) + chats(b) == 14
         r = await c.post("/v1/chat/completions", json=chat("never-seen-lora"))
@@ -129,9 +128,9 @@ routes:
     a.knobs(adapters={"sql-lora": "llama-3-8b"})
     b.knobs(adapters={})
     gw = start_gateway(tmp_path, body.replace("LORA", "loaded"))  # the default: no loading
-    await wait_until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b", "sql-lora"])
+    await until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b", "sql-lora"])
     a.knobs(adapters={})
-    await wait_until(lambda: discovered(gw, "llama")[a.address] == ["llama-3-8b"])
+    await until(lambda: discovered(gw, "llama")[a.address] == ["llama-3-8b"])
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:
         r = await c.post("/v1/chat/completions", json=chat("sql-lora"))
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
@@ -152,10 +151,10 @@ routes:
     by_model: true
 """
     gw = start_gateway(tmp_path, body)
-    await wait_until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b"])
+    await until(lambda: discovered(gw, "llama").get(a.address) == ["llama-3-8b"])
     before = gw.version()
     rewrite(gw, body.replace("name: openai", "name: openai2"))  # a reload, same backend section
-    await wait_until(lambda: gw.version() != before)
+    await until(lambda: gw.version() != before)
     state = gw.backends()["backends"]["llama"]["models"]["members"][a.address]
     assert state["models"] == ["llama-3-8b"] and state["reads"] == 1  # kept, not listed again
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as c:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.backends_support import Sim, Spawn, start_gateway
 from tests.integration.llm_support import chat, pool_policy
+from tests.support import until
 
 pytestmark = pytest.mark.integration
 
@@ -112,10 +113,14 @@ async def test_a_member_killed_under_streaming_load(tmp_path: Path, spawn: Spawn
         early: list[list[Any]] = [[] for _ in range(4)]
         tasks = [asyncio.create_task(stream(c, u, early[i]))
                  for i, u in enumerate(doomed[:2] + others[:2])]  # fmt: skip
-        await asyncio.sleep(0.7)  # these have content now
-        assert all(content(e) for e in early)
-        late = [asyncio.create_task(stream(c, u)) for u in doomed[2:4]]
-        await asyncio.sleep(0.15)  # these are before their first token
+        await until(lambda: [content(e) for e in early], ok=all, what="content on all four")
+        late_events: list[list[Any]] = [[], []]
+        late = [asyncio.create_task(stream(c, u, late_events[i]))
+                for i, u in enumerate(doomed[2:4])]  # fmt: skip
+        # Both late ones have reached the doomed member (its 400 ms to the first token ahead).
+        await until(lambda: sims[0].stats()["in_flight"], ok=lambda n: n == 4,
+                    interval=0.01, what="the doomed member serving four streams")  # fmt: skip
+        assert not any(content(e) for e in late_events)  # before their first token
         sims[0].kill()
         done = await asyncio.gather(*tasks, *late)
     for events in done[:2]:  # mid-content on the killed member: the defined error event

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.proto import load
 from tests.integration.backends_support import Sim, Spawn, start_gateway
+from tests.support import until
 
 pytestmark = pytest.mark.integration
 pb2, pb2_grpc = load()
@@ -104,8 +105,14 @@ async def test_streaming_calls_are_routed_by_their_first_message(
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub.Collect(too_big(), timeout=5)
         assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # the first message too
+
+        def chats() -> int:
+            return sum(sim.stats()["requests"].get("grpc Chat", 0) for sim in (llama, qwen))
+
+        before = chats()
         late = stub.Chat(timeout=10)
-        await asyncio.sleep(1.3)
+        # With no message after FIRST_MESSAGE_S the gateway routes the call on its head.
+        await until(chats, ok=lambda n: n == before + 1, what="the silent call at a member")
         await late.write(pb2.InferRequest(model="qwen-7b", prompt="late"))
         assert "late" in (await asyncio.wait_for(late.read(), 5)).text
         await late.done_writing()

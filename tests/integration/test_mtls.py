@@ -19,6 +19,7 @@ from tests.integration.tls_gateway import (
     CHAT as CHAT_BODY,
 )
 from tests.integration.tls_gateway import (
+    INFER_REPLY,
     TlsGateway,
     grpc_infer,
     post_chat,
@@ -129,7 +130,7 @@ def test_certificate_identity_keys_the_limit_and_is_the_principal(
     with pytest.raises(grpc.RpcError) as e:
         grpc_infer(gw.grpc_port, ca, a)
     assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert grpc_infer(gw.grpc_port, ca, c).text
+    assert grpc_infer(gw.grpc_port, ca, c) == INFER_REPLY
     with pytest.raises(grpc.RpcError) as e:  # CN over gRPC: the same bucket as CN over HTTP
         for _ in range(20):
             grpc_infer(gw.grpc_port, ca, c)
@@ -162,7 +163,7 @@ def test_optional_lets_a_client_in_without_a_certificate(
     gw, ca = optional
     assert chat(gw, client(ca, None)) == 200  # no certificate: in, without identity
     # client_cert: off on the gRPC listener: no certificate asked for (the anonymous bucket).
-    assert grpc_infer(gw.grpc_port, ca).text
+    assert grpc_infer(gw.grpc_port, ca) == INFER_REPLY
     a = ca.issue("opt-a", uris=("spiffe://sluice.test/opt-a",), client=True)
     assert until_limited(gw, client(ca, a)) >= 2  # its own bucket...
     assert chat(gw, client(ca, None)) == 200  # ...not the anonymous one

@@ -24,7 +24,7 @@ import pytest
 from gateway.policy.compiled import compile_policy
 from gateway.policy.loader import load_policy_text
 from tests.integration.conftest import Backend, Gateway, http_json, policy_yaml, start_gateway
-from tests.support import ROOT, Proc, free_port, wait_for_port
+from tests.support import ROOT, Proc, free_port, until, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -99,21 +99,9 @@ class Load:
         return Counter(s for at, s in self.statuses if at >= t)
 
     async def wait_requests(self, n: int, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
         start = len(self.statuses)
-        while len(self.statuses) - start < n:
-            assert time.monotonic() < deadline, f"load stalled: {self.statuses[-5:]}"
-            await asyncio.sleep(0.05)
-
-
-async def until(cond: Any, timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met in {timeout}s"
-        await asyncio.sleep(0.05)
+        await until(lambda: self.statuses[start:], timeout, ok=lambda new: len(new) >= n,
+                    what=f"{n} more answers from the load")  # fmt: skip
 
 
 def policy_status(gw: Gateway) -> dict[str, Any]:
@@ -184,6 +172,7 @@ async def test_each_guarded_change_is_held_under_traffic_then_forced(
                 gw.policy.write_text(text)  # the file watcher picks it up
                 held = await until(
                     lambda v=bad_version: (policy_status(gw)["held"] or {}).get("version") == v,
+                    15,
                     what=f"{name} held",
                 )
                 st = policy_status(gw)
@@ -207,7 +196,9 @@ async def test_each_guarded_change_is_held_under_traffic_then_forced(
                 # Back to the good file: nothing the running (broken) policy serves is lost.
                 gw.policy.write_text(good)
                 await until(
-                    lambda: policy_status(gw)["version"] == good_version, what=f"{name} restored"
+                    lambda: policy_status(gw)["version"] == good_version,
+                    15,
+                    what=f"{name} restored",
                 )
                 t2 = time.monotonic()
                 await load.wait_requests(10)
@@ -233,7 +224,11 @@ def rollout_text(b: Backend, gw: Gateway, target: Backend, tail: str, route: str
 
 @pytest.fixture(scope="module")
 def rgw(quick: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gw = start_gateway(quick, tmp_path_factory.mktemp("rollout"))
+    # Its tests reload explicitly (the admin API, the CLI's apply): a file watcher would race
+    # them, and on a loaded machine load a file before `sluice policy apply` has started.
+    gw = start_gateway(
+        quick, tmp_path_factory.mktemp("rollout"), env={"SLUICE_WATCH_INTERVAL": "3600"}
+    )
     try:
         yield gw
     finally:
@@ -353,12 +348,17 @@ async def test_requests_finish_on_the_version_they_started_with(
                 assert code == 202
                 rids = [f"{ending}-{i}" for i in range(12)]
                 streams = [asyncio.ensure_future(_stream(s, url, r, tokens)) for r in rids]
-                await asyncio.sleep(0.3)  # all mid-stream now, on one side or the other
+                await until(
+                    lambda want=set(rids): (served_ids(other) | served_ids(quick)) & want,  # type: ignore[misc]
+                    ok=lambda ids: len(ids) == 12,
+                    what="every stream at a backend, on one side or the other",
+                )
                 on_new = served_ids(other) & set(rids)
                 on_old = served_ids(quick) & set(rids)
                 assert on_new and on_old and not on_new & on_old, (on_new, on_old)
                 code, st = post(f"{rgw.admin}/admin/policy/rollout/{ending}")
                 assert code == 200
+                assert not any(t.done() for t in streams)  # all mid-stream at the switch
                 if ending == "promote":
                     assert st["stage"] == "100%"
                     code, st = post(f"{rgw.admin}/admin/policy/rollout/promote")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, Gateway
+from tests.support import until
 
 pytestmark = pytest.mark.integration
 
@@ -137,27 +137,22 @@ async def test_grpc_deadline_is_propagated(gateway: Gateway) -> None:
         assert time.monotonic() - t0 < 1.5
 
 
-async def _cancelled(backend: Backend) -> int:
+def _cancelled(backend: Backend) -> int:
     return int(backend.stats()["cancelled"])
 
 
 async def test_client_cancel_reaches_the_backend(gateway: Gateway, backend: Backend) -> None:
     # Earlier tests' calls (the deadline test's sleeping Infer) must have ended on the backend
     # before counting, or their late cancellation would be counted as ours.
-    deadline = time.monotonic() + 5
-    while backend.stats()["in_flight"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert backend.stats()["in_flight"] == 0
-    before = await _cancelled(backend)
+    await until(lambda: backend.stats()["in_flight"], 5, ok=lambda n: n == 0)
+    before = _cancelled(backend)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.grpc_port}") as ch:
         stub = pb2_grpc.InferenceStub(ch)
         call = stub.Generate(pb2.InferRequest(prompt="x", max_tokens=200), timeout=30)
         await call.read()
         call.cancel()
-    deadline = time.monotonic() + 3
-    while await _cancelled(backend) <= before and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert await _cancelled(backend) == before + 1
+    await until(lambda: _cancelled(backend), 3, ok=lambda n: n > before)
+    assert _cancelled(backend) == before + 1
 
     body = {"model": "m", "stream": True, "max_tokens": 200, "prompt": "x"}
     async with (
@@ -166,10 +161,8 @@ async def test_client_cancel_reaches_the_backend(gateway: Gateway, backend: Back
     ):
         await r.content.readline()
         # leaving the block with the body unread closes the connection: the client is gone
-    deadline = time.monotonic() + 3
-    while await _cancelled(backend) <= before + 1 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert await _cancelled(backend) == before + 2
+    await until(lambda: _cancelled(backend), 3, ok=lambda n: n > before + 1)
+    assert _cancelled(backend) == before + 2
 
 
 async def test_metrics_count_requests(gateway: Gateway) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import Backend, Gateway, start_gateway
 from tests.integration.load import Run, offer
-from tests.support import metric_total
+from tests.support import metric_total, until
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +71,8 @@ async def test_load_ramp_goes_through_the_colours(backend: Backend, tmp_path: Pa
             # 2x the qps with long prompts (~500 tokens each): the token bucket drains too.
             storm = await offer(s, 80, 3.0, chat(gw, 2000))
             seen.append(colour(gw))
-            await asyncio.sleep(3.0)  # demand gone; the bucket refills
-            seen.append(colour(gw))
+            # Demand gone: the bucket refills and the colour comes back to green.
+            seen.append(await until(lambda: colour(gw), ok=lambda c: c == "green", interval=0.2))
         transitions = [t["change"] for t in reversed(state(gw)["transitions"])]
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
@@ -128,8 +128,9 @@ async def test_reload_under_load_keeps_the_buckets(backend: Backend, tmp_path: P
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
             t0 = time.monotonic()
             load = asyncio.create_task(offer(s, 60, 4.0, models, t0=t0))
-            await asyncio.sleep(2.0)
-            before = decisions(gw)
+            # The rule has spent its burst (60/s offered, 20/s allowed) before the reload.
+            before = await until(lambda: decisions(gw), ok=lambda d: d["reject_qps"] > 0,
+                                 what="the steady rule refusing")  # fmt: skip
             shadow = "    - {name: extra, key: [source_ip], qps: 5, enforce: false}\n"
             await asyncio.to_thread(reload, gw, RELOAD.format(qps=20, extra=shadow))
             reloaded_at = time.monotonic() - t0
@@ -187,12 +188,10 @@ async def test_a_json_answer_settles_its_reservation_from_its_usage(
             )
             return text if refund else None
 
-        deadline = time.monotonic() + 5  # the limiter's counters reach Prometheus once a second
-        while (text := settled()) is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        # The limiter's counters reach Prometheus once a second.
+        text = await until(settled, 5, interval=0.2, what="a refund counted")
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
-    assert text is not None, "no refund counted"
     reserved = metric_total(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="reserved")
     refunded = metric_total(text, "sluice_ratelimit_tokens_total", rule="tenant", kind="refunded")
     assert reserved >= 400 and reserved - refunded == used, (reserved, refunded, usage)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from tests.integration.conftest import Backend, Gateway, start_gateway
 from tests.integration.load import offer
 from tests.redis_support import RedisServer
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -46,15 +46,16 @@ def admin_json(gw: Gateway, path: str) -> Any:
 def wait_mode(
     gws: list[Gateway], mode: str, replicas: int | None = None, timeout: float = 20
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = [admin_json(g, "/readyz")["ratelimit"] for g in gws]
-        if all(s["mode"] == mode for s in states) and (
-            replicas is None or all(s.get("replicas") == replicas for s in states)
-        ):
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"not all in mode {mode}: {states}")
+    wait_until(
+        lambda: [admin_json(g, "/readyz")["ratelimit"] for g in gws],
+        timeout,
+        ok=lambda states: all(
+            s["mode"] == mode and (replicas is None or s.get("replicas") == replicas)
+            for s in states
+        ),
+        interval=0.1,
+        what=f"all in mode {mode}" + (f" with {replicas} replicas" if replicas else ""),
+    )
 
 
 @pytest.fixture(scope="module")

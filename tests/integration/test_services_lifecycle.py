@@ -5,7 +5,6 @@ draining ends the process)."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import socket
 import time
@@ -21,11 +20,10 @@ from tests.integration.backends_support import (
     rewrite,
     start_gateway,
     start_sims,
-    wait_until,
 )
 from tests.integration.conftest import http_json
 from tests.redis_support import RedisServer
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, until, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -81,23 +79,23 @@ async def test_redis_discovery_gains_redis_limits_by_reload_and_loses_them(
     try:
         assert readyz(gw.admin_port)["redis"] == {"clients": [redis_server.url]}
         async with Load(gw.url, workers=4) as load:
-            await asyncio.sleep(0.3)
+            await load.answered(10)
             v1 = gw.version()
             rewrite(gw, discovery(sim, redis_server) + limits(redis_server))
-            await wait_until(lambda: gw.version() != v1, 10)
+            await until(lambda: gw.version() != v1, 10)
             st = policy_status(gw.admin_port)
             assert st["last_reload"]["ok"] is True, st
             # the limiter reached Redis through the client the registry already used
-            await wait_until(lambda: readyz(gw.admin_port)["ratelimit"]["mode"] == "redis", 10)
+            await until(lambda: readyz(gw.admin_port)["ratelimit"]["mode"] == "redis", 10)
             ready = readyz(gw.admin_port)
             assert ready["redis"] == {"clients": [redis_server.url]}, ready
             assert gw.backends()["backends"]["llm"]["registry"]["up"] is True
-            await asyncio.sleep(0.3)
+            await load.answered(10)
             v2 = gw.version()
             rewrite(gw, discovery(sim, redis_server))  # and back
-            await wait_until(lambda: gw.version() != v2, 10)
+            await until(lambda: gw.version() != v2, 10)
             assert policy_status(gw.admin_port)["last_reload"]["ok"] is True
-            await asyncio.sleep(0.3)
+            await load.answered(10)
         assert load.ok() > 0 and not load.failures(), load.failures()[:5]
         assert readyz(gw.admin_port)["redis"] == {"clients": [redis_server.url]}
     finally:
@@ -107,14 +105,8 @@ async def test_redis_discovery_gains_redis_limits_by_reload_and_loses_them(
 
 
 def wait_for_line(proc: Proc, text: str, timeout: float = 30.0) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in proc.output():
-            return time.monotonic()
-        if proc.popen.poll() is not None:
-            break
-        time.sleep(0.02)
-    raise AssertionError(f"{text!r} never logged:\n{proc.output()}")
+    wait_until(lambda: text in proc.output(), timeout, interval=0.02, what=repr(text), proc=proc)
+    return time.monotonic()
 
 
 def exits_within(proc: Proc, seconds: float) -> int:
@@ -206,10 +198,10 @@ routes:
     gw = start_gateway(tmp_path, body)
     try:
         async with Load(gw.url, workers=2):
-            await wait_until(lambda: readyz(gw.admin_port)["in_flight"] == 2, 10)
+            await until(lambda: readyz(gw.admin_port)["in_flight"] == 2, 10)
             gw.proc.popen.send_signal(signal.SIGTERM)
             wait_for_line(gw.proc, "draining")
-            time.sleep(0.3)
+            time.sleep(0.3)  # the subject: a gateway that did not wait for its two would exit
             assert gw.proc.popen.poll() is None  # still draining its two requests
             gw.proc.popen.send_signal(signal.SIGTERM)
             code = exits_within(gw.proc, 10)

@@ -9,13 +9,12 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import Backend, Gateway, policy_yaml, start_gateway
-from tests.support import Proc, free_port
+from tests.support import Proc, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +29,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def eventually(check: Callable[[], bool], what: str, gw: Gateway, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        assert gw.proc.popen.poll() is None, gw.proc.output()
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not seen within {timeout} s:\n{gw.proc.output()[-4000:]}")
 
 
 def metrics(gw: Gateway) -> str:
@@ -84,26 +73,36 @@ def test_a_killed_worker_is_logged_replaced_and_counted(backend: Backend, tmp_pa
         first = children(gw.proc.popen.pid)
         assert len(first) == 2
         seen |= first
-        eventually(lambda: ready_pids(gw) >= first, "both workers ready", gw)
+        wait_until(lambda: ready_pids(gw) >= first, 20, what="both workers ready", proc=gw.proc)
         victim, other = sorted(first)
         os.kill(victim, signal.SIGKILL)
-        eventually(lambda: f"(pid {victim}) killed by SIGKILL" in gw.proc.output(), "log", gw)
-        eventually(lambda: len(children(gw.proc.popen.pid) - first) == 1, "a new worker", gw)
+        logged = f"(pid {victim}) killed by SIGKILL"
+        wait_until(lambda: logged in gw.proc.output(), 20, what=repr(logged), proc=gw.proc)
+        wait_until(lambda: children(gw.proc.popen.pid) - first, 20, what="a new worker",
+                   ok=lambda new: len(new) == 1, proc=gw.proc)  # fmt: skip
         (new,) = children(gw.proc.popen.pid) - first
         seen.add(new)
-        eventually(lambda: new in ready_pids(gw), "the new worker ready", gw)
+        wait_until(lambda: new in ready_pids(gw), 20, what="the new worker ready", proc=gw.proc)
         assert victim not in ready_pids(gw)  # a dead worker's gauges are gone
         # Only the new worker listens while the other one is replaced in turn: all served.
         os.kill(other, signal.SIGKILL)
-        eventually(lambda: not alive(other), "the second kill", gw)
+        wait_until(lambda: not alive(other), 20, what="the second kill", proc=gw.proc)
         assert [get(gw) for _ in range(20)] == [200] * 20
-        eventually(lambda: len(children(gw.proc.popen.pid)) == 2, "two workers again", gw)
+        wait_until(lambda: children(gw.proc.popen.pid), 20, what="two workers again",
+                   ok=lambda pids: len(pids) == 2, proc=gw.proc)  # fmt: skip
         seen |= children(gw.proc.popen.pid)
-        eventually(lambda: len(ready_pids(gw) - first) == 2, "both new workers ready", gw)
-        eventually(
-            lambda: sample(metrics(gw), "sluice_worker_restarts_total", reason="signal") == 2,
-            "two restarts counted",
-            gw,
+        wait_until(
+            lambda: len(ready_pids(gw) - first) == 2,
+            20,
+            what="both new workers ready",
+            proc=gw.proc,
+        )
+        wait_until(
+            lambda: sample(metrics(gw), "sluice_worker_restarts_total", reason="signal"),
+            20,
+            ok=lambda n: n == 2,
+            what="two restarts counted",
+            proc=gw.proc,
         )
         assert re.search(r"starting a new one in 0\.1 s", gw.proc.output())
     finally:
@@ -119,7 +118,7 @@ def test_a_crash_loop_backs_off_and_recovers(backend: Backend, tmp_path: Path) -
     try:
         first = children(gw.proc.popen.pid)
         seen |= first
-        eventually(lambda: ready_pids(gw) >= first, "both workers ready", gw)
+        wait_until(lambda: ready_pids(gw) >= first, 20, what="both workers ready", proc=gw.proc)
         gw.policy.write_text("listeners: [not, a, mapping\n")  # every new worker exits 1
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
@@ -133,13 +132,15 @@ def test_a_crash_loop_backs_off_and_recovers(backend: Backend, tmp_path: Path) -
             delays[:] = [float(d) for d in pattern.findall(gw.proc.output())]
             return len(delays) >= 4
 
-        eventually(backed_off, "four failed replacements", gw)
+        wait_until(backed_off, 20, what="four failed replacements", proc=gw.proc)
         assert delays[:4] == [0.2, 0.4, 0.8, 1.6], delays  # after 0.1 s for the SIGKILL
         elapsed = time.monotonic() - t0
         assert elapsed > 0.1 + 0.2 + 0.4 + 0.8  # waited, did not spin
         assert get(gw) == 200  # the other worker kept serving on the old policy
         gw.policy.write_text(good)
-        eventually(lambda: len(ready_pids(gw) - first) == 1, "a replacement ready", gw, 30)
+        wait_until(
+            lambda: len(ready_pids(gw) - first) == 1, 30, what="a replacement ready", proc=gw.proc
+        )
         seen |= children(gw.proc.popen.pid)
         text = metrics(gw)
         assert sample(text, "sluice_worker_restarts_total", reason="signal") == 1
@@ -174,7 +175,7 @@ def test_a_failed_start_ends_the_supervisor(backend: Backend, tmp_path: Path) ->
 def test_no_worker_is_started_during_the_drain(backend: Backend, tmp_path: Path) -> None:
     gw = start_gateway(backend, tmp_path, workers=2)
     workers = children(gw.proc.popen.pid)
-    eventually(lambda: ready_pids(gw) >= workers, "both workers ready", gw)
+    wait_until(lambda: ready_pids(gw) >= workers, 20, what="both workers ready", proc=gw.proc)
     gw.proc.popen.send_signal(signal.SIGTERM)
     os.kill(min(workers), signal.SIGKILL)  # dies while the others drain
     try:

@@ -20,16 +20,18 @@ from tests.integration.conftest import Backend
 from tests.integration.h2_support import H2Gateway
 from tests.integration.tls_gateway import (
     CHAT,
+    CHAT_CONTENT,
     INFER,
+    INFER_REPLY,
     TlsGateway,
+    check_chat_answer,
     grpc_infer,
     https,
     post_chat,
     start_tls_gateway,
     tls_block,
-    wait_until,
 )
-from tests.support import require_binary
+from tests.support import require_binary, wait_until
 from tests.tls_support import peer_serial, replace_atomically
 
 pytestmark = pytest.mark.integration
@@ -66,14 +68,18 @@ def test_openai_sdk_over_tls_plain_and_streaming(gw: TlsGateway) -> None:
         done = client.chat.completions.create(
             model="m", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
         )
-        assert done.choices[0].message.content
+        (choice,) = done.choices
+        assert choice.message.role == "assistant" and choice.message.content == CHAT_CONTENT
+        assert choice.finish_reason == "length" and done.model == "m"
+        assert done.usage is not None and done.usage.completion_tokens == 3
         chunks = list(
             client.chat.completions.create(
                 model="m", max_tokens=3, stream=True, messages=[{"role": "user", "content": "hi"}]
             )
         )
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text and len(chunks) >= 3
+        assert text == CHAT_CONTENT and len(chunks) >= 3
+        assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_curl_with_the_private_ca(gw: TlsGateway) -> None:
@@ -85,7 +91,7 @@ def test_curl_with_the_private_ca(gw: TlsGateway) -> None:
         capture_output=True, timeout=15, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["choices"]
+    check_chat_answer(json.loads(out.stdout))
     # Without the CA the certificate is not trusted: curl refuses it (exit 60).
     refused = subprocess.run([*args, url], capture_output=True, timeout=15, check=False)
     assert refused.returncode == 60, refused.stderr
@@ -99,8 +105,7 @@ def test_plaintext_client_is_not_served(gw: TlsGateway) -> None:
 
 
 def test_grpc_over_a_secure_channel(gw: TlsGateway) -> None:
-    reply = grpc_infer(gw.grpc_port, gw.ca)
-    assert reply.text
+    assert grpc_infer(gw.grpc_port, gw.ca) == INFER_REPLY  # a reply: status OK (else RpcError)
 
 
 def test_rotation_under_load_fails_no_request(gw: TlsGateway, tmp_path: Path) -> None:
@@ -166,7 +171,7 @@ def test_rotation_under_load_fails_no_request(gw: TlsGateway, tmp_path: Path) ->
     der = sock.getpeercert(binary_form=True)
     assert der is not None and x509.load_der_x509_certificate(der).serial_number == old.serial
     keep.close()
-    assert grpc_infer(gw.grpc_port, gw.ca).text
+    assert grpc_infer(gw.grpc_port, gw.ca) == INFER_REPLY
     gw.served = new
     state = json.loads(gw.get("/admin/state"))
     assert state["tls.http"]["serial"] == f"{new.serial:x}"
@@ -200,7 +205,7 @@ def test_a_file_that_does_not_load_keeps_the_old_certificate(
     conn = https(gw)
     assert post_chat(conn)[0] == 200
     conn.close()
-    assert grpc_infer(gw.grpc_port, gw.ca).text
+    assert grpc_infer(gw.grpc_port, gw.ca) == INFER_REPLY
     # A good certificate clears it.
     good = gw.ca.server("good-again", directory=tmp_path)
     replace_atomically(good.key, gw.key)
@@ -233,7 +238,7 @@ def test_a_client_that_never_finishes_the_handshake_is_closed(gw: TlsGateway) ->
 def test_files_that_do_not_load_at_start_are_fatal(backend: Backend, tmp_path: Path) -> None:
     missing = tmp_path / "missing.crt"
     block = tls_block(missing, tmp_path / "missing.key")
-    with pytest.raises(RuntimeError, match="gateway exited early") as e:
+    with pytest.raises(AssertionError, match=r"the process exited \(1\)") as e:
         start_tls_gateway(backend, tmp_path, "native", http_tls=block, grpc_tls=block)
     assert f"listeners.http.tls.cert: cannot read {missing}" in str(e.value)
 
@@ -265,7 +270,8 @@ def test_http2_over_tls(gw: TlsGateway) -> None:
     with httpx.Client(http2=True, verify=gw.ca.client_context(), timeout=10) as c:
         url = f"https://localhost:{gw.http_port}/v1/chat/completions"
         r = c.post(url, json=CHAT)
-        assert r.status_code == 200 and r.json()["choices"]
+        assert r.status_code == 200
+        check_chat_answer(r.json())
         assert r.http_version == ("HTTP/2" if native else "HTTP/1.1")
         with c.stream("POST", url, json={**CHAT, "stream": True}) as s:
             assert s.status_code == 200

@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 from gateway.proto import load
-from tests.integration.backends_support import Gw, Sim, start_sims, wait_until
+from tests.integration.backends_support import Gw, Sim, start_sims
 from tests.integration.conftest import wait_ready
-from tests.support import ROOT, Proc, free_port
+from tests.support import ROOT, Proc, free_port, until
 from tests.tls_support import SERVER_NAME, Pki, make_pki
 
 pytestmark = pytest.mark.integration
@@ -190,14 +190,14 @@ async def test_health_checks_run_over_tls(setup: Setup) -> None:
         ("mtls-http", mtls.address),
         ("mtls-grpc", f"127.0.0.1:{mtls.grpc_port}"),
     ]
-    await wait_until(lambda: all(healthy(b, a) for b, a in wanted), 15)
+    await until(lambda: all(healthy(b, a) for b, a in wanted), 15)
 
     def refused() -> str:
         m = gw.member("wrongca-http", tls.address)
         h = m["health"] if m is not None else {}
         return str(h.get("last_error") or "") if h.get("healthy") is False else ""
 
-    await wait_until(lambda: "certificate verify failed" in refused(), 15)
+    await until(lambda: "certificate verify failed" in refused(), 15)
     assert "unable to get local issuer certificate" in refused()
 
 
@@ -208,7 +208,7 @@ async def test_wrong_ca_is_502_with_the_reason_logged(setup: Setup) -> None:
     error = json.loads(body)["error"]
     assert error["type"] == "upstream_tls_error"
     assert "certificate verify failed: unable to get local issuer certificate" in error["message"]
-    await wait_until(lambda: _access_lines(gw, "wrongca-http"), 10)
+    await until(lambda: _access_lines(gw, "wrongca-http"), 10)
     line = _access_lines(gw, "wrongca-http")[-1]
     assert line["status"] == 502 and line["error"] == "upstream_tls_error", line
     assert "certificate verify failed" in line["detail"], line
@@ -222,7 +222,7 @@ async def test_wrong_ca_on_grpc_is_unavailable_with_the_reason_logged(setup: Set
         await _infer(gw, "wrongca-grpc")
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "CERTIFICATE_VERIFY_FAILED" in (e.value.details() or ""), e.value.details()
-    await wait_until(lambda: _access_lines(gw, "wrongca-grpc"), 10)
+    await until(lambda: _access_lines(gw, "wrongca-grpc"), 10)
     line = _access_lines(gw, "wrongca-grpc")[-1]
     assert line["grpc_status"] == 14 and line["error"] == "upstream_tls_error", line
     assert "CERTIFICATE_VERIFY_FAILED" in line["detail"], line
@@ -243,7 +243,7 @@ async def test_wrong_server_name_on_grpc_is_unavailable(setup: Setup) -> None:
         await _infer(gw, "wrongname-grpc")
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "Hostname Verification Check failed" in (e.value.details() or ""), e.value.details()
-    await wait_until(lambda: _access_lines(gw, "wrongname-grpc"), 10)
+    await until(lambda: _access_lines(gw, "wrongname-grpc"), 10)
     line = _access_lines(gw, "wrongname-grpc")[-1]
     assert line["error"] == "upstream_tls_error", line
     assert line["detail"].startswith("Custom verification check failed"), line

@@ -6,9 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
-import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,14 @@ from tests.tls_support import Issued, TestCA, replace_atomically
 
 INFER = "/sluice.inference.v1.Inference/Infer"
 CHAT = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+# What the simulated backend answers (its tokens cycle through fixed words): CHAT gets these
+# three, and grpc_infer's request ("hi", at most 2 tokens) exactly INFER_REPLY.
+CHAT_CONTENT = "sluice gates hold "
+INFER_REPLY = inference_pb2.InferResponse(
+    model="m",
+    text="sluice gates ",
+    usage=inference_pb2.Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+)
 
 
 @dataclass
@@ -97,15 +103,6 @@ def start_tls_gateway(
     return TlsGateway(proc, policy, http, grpc_port, admin, ca, served, cert, key, engine)
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"not within {timeout}s: {what}")
-
-
 def https(gw: TlsGateway, ctx: ssl.SSLContext | None = None) -> http.client.HTTPSConnection:
     return http.client.HTTPSConnection(
         "localhost", gw.http_port, context=ctx or gw.ca.client_context(), timeout=5
@@ -117,6 +114,22 @@ def post_chat(conn: http.client.HTTPConnection) -> tuple[int, bytes]:
     conn.request("POST", "/v1/chat/completions", json.dumps(CHAT), headers)
     r = conn.getresponse()
     return r.status, r.read()
+
+
+def check_chat_answer(answer: Any) -> None:
+    """`answer` (a decoded JSON body) is the backend's whole answer to CHAT."""
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-"), answer
+    assert answer["model"] == "m", answer
+    assert answer["choices"] == [
+        {
+            "index": 0,
+            "finish_reason": "length",
+            "message": {"role": "assistant", "content": CHAT_CONTENT},
+        }
+    ], answer
+    usage = answer["usage"]
+    assert usage["completion_tokens"] == 3 and usage["prompt_tokens"] >= 1, usage
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 3, usage
 
 
 def grpc_infer(port: int, ca: TestCA, client: Issued | None = None) -> Any:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import grpc
@@ -37,11 +36,3 @@ async def admin(backend: MockBackendHandle) -> AsyncIterator[aiohttp.ClientSessi
 async def channel(backend: MockBackendHandle) -> AsyncIterator[grpc.aio.Channel]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{backend.grpc_port}") as ch:
         yield ch
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    """Poll `check` until it holds (the server notices a departed client asynchronously)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition never became true"
-        await asyncio.sleep(0.01)

@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gateway.mockbackend import MockBackendHandle
 from gateway.proto import load
-from tests.mockbackend.conftest import eventually
+from tests.support import until
 
 pb2, pb2_grpc = load()
 
@@ -132,7 +132,7 @@ async def test_hang_then_deadline_counts_cancelled(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await pb2_grpc.InferenceStub(channel).Infer(pb2.InferRequest(), timeout=0.2)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await eventually(lambda: backend.stats.cancelled == 1)
+    await until(lambda: backend.stats.cancelled == 1)
 
 
 async def test_reset_mid_stream(backend: MockBackendHandle, channel: grpc.aio.Channel) -> None:
@@ -153,5 +153,5 @@ async def test_client_cancel_is_counted(
     await call.read()
     assert call.cancel()
     assert await call.code() == grpc.StatusCode.CANCELLED
-    await eventually(lambda: backend.stats.cancelled == 1)
+    await until(lambda: backend.stats.cancelled == 1)
     assert backend.stats.in_flight == 0 and backend.stats.requests["grpc Generate"] == 1

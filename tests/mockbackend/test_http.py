@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from gateway.mockbackend import MockBackendHandle
-from tests.mockbackend.conftest import eventually
+from tests.support import until
 
 CHAT = "/v1/chat/completions"
 
@@ -191,7 +191,7 @@ async def test_hang_times_out_and_counts_cancelled(
     with pytest.raises(asyncio.TimeoutError):
         async with http.post("/v1/completions", json={"prompt": "p"}, timeout=timeout):
             pass
-    await eventually(lambda: backend.stats.cancelled == 1)
+    await until(lambda: backend.stats.cancelled == 1)
     assert backend.stats.in_flight == 0
 
 
@@ -202,9 +202,9 @@ async def test_client_leaving_mid_stream_is_cancelled(
     body = {"prompt": "p", "stream": True}
     async with http.post("/v1/completions", json=body) as resp:
         await resp.content.readline()
-        await eventually(lambda: backend.stats.in_flight == 1)
+        await until(lambda: backend.stats.in_flight == 1)
         resp.close()  # drop the connection mid-stream
-    await eventually(lambda: backend.stats.cancelled == 1)
+    await until(lambda: backend.stats.cancelled == 1)
     assert backend.stats.completed == 0 and backend.stats.in_flight == 0
 
 
@@ -217,7 +217,7 @@ async def test_reset_mid_stream(backend: MockBackendHandle, http: aiohttp.Client
     with pytest.raises(aiohttp.ClientError):
         async with http.post("/v1/completions", json={"prompt": "p"}) as resp:
             await resp.read()
-    await eventually(lambda: backend.stats.failed == 2)
+    await until(lambda: backend.stats.failed == 2)
 
 
 async def test_error_rate_is_seeded(
@@ -267,13 +267,13 @@ async def test_a_client_leaving_while_waiting_for_a_slot_frees_its_turn(
     await backend.update_knobs({"slots": 1, "ttft_ms": 300, "completion_tokens": 1})
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     first = asyncio.ensure_future(http.post(CHAT, json=body))
-    await eventually(lambda: backend.stats.generating == 1)
+    await until(lambda: backend.stats.generating == 1)
     waiting = asyncio.ensure_future(http.post(CHAT, json=body))
-    await eventually(lambda: len(backend.state.slots.waiters) == 1)
+    await until(lambda: len(backend.state.slots.waiters) == 1)
     waiting.cancel()
-    await eventually(lambda: backend.stats.cancelled == 1)
+    await until(lambda: backend.stats.cancelled == 1)
     assert not backend.state.slots.waiters
     resp = await first
     assert resp.status == 200
     resp.release()
-    await eventually(lambda: backend.stats.generating == 0)
+    await until(lambda: backend.stats.generating == 0)

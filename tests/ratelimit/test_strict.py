@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from gateway.policy.model import Policy
 from gateway.ratelimit.owner import RATELIMIT, Limiter
 from gateway.services import Services
 from tests.redis_support import RedisServer
+from tests.support import until
 
 pytestmark = pytest.mark.redis
 
@@ -44,10 +44,7 @@ async def replica(
     chain = build_chain(p, services)
     chain.activate()
     lim = services.peek(RATELIMIT)
-    deadline = time.monotonic() + 15
-    while lim.mode != "redis":
-        assert time.monotonic() < deadline, lim.readiness()
-        await asyncio.sleep(0.05)
+    await until(lambda: lim.mode, 15, ok=lambda mode: mode == "redis", what="the redis mode")
     return services, chain, lim, p
 
 

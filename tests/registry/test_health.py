@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -20,7 +20,7 @@ from gateway.registry.health import check_grpc, check_http
 from gateway.registry.member import Attempt
 from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.services import Services
-from tests.support import free_port
+from tests.support import free_port, until
 
 
 @pytest.fixture
@@ -28,13 +28,6 @@ async def backend() -> AsyncIterator[MockBackendHandle]:
     handle = await start_mock_backend("127.0.0.1:0", "127.0.0.1:0", Knobs(ttft_ms=0))
     yield handle
     await handle.close()
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition never became true"
-        await asyncio.sleep(0.02)
 
 
 async def test_http_check(backend: MockBackendHandle) -> None:
@@ -89,14 +82,14 @@ async def test_checker_marks_unhealthy_then_healthy(
     st = pool.view(cfg(port, protocol))
     pool.activate([st], {})
     (m,) = st.members.values()
-    await eventually(lambda: m.health is not None and m.health.checks >= 1)
+    await until(lambda: m.health is not None and m.health.checks >= 1)
     assert m.health is not None and m.health.healthy
     await backend.update_knobs({"healthy": False})
-    await eventually(lambda: m.health is not None and not m.health.healthy)
+    await until(lambda: m.health is not None and not m.health.healthy)
     now = time.monotonic()
     assert st.plan(now).available == 0 and st.plan(now).levels[0].panic  # sidecar: panic
     await backend.update_knobs({"healthy": True})
-    await eventually(lambda: m.health is not None and m.health.healthy)
+    await until(lambda: m.health is not None and m.health.healthy)
     await services.aclose()  # again at teardown: closing twice is harmless
     assert m.hbox is not None and (m.hbox.checker is None or m.hbox.checker.done())
 
@@ -109,7 +102,7 @@ async def test_passive_health_checks_at_once(
     st = pool.view(cfg(backend.http_port, interval_s=60, failing_interval_s=60, unhealthy_after=1))
     pool.activate([st], {})
     (m,) = st.members.values()
-    await eventually(lambda: m.health is not None and m.health.checks == 1, timeout=3)
+    await until(lambda: m.health is not None and m.health.checks == 1, timeout=3)
     await backend.update_knobs({"healthy": False})
     await asyncio.sleep(0.2)
     assert m.health is not None and m.health.checks == 1  # next active check is 60 s away
@@ -118,4 +111,4 @@ async def test_passive_health_checks_at_once(
     assert got is not None
     m.core.in_flight += 1
     st.report(Attempt(None, m, got[1], now, 0), now, Outcome.UPSTREAM_CONNECT, 0, None, None)
-    await eventually(lambda: m.health is not None and not m.health.healthy, timeout=3)
+    await until(lambda: m.health is not None and not m.health.healthy, timeout=3)

@@ -16,20 +16,13 @@ from gateway.reload.holder import PolicyHolder
 from gateway.reload.watch import PolicyWatcher
 from tests.reload.test_holder import V1, V2, build, holder_at
 from tests.reload.traffic_support import BASE
+from tests.support import until
 
 V3 = V1.replace("9000", "9020")
 
 
 def make(tmp_path: Path) -> tuple[PolicyHolder[CompiledPolicy], Path]:
     return holder_at(tmp_path)
-
-
-async def wait_until(cond: object, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():  # type: ignore[operator]
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_poll_waits_for_the_signature_to_settle(tmp_path: Path) -> None:
@@ -86,7 +79,7 @@ async def test_good_change_is_reloaded_after_debounce(tmp_path: Path) -> None:
     w.start()
     try:
         path.write_text(V2)
-        await wait_until(lambda: holder.version != v1)
+        await until(lambda: holder.version != v1)
         assert holder.reloads == 1
         assert holder.last_result.ok
     finally:
@@ -100,7 +93,7 @@ async def test_garbage_is_recorded_and_old_version_stays(tmp_path: Path) -> None
     w.start()
     try:
         path.write_bytes(b"\x00\x01garbage: [\n")
-        await wait_until(lambda: holder.reloads >= 1)
+        await until(lambda: holder.reloads >= 1)
         assert not holder.last_result.ok
         assert holder.last_result.errors[0].startswith(f"{path}:1:1: yaml:")
         assert holder.version == v1
@@ -120,7 +113,7 @@ async def test_rapid_partial_writes_cause_one_reload(tmp_path: Path) -> None:
                 f.write(V3[i : i + 20])
                 f.flush()
                 await asyncio.sleep(0.04)
-        await wait_until(lambda: holder.reloads >= 1)
+        await until(lambda: holder.reloads >= 1)
         await asyncio.sleep(0.4)
         assert holder.reloads == 1
         assert holder.last_result.ok and holder.last_result.changed
@@ -144,13 +137,13 @@ async def test_editor_rename_and_configmap_symlink_swap(tmp_path: Path) -> None:
         (tmp_path / "..v2" / "policy.yaml").write_text(V2)
         os.symlink("..v2", tmp_path / "..data_tmp")
         os.rename(tmp_path / "..data_tmp", tmp_path / "..data")  # atomic swap, as kubelet does
-        await wait_until(lambda: holder.version != v1)
+        await until(lambda: holder.version != v1)
         v2 = holder.version
         # An editor's write-to-temp-then-rename over the resolved file.
         tmp = tmp_path / "..v2" / ".policy.yaml.swp"
         tmp.write_text(V3)
         os.replace(tmp, tmp_path / "..v2" / "policy.yaml")
-        await wait_until(lambda: holder.version != v2)
+        await until(lambda: holder.version != v2)
         assert holder.reloads == 2
     finally:
         await w.stop()
@@ -172,9 +165,9 @@ async def test_watcher_survives_a_failing_poll(tmp_path: Path) -> None:
     w.start()
     try:
         path.write_text(V2)
-        await wait_until(lambda: calls >= 1)
+        await until(lambda: calls >= 1)
         path.write_text(V3)
-        await wait_until(lambda: calls >= 2)  # still polling after the exception
+        await until(lambda: calls >= 2)  # still polling after the exception
     finally:
         await w.stop()
     await w.stop()  # idempotent
@@ -215,7 +208,7 @@ async def watch_slow_writer(
         await asyncio.sleep(0.05)
         await slow_write(path, final, pause, every=3)
         want = compile_policy(load_policy_text(final, str(path))).version
-        await wait_until(lambda: holder.version == want, timeout=10.0)
+        await until(lambda: holder.version == want, timeout=10.0)
         await asyncio.sleep(2 * debounce + 0.1)
     finally:
         await w.stop()

@@ -21,7 +21,7 @@ import pytest
 from gateway.core.sampler import threshold
 from gateway.core.traceparent import MASK64, parse
 from tests.integration.conftest import wait_ready
-from tests.support import Proc, free_port, wait_for_port
+from tests.support import Proc, free_port, metric_total, wait_for_port, wait_until
 from tests.telemetry.otlp import (
     CLIENT,
     SERVER,
@@ -179,6 +179,11 @@ def tp(trace: int) -> str:
     return f"00-{trace:032x}-{PARENT:016x}-01"
 
 
+def scrape(gw: Live) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{gw.admin}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
 def post(gw: Live, path: str, trace: int | None = None, timeout: float = 10.0) -> int:
     req = urllib.request.Request(
         f"http://127.0.0.1:{gw.http}{path}", data=b'{"model": "m"}', method="POST"
@@ -322,7 +327,11 @@ def test_ok_traces_are_kept_by_the_trace_id_ratio(live: Live) -> None:
     n, p = len(ids), RATIO
     assert abs(len(expected) - n * p) <= 5 * (n * p * (1 - p)) ** 0.5
     wait_traces(live.rx, expected, 2)
-    time.sleep(0.5)  # a late export of a trace that should not be there would land by now
+    # A refusal is always kept, and spans are exported in the order they were kept: once this
+    # one has arrived, a trace of `ids` kept by mistake would have arrived too.
+    marker = new_trace(False)
+    assert post(live, "/nowhere", marker) == 404
+    wait_traces(live.rx, {marker}, 1)
     arrived = set(live.rx.traces()) & ids
     assert arrived == expected
 
@@ -358,8 +367,7 @@ def test_a_kept_stream_carries_genai_attributes(live: Live) -> None:
     assert "first_token" in server.events
     (client,) = [s for s in spans if s.kind == CLIENT]
     assert client.parent_span_id == server.span_id and "first_byte" in client.events
-    with urllib.request.urlopen(f"http://127.0.0.1:{live.admin}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    text = scrape(live)
     assert re.search(
         r'sluice_time_to_first_token_seconds_count\{[^}]*route="sim"[^}]*\} [1-9]', text
     )
@@ -383,8 +391,7 @@ def test_exemplars_carry_kept_trace_ids(live: Live) -> None:
     bucket = r"sluice_request_duration_seconds_bucket\{[^}]*\} [0-9.e+-]+ "
     assert re.search(bucket + r'# \{trace_id="[0-9a-f]{32}"\}', text)
     assert f'trace_id="{t:032x}"' in text
-    with urllib.request.urlopen(f"http://127.0.0.1:{live.admin}/metrics", timeout=5) as r:
-        plain = r.read().decode()
+    plain = scrape(live)
     assert "trace_id=" not in plain  # the classic text format has no exemplars
     assert 'sluice_trace_decisions_total{reason="ratio"}' in plain
 
@@ -419,11 +426,12 @@ def test_a_dead_collector_does_not_slow_requests(
         slow = latencies(dead, 150)
         assert max(slow) < 1.0, max(slow)  # an export wait (2 s) never shows in a request
         assert statistics.median(slow) < 3 * statistics.median(base) + 0.010
-        time.sleep(0.5)  # one more export tick
-        with urllib.request.urlopen(f"http://127.0.0.1:{dead.admin}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        m = re.search(r'sluice_trace_dropped_total\{reason="export_queue_full"\} ([0-9.]+)', text)
-        assert m is not None and float(m.group(1)) > 0, text
+        wait_until(
+            lambda: metric_total(
+                scrape(dead), "sluice_trace_dropped_total", reason="export_queue_full"
+            ),
+            what="spans dropped for a full export queue",
+        )
         t0 = time.monotonic()
         assert dead.proc.stop() == 0
         assert time.monotonic() - t0 < 8.0
@@ -459,14 +467,18 @@ def test_reload_under_traffic_loses_no_kept_trace(
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 200
 
+    def twenty_more() -> None:  # requests answered on the policy now serving
+        start = len(sent)
+        wait_until(lambda: len(sent) - start, ok=lambda n: n >= 20, what="20 more requests")
+
     worker = threading.Thread(target=traffic)
     worker.start()
     try:
-        time.sleep(0.5)
+        twenty_more()
         reload(TRACING.replace(f"slow_ms: {SLOW_MS}", "slow_ms: 900") + exporter)
-        time.sleep(0.5)
+        twenty_more()
         reload(TRACING.replace("sluice-edge", "sluice-edge-2") + exporter)
-        time.sleep(0.5)
+        twenty_more()
     finally:
         stop.set()
         worker.join(30)

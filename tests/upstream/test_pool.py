@@ -18,6 +18,7 @@ from gateway.policy.compiled import Endpoint
 from gateway.policy.model import Timeouts
 from gateway.telemetry import metrics
 from gateway.upstream.pool import HIGH_WATER, UpstreamHost, UpstreamPool
+from tests.support import until
 
 T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
 H = [(b"host", b"u")]
@@ -176,11 +177,11 @@ async def test_bounded_connections_wait_then_fail(tmp_path: Path) -> None:
     async with aiohttp_upstream(h) as (port, peers), make_pool(tmp_path, port, limits=lim) as pool:
         t = Timeouts(connect_s=0.3, first_byte_s=5, idle_s=5)
         busy = [asyncio.create_task(pool.request(ep(port), "GET", "/", H, None, t)) for _ in "ab"]
-        await asyncio.sleep(0.1)
+        await until(lambda: len(peers), ok=lambda n: n == 2, interval=0.01)  # both connections busy
         with pytest.raises(UpstreamConnectError):
             await pool.request(ep(port), "GET", "/", H, None, t)
         waiting = asyncio.create_task(read_all(pool, port))  # waits for a free connection
-        await asyncio.sleep(0.05)
+        await until(lambda: pool.state()[f"127.0.0.1:{port}"]["waiting"], interval=0.01)
         gate.set()
         for task in busy:
             r = await task
@@ -367,7 +368,7 @@ async def test_cancel_closes_upstream_socket(tmp_path: Path) -> None:
 
     async with Raw(h) as up, make_pool(tmp_path, up.port) as pool:
         task = asyncio.create_task(pool.request(ep(up.port), "GET", "/", H, None, T))
-        await asyncio.sleep(0.1)
+        await until(lambda: up.connections, interval=0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -442,8 +443,9 @@ async def test_idle_connections_are_swept_and_the_endpoint_leaves_with_the_last(
         assert await read_all(pool, port) == b"ok"
         assert pool.state() == {f"127.0.0.1:{port}": {"connections": 1, "idle": 1, "waiting": 0}}
         assert connections("idle") == 1 and connections("busy") == 0
-        await asyncio.sleep(0.6)
-        assert pool.state() == {} and connections("idle") == 0
+        # Idle past upstream_idle_s (0.2 s): swept, and the endpoint leaves with it.
+        await until(pool.state, 2.0, ok=lambda st: st == {}, what="the idle connection swept")
+        assert connections("idle") == 0
         assert await read_all(pool, port) == b"ok"
         assert len(set(map(str, peers))) == 2  # the first connection was closed when idle
 
@@ -508,6 +510,6 @@ async def test_small_requests_are_written_in_one_batch_and_a_lost_one_is_not(
         await send_bytes(conn, bytearray(b"POST /x HTTP/1.1\r\nhost: u\r\n"), b"{}", T, pool.writes)
         assert pool.writes.pending and not conn.sent_all  # batched, not yet written
         conn.abort()
-        await asyncio.sleep(0.05)
-        assert not pool.writes.pending and not conn.sent_all
+        await until(lambda: not pool.writes.pending, interval=0.01, what="the batch dropped")
+        assert not conn.sent_all
         assert len(seen) == 2  # the upstream never saw a third request

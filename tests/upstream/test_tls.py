@@ -21,6 +21,7 @@ from gateway.registry.health import check_grpc, check_http
 from gateway.upstream.channels import ChannelPool, channel_options, open_channel
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.tls import client_tls
+from tests.support import until
 from tests.tls_support import SERVER_NAME, Pki, make_pki
 
 T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
@@ -237,7 +238,7 @@ async def test_a_changed_tls_section_gets_its_own_channel(pki: Pki) -> None:
         assert pool.get(new) is not old_channel and pool.get(old) is old_channel
         assert pool.addresses() == {"127.0.0.1:9001"}
         assert await pool.prune({new.upstream_key}, grace=0) == 1  # the old one drains
-        await asyncio.sleep(0.05)
+        await until(old_channel.get_state, ok=lambda s: s is grpc.ChannelConnectivity.SHUTDOWN)
         with pytest.raises(grpc.aio.UsageError):
             await old_channel.unary_unary("/a.B/C", None, None)(b"")
     finally:
