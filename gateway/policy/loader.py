@@ -290,7 +290,9 @@ def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
             out.append((("listeners", name, "tls", e.field), e.message))
         except Changing:  # being replaced right now: its next state is checked at start
             pass
-    return out
+    from gateway.budgets.compiled import amounts_errors
+
+    return out + amounts_errors(policy.budgets)
 
 
 def _unique(errors: list[tuple[Pos, str, str]]) -> list[tuple[Pos, str, str]]:

@@ -36,6 +36,7 @@ from gateway.policy.base import Loc as Loc
 from gateway.policy.base import PolicyModel, fill_unset
 from gateway.policy.base import Timeouts as Timeouts
 from gateway.policy.base import is_loopback as is_loopback
+from gateway.policy.budgets import Budgets, SharedStore, budget_errors, budget_warnings
 from gateway.policy.ratelimits import RateLimits
 from gateway.policy.routes import Canary as Canary
 from gateway.policy.routes import Retries as Retries
@@ -50,10 +51,10 @@ from gateway.policy.sections import Tracing as Tracing
 from gateway.policy.sections import TracingExporter as TracingExporter
 
 FilterName = Literal[
-    "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route"
+    "request_id", "trace", "access_log", "auth", "ratelimit", "budget", "admission", "route"
 ]  # fmt: skip
 DEFAULT_FILTERS: tuple[FilterName, ...] = (
-    "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route",
+    "request_id", "trace", "access_log", "auth", "ratelimit", "budget", "admission", "route",
 )  # fmt: skip
 
 
@@ -105,6 +106,14 @@ class Policy(PolicyModel):
         default=None,
         description="queue requests fairly per backend pool instead of refusing at its "
         "concurrency limit (null: refuse, 503)",
+    )
+    store: SharedStore | None = Field(
+        default=None,
+        description="the store replicas share global state through (budgets); null: each "
+        "replica keeps its own",
+    )
+    budgets: Budgets | None = Field(
+        default=None, description="token budgets per key over days, weeks, months (null = off)"
     )
 
     @field_validator("filters")
@@ -205,6 +214,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
     if p.rate_limits is not None and "ratelimit" not in p.filters:
         errors.append((("filters",), "rate_limits is configured: list 'ratelimit' in filters"))
+    errors += budget_errors(p.budgets, list(p.filters))
     if p.admission is not None:
         if "admission" not in p.filters:
             errors.append((("filters",), "admission is configured: list 'admission' in filters"))
@@ -246,7 +256,7 @@ def reference_warnings(p: Policy) -> list[tuple[Loc, str]]:
         )
         for j, b in enumerate(p.backends)
         if b.tls is not None and b.tls.insecure_skip_verify
-    ]
+    ] + budget_warnings(p.budgets, p.store)
 
 
 def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:

@@ -1,0 +1,220 @@
+"""Token budgets on the request path. Decisions are `gateway.core.budgets`'; state is the
+services' `gateway.budgets.owner.Book`.
+
+- `on_request` (after auth: budgets are keyed by claims): each rule's key and its ledger for the
+  current period. Plain, except when a shared store is up and this replica's local share of a
+  key cannot cover the request's likely size (prompt ≤ body bytes / 4, `default_max_tokens`
+  of output): then it waits for a share, at most `wait_ms`.
+- `on_body` (HTTP): the reservation, `cost(model, prompt estimate, max_tokens)` per rule, taken
+  from the local share, or the request is refused (429; 503 when the store is unreachable and
+  the rule fails closed). A stream is asked for its usage chunk if the client did not ask.
+- `on_event`: the completion tokens of each SSE chunk (for a stream that ends without usage).
+- `on_response`: the reservation settled to the backend's usage (weighted), the rest given
+  back; the warn_at fractions passed are logged and counted.
+
+A budget counts HTTP requests with a body (the LLM APIs); gRPC calls and bodiless requests
+reserve nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import ClassVar
+
+from gateway.budgets.compiled import CompiledBudgets, compile_budgets
+from gateway.budgets.owner import Book, Entry, RuleBook, book_for, iso
+from gateway.budgets.verdicts import exhausted, store_down
+from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.core.body import CHARS_PER_TOKEN, RequestBody
+from gateway.core.budgets import level
+from gateway.core.outcome import Outcome
+from gateway.core.tokens import chunk_tokens
+from gateway.policy.budgets import RedisUrl
+from gateway.policy.compiled import CompiledPolicy
+from gateway.services import Services
+from gateway.telemetry import metrics
+
+NAME = "budget"
+WARNING_HEADER = "x-sluice-budget-warning"
+
+
+class Item:
+    """One rule's hold on one request."""
+
+    __slots__ = ("rb", "e", "amount", "epoch")
+
+    def __init__(self, rb: RuleBook, e: Entry) -> None:
+        self.rb = rb
+        self.e = e
+        self.amount = -1  # reserved tokens (-1: nothing reserved)
+        self.epoch = 0
+
+
+class Ticket:
+    __slots__ = ("items", "model", "prompt", "streamed")
+
+    def __init__(self, items: list[Item]) -> None:
+        self.items = items
+        self.model: str | None = None
+        self.prompt = 0
+        self.streamed = 0
+
+
+class BudgetFilter:
+    name = "budget"  # NAME
+    events_when_asked = True  # only a request that reserved reads its answer
+    event_kinds: ClassVar[frozenset[EventKind]] = frozenset({EventKind.SSE})
+    body_when_empty = False
+
+    def __init__(self, c: CompiledBudgets, book: Book, store: RedisUrl | None) -> None:
+        self.c = c
+        self.book = book
+        self.store_cfg = store
+        self.books = tuple(book.book(r) for r in c.rules)
+        self.default_max = c.section.default_max_tokens
+        self.needs_route = c.needs_route
+
+    def activate(self) -> None:
+        self.book.activate(self.c, self.store_cfg)
+
+    # -- request phase ------------------------------------------------------------------------
+    def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
+        book = self.book
+        info = ctx.info
+        claims = ctx.claims
+        route = None
+        if self.needs_route:
+            r = ctx.route or ctx.policy.match(info)
+            route = r.name if r is not None else None
+        now = book.wall()
+        items = []
+        waits: list[tuple[Entry, int]] | None = None
+        shared = book.store is not None and not book.down
+        for rb in self.books:
+            rule = rb.rule
+            k = rule.key(info, claims, route, None)
+            e = book.entry(rb, k, rule.limit(k, claims, info.headers), now)
+            items.append(Item(rb, e))
+            if shared:
+                cl = info.content_length or 0
+                hint = rule.cost.of(None, -(-cl // CHARS_PER_TOKEN), self.default_max)
+                if e.ledger.avail < hint:
+                    if waits is None:
+                        waits = []
+                    waits.append((e, hint))
+        ctx.budget = Ticket(items)
+        if waits is not None:
+            return self._wait(waits)
+        return Status.CONTINUE
+
+    async def _wait(self, waits: list[tuple[Entry, int]]) -> Status:
+        for e, need in waits:  # one sync round answers them all: the later waits are short
+            await self.book.lease(e, need)
+        return Status.CONTINUE
+
+    # -- body phase ---------------------------------------------------------------------------
+    def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
+        t = ctx.budget
+        if not isinstance(t, Ticket) or not body.size:
+            return Status.CONTINUE
+        book = self.book
+        prompt = body.prompt_tokens_estimate
+        out = body.max_tokens if body.max_tokens is not None else self.default_max
+        t.model, t.prompt = body.model, prompt
+        warnings = ""
+        for item in t.items:
+            rb, e = item.rb, item.e
+            rule = rb.rule
+            lg = e.ledger
+            amount = rule.cost.of(body.model, prompt, out)
+            if not lg.reserve(amount):
+                down = book.store is not None and book.down
+                if down and rule.closed and rule.enforce:
+                    return self._refuse(ctx, t, item, amount, "store_down")
+                if not down and rule.enforce:
+                    return self._refuse(ctx, t, item, amount, "exhausted")
+                if not down:
+                    rb.counts["shadow_refused"] += 1
+                    metrics.BUDGET_REFUSED.labels(rule.name, "shadow_exhausted").inc()
+                else:
+                    rb.counts["admitted_store_down"] += 1
+                lg.reserve(amount, overdraft=True)
+            item.amount = amount
+            item.epoch = lg.epoch
+            book.used(e)
+            if rule.warn_at:
+                hit = level(lg.limit + lg.grant, book.spent(e), rule.warn_at)
+                if hit is not None:
+                    warnings += f"{', ' if warnings else ''}{rule.name}={hit:g}"
+        if warnings:
+            ctx.response_headers.append((WARNING_HEADER, warnings))
+            ctx.budget_warning = warnings
+        ctx.wants_events = True  # settled from the answer's usage: parse it
+        if body.stream and body.parsed and not body.wants_usage:
+            body.set("stream_options", {**(body.stream_options or {}), "include_usage": True})
+            body.usage_added = True
+        return Status.CONTINUE
+
+    def _refuse(self, ctx: RequestContext, t: Ticket, item: Item, amount: int, why: str) -> Status:
+        book = self.book
+        for other in t.items:  # what the earlier rules reserved goes back
+            if other.amount >= 0:
+                other.e.ledger.release(other.amount, other.epoch)
+                other.amount = -1
+        rule = item.rb.rule
+        lg = item.e.ledger
+        item.rb.counts[why] += 1
+        metrics.BUDGET_REFUSED.labels(rule.name, why).inc()
+        left = max(0, lg.limit + lg.grant - book.spent(item.e))
+        resets = iso(lg.window.end)
+        ctx.decide(NAME, "reject", f"{rule.name}:{why}")
+        if why == "store_down":
+            return ctx.stop(store_down(rule.name, left, resets))
+        retry = lg.window.end - book.wall()
+        return ctx.stop(exhausted(rule.name, left, amount, resets, retry))
+
+    # -- response phase -----------------------------------------------------------------------
+    def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:
+        t = ctx.budget
+        if isinstance(t, Ticket):
+            t.streamed += chunk_tokens(event.doc)
+        return Status.CONTINUE
+
+    def on_response(self, ctx: RequestContext) -> None:
+        t = ctx.budget
+        if not isinstance(t, Ticket):
+            return
+        ctx.budget = None
+        book = self.book
+        usage = ctx.usage
+        started = ctx.outcome is Outcome.OK or ctx.first_byte_at is not None
+        for item in t.items:
+            if item.amount < 0:
+                continue
+            rb, e = item.rb, item.e
+            cost = rb.rule.cost
+            if usage is not None:
+                used = cost.of(t.model, usage.prompt_tokens, usage.completion_tokens)
+            elif t.streamed:
+                used = cost.of(t.model, t.prompt, t.streamed)
+            elif not started:
+                used = 0  # refused later, or the backend never answered: nothing was served
+            else:
+                used = item.amount  # served, usage unknown: the reservation stands
+            lg = e.ledger
+            before = book.spent(e) - lg.reserved
+            lg.settle(item.amount, used, item.epoch)
+            if used:
+                rb.tokens.inc(used)
+            if rb.rule.warn_at:
+                book.warn(rb, e, before, book.spent(e) - lg.reserved)
+            book.used(e)
+
+
+def build(section: CompiledPolicy, services: Services) -> BudgetFilter | None:
+    p = section.policy
+    b = p.budgets
+    if b is None or not b.rules:
+        return None
+    store = p.store.redis if p.store is not None else None
+    return BudgetFilter(compile_budgets(b), book_for(services), store)
