@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
-import socket
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -33,7 +31,8 @@ from gateway.budgets.compiled import CompiledBudget, CompiledBudgets
 from gateway.budgets.store import BudgetStore, Figures, Msg, Reply, expire_at, redis_key
 from gateway.core.budgets import Ledger, crossed, share_plan, window
 from gateway.errors import StoreUnavailable
-from gateway.policy.budgets import Budgets, RedisUrl
+from gateway.fleet.store import FleetStore, fleet_for
+from gateway.policy.budgets import Budgets
 from gateway.services import ServiceKey, Services
 from gateway.telemetry import metrics
 
@@ -85,12 +84,11 @@ class Book:
         self.rules: dict[str, RuleBook] = {}  # by ident
         self.by_name: dict[str, RuleBook] = {}
         self.section: Budgets | None = None
+        self.fleet: FleetStore = fleet_for(services)
+        self.fleet.on_mode(self._mode_changed)
         self.store: BudgetStore | None = None
-        self.store_cfg: RedisUrl | None = None
-        self.down = False
         self.last_error = ""
         self.workers = max(1, int(os.environ.get("SLUICE_WORKERS", "1") or 1))
-        self.replica = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.active: dict[int, Entry] = {}  # entries with something to tell the store
         self.retiring: list[Entry] = []
         self.wake = asyncio.Event()
@@ -106,7 +104,7 @@ class Book:
             rb = self.rules[rule.ident] = RuleBook(rule)
         return rb
 
-    def activate(self, c: CompiledBudgets, store: RedisUrl | None) -> None:
+    def activate(self, c: CompiledBudgets) -> None:
         self.section = c.section
         self.interval_s = c.section.sync_interval_ms / 1000
         self.ttl_s = c.section.reservation_ttl_s
@@ -117,24 +115,27 @@ class Book:
         for r in c.rules:
             self.book(r).rule = r
         self.by_name = {rb.rule.name: rb for rb in self.rules.values()}
-        if store != self.store_cfg:
-            self.store_cfg = store
-            if store is None:
-                self.store = None
-            else:
-                from gateway.store.redis_client import redis_for
-
-                client = redis_for(self.services, store.url)
-                self.store = BudgetStore(
-                    client, store.key_prefix, store.deadline_ms / 1000, self.replica,
-                    int(self.ttl_s * 1000),
-                )  # fmt: skip
-            self.down = False
-        elif self.store is not None:
+        shared = self.fleet.mode != "none"
+        if not shared:
+            self.store = None
+        elif self.store is None:
+            self.store = BudgetStore(self.fleet, int(self.ttl_s * 1000))
+        else:
             self.store.ttl_ms = int(self.ttl_s * 1000)
-        metrics.BUDGET_STORE_UP.set(1 if self.store is not None and not self.down else 0)
+        metrics.BUDGET_STORE_UP.set(0 if self.down else 1)
         if self.store is not None and (self.task is None or self.task.done()):
             self.task = self.services.spawn(self.run(), "sluice-budgets")
+
+    @property
+    def down(self) -> bool:
+        """A store is configured and does not answer now (or has not yet)."""
+        return self.store is not None and not self.fleet.shared
+
+    def _mode_changed(self, mode: str) -> None:
+        metrics.BUDGET_STORE_UP.set(0 if self.down else 1)
+        if mode == "fallback":
+            self._unreachable(self.fleet.last_error)
+        self.wake.set()
 
     # -- the request path ---------------------------------------------------------------------
     def entry(self, rb: RuleBook, key: str, limit: int, now: float) -> Entry:
@@ -238,10 +239,12 @@ class Book:
             self.wake.clear()
             if self.store is None:
                 return
+            if self.down:
+                continue  # the fleet store reconnects; its mode change wakes this loop
             try:
                 await self.sync_once()
             except StoreUnavailable as e:
-                self._unreachable(str(e))
+                self.last_error = str(e)
 
     def _retire(self, e: Entry) -> None:
         self.active.pop(id(e), None)
@@ -309,9 +312,8 @@ class Book:
             self.retiring += [
                 e for e in entries[:n_retiring] if e.pending is not None or e.ledger.holding
             ]
-        if self.down:
-            self.down = False
-            metrics.BUDGET_STORE_UP.set(1)
+        if self.last_error:
+            self.last_error = ""
             log.warning("budgets: the store answers again; local tallies reported")
         for e in list(self.active.values()):
             lg = e.ledger
@@ -349,11 +351,8 @@ class Book:
             e.event = None
 
     def _unreachable(self, reason: str) -> None:
-        self.last_error = reason
-        if not self.down:
-            self.down = True
-            metrics.BUDGET_STORE_UP.set(0)
-            log.warning("budgets: the store is unreachable (%s); deciding on local shares", reason)
+        self.last_error = reason or "unreachable"
+        log.warning("budgets: the store is unreachable (%s); deciding on local shares", reason)
         for e in self.active.values():  # nobody waits for an answer that will not come
             if e.event is not None:
                 e.need = 0
@@ -362,7 +361,7 @@ class Book:
 
     async def flush(self) -> None:
         """At stop: report what is left and give the shares back (one try, bounded)."""
-        if self.store is None:
+        if self.store is None or self.down:
             return
         for rb in self.rules.values():
             for e in rb.entries.values():
@@ -451,6 +450,7 @@ class Book:
         return {
             "store": "redis" if self.store is not None else "memory",
             "store_up": self.store is not None and not self.down,
+            "replica": self.fleet.replica_id,
             "last_error": self.last_error,
             "expired_tokens": self.expired_total,
             "rules": rules,
@@ -468,4 +468,5 @@ BUDGETS: Final = ServiceKey[Book]("budgets")
 
 
 def book_for(services: Services) -> Book:
+    fleet_for(services)  # first: owners close newest first, and the book's last report needs it
     return services.get(BUDGETS, lambda: Book(services))

@@ -29,7 +29,6 @@ from gateway.core.body import CHARS_PER_TOKEN, RequestBody
 from gateway.core.budgets import level
 from gateway.core.outcome import Outcome
 from gateway.core.tokens import chunk_tokens
-from gateway.policy.budgets import RedisUrl
 from gateway.policy.compiled import CompiledPolicy
 from gateway.services import Services
 from gateway.telemetry import metrics
@@ -66,16 +65,15 @@ class BudgetFilter:
     event_kinds: ClassVar[frozenset[EventKind]] = frozenset({EventKind.SSE})
     body_when_empty = False
 
-    def __init__(self, c: CompiledBudgets, book: Book, store: RedisUrl | None) -> None:
+    def __init__(self, c: CompiledBudgets, book: Book) -> None:
         self.c = c
         self.book = book
-        self.store_cfg = store
         self.books = tuple(book.book(r) for r in c.rules)
         self.default_max = c.section.default_max_tokens
         self.needs_route = c.needs_route
 
     def activate(self) -> None:
-        self.book.activate(self.c, self.store_cfg)
+        self.book.activate(self.c)
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
@@ -216,5 +214,4 @@ def build(section: CompiledPolicy, services: Services) -> BudgetFilter | None:
     b = p.budgets
     if b is None or not b.rules:
         return None
-    store = p.store.redis if p.store is not None else None
-    return BudgetFilter(compile_budgets(b), book_for(services), store)
+    return BudgetFilter(compile_budgets(b), book_for(services))

@@ -2,7 +2,8 @@
 
 Nothing here does I/O; `gateway.budgets.compiled` turns a valid section into what the request
 path uses (and reads an `amounts: {file: ...}` map). The store that shares a budget between
-replicas is the policy's top-level `store:`; without one, each replica keeps its own tallies.
+replicas is the fleet's (the top-level `store:`); without one, each replica keeps its own
+tallies.
 """
 
 from __future__ import annotations
@@ -223,29 +224,6 @@ class Budgets(PolicyModel):
         return self
 
 
-class RedisUrl(PolicyModel):
-    url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        pattern=r"^rediss?://",
-        description="redis:// or rediss:// URL; run it with appendonly yes (tallies survive a "
-        "restart) and appendfsync always or everysec",
-    )
-    key_prefix: str = Field(
-        default="sluice", pattern=r"^[A-Za-z0-9_.\-]{1,32}$", description="prefix of every key"
-    )
-    deadline_ms: PositiveFloat = Field(
-        default=200.0,
-        le=10000,
-        description="hard deadline of one background round trip (a sync, a lease)",
-    )
-
-
-class SharedStore(PolicyModel):
-    """The one store every global feature shares (budgets today)."""
-
-    redis: RedisUrl = Field(description="a Redis server shared by every replica")
-
-
 def budget_errors(b: Budgets | None, filters: list[str]) -> list[tuple[Loc, str]]:
     if b is None or not b.rules:
         return []
@@ -256,7 +234,8 @@ def budget_errors(b: Budgets | None, filters: list[str]) -> list[tuple[Loc, str]
     return []
 
 
-def budget_warnings(b: Budgets | None, store: SharedStore | None) -> list[tuple[Loc, str]]:
+def budget_warnings(b: Budgets | None, store: object | None) -> list[tuple[Loc, str]]:
+    """`store`: the fleet's effective store (None: every replica on its own)."""
     if b is None or not b.rules or store is not None:
         return []
     return [
