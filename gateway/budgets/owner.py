@@ -49,7 +49,7 @@ class Entry:
 
     __slots__ = (
         "key", "ledger", "rkey", "seq", "pending", "need", "event", "last_sync", "last_use",
-        "dirty", "length",
+        "dirty", "length", "exhausted",
     )  # fmt: skip
 
     def __init__(self, key: str, ledger: Ledger, rkey: str, length: float) -> None:
@@ -58,7 +58,8 @@ class Entry:
         self.rkey = rkey  # its hash in the store
         self.seq = 0
         self.pending: Msg | None = None  # sent, reply not seen yet (sent again as it is)
-        self.need = 0  # a request waits for this much free share
+        self.need = 0  # requests wait for this much free share (their sum)
+        self.exhausted = False  # the store's last answer gave less than was asked
         self.event: asyncio.Event | None = None
         self.last_sync = 0.0
         self.last_use = 0.0
@@ -189,23 +190,38 @@ class Book:
         if e.ledger.avail < self.target(e.ledger) // 2 + 1:
             self.wake.set()
 
-    async def lease(self, e: Entry, need: int) -> None:
-        """Wait (at most `wait_ms`) until the sync loop brought `e` a share of at least `need`
-        or the store answered that there is none; returns either way."""
+    async def lease(self, e: Entry, need: int) -> bool:
+        """Reserve `need` on `e`, waiting (at most `wait_ms`) for the sync loop to lease more
+        while the local share cannot cover it. False (nothing reserved) when the store has no
+        more to give, does not answer, or the wait ran out."""
         s = self.section
-        wait = (s.wait_ms if s is not None else 100.0) / 1000
-        if e.need < need:
-            e.need = need
+        deadline = self.mono() + (s.wait_ms if s is not None else 100.0) / 1000
+        e.need += need
         self.active[id(e)] = e
-        if e.event is None:
-            e.event = asyncio.Event()
-        ev = e.event
-        self.wake.set()
         try:
-            async with asyncio.timeout(wait):
-                await ev.wait()
-        except TimeoutError:
-            pass
+            while True:
+                if e.ledger.reserve(need):
+                    return True
+                if self.down:
+                    return False
+                ev = e.event
+                if ev is None:
+                    ev = e.event = asyncio.Event()
+                self.wake.set()
+                left = deadline - self.mono()
+                if left <= 0:
+                    return False
+                try:
+                    async with asyncio.timeout(left):
+                        await ev.wait()
+                except TimeoutError:
+                    return False
+                if e.ledger.reserve(need):
+                    return True
+                if e.exhausted:
+                    return False
+        finally:
+            e.need -= need
 
     def warn(self, rb: RuleBook, e: Entry, before: int, after: int) -> float | None:
         """The warn_at fraction this change of spent tokens passed (once per key and period)."""
@@ -265,12 +281,13 @@ class Book:
             return e.pending  # the same message again: the store applies it once
         lg = e.ledger
         heartbeat = lg.holding > 0 and now - e.last_sync > self.ttl_s / 3
-        if not (e.dirty or e.need or retiring or heartbeat):
+        unused = lg.avail > 0 and now - e.last_use > IDLE_S  # an idle share goes back
+        if not (e.dirty or e.need or retiring or heartbeat or unused):
             return None
         idle = retiring or (lg.reserved == 0 and not e.need and now - e.last_use > IDLE_S)
         back, want = share_plan(lg.avail, self.target(lg), idle)
-        if e.need and lg.avail + want < e.need:
-            want = e.need - lg.avail
+        if e.need:  # requests wait: enough for all of them, and the usual share besides
+            want = max(want, e.need - lg.avail + self.target(lg) // 2)
         if not (lg.unreported or back or want or heartbeat or e.dirty):
             return None
         e.seq += 1
@@ -322,31 +339,32 @@ class Book:
 
     def _apply(self, e: Entry, r: Reply) -> None:
         lg = e.ledger
+        m = e.pending
+        e.exhausted = m is not None and r.granted < m.want
         e.pending = None
         e.last_sync = self.mono()
-        if r.lost:
+        if r.lost and lg.holding > 0:
             log.warning(
                 "budgets: the store had expired this replica's lease of %s (period %s): "
                 "%d tokens of reservations in flight were counted as spent there",
                 e.key, lg.window.id, lg.reserved,
             )  # fmt: skip
+        if r.lost:
             lg.lost()
         lg.avail += r.granted
         lg.granted += r.granted
         lg.remote_used, lg.remote_reserved = r.used, r.reserved
-        for replica, tokens in r.expired:
+        for replica, tokens, in_flight in r.expired:
             self.expired_total += tokens
             rule = next((rb.rule.name for rb in self.rules.values() if e in
                          rb.entries.values()), "?")  # fmt: skip
             metrics.BUDGET_EXPIRED.labels(rule).inc(tokens)
             log.warning(
-                "budget %s: replica %s not heard from for %gs: its %d tokens of open "
-                "reservations on key %s counted as spent (period %s)",
-                rule, replica, self.ttl_s, tokens, e.key, lg.window.id,
+                "budget %s: replica %s not heard from for %gs: the %d tokens it held of key %s "
+                "(%d of them reservations in flight) counted as spent (period %s)",
+                rule, replica, self.ttl_s, tokens, e.key, in_flight, lg.window.id,
             )  # fmt: skip
-        if e.need and (lg.avail >= e.need or r.granted == 0):
-            e.need = 0
-        if e.event is not None and not e.need:
+        if e.event is not None:  # the waiting requests look again
             e.event.set()
             e.event = None
 
@@ -355,7 +373,6 @@ class Book:
         log.warning("budgets: the store is unreachable (%s); deciding on local shares", reason)
         for e in self.active.values():  # nobody waits for an answer that will not come
             if e.event is not None:
-                e.need = 0
                 e.event.set()
                 e.event = None
 

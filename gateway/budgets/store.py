@@ -50,7 +50,8 @@ class Reply:
     reserved: int  # open reservations of all replicas
     left: int  # limit + grants - used - leased shares
     lost: bool  # this replica's lease had expired
-    expired: tuple[tuple[str, int], ...]  # (replica, its reservations counted as spent)
+    # (replica, tokens it held counted as spent, of which reservations in flight)
+    expired: tuple[tuple[str, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ class BudgetStore:
 def _reply(r: Any) -> Reply:
     v = list(r)
     expired = tuple(
-        (v[i].decode() if isinstance(v[i], bytes) else str(v[i]), int(v[i + 1]))
-        for i in range(6, len(v) - 1, 2)
+        (v[i].decode() if isinstance(v[i], bytes) else str(v[i]), int(v[i + 1]), int(v[i + 2]))
+        for i in range(6, len(v) - 2, 3)
     )
     return Reply(int(v[0]), int(v[1]), int(v[2]), int(v[3]), bool(int(v[4])), expired)

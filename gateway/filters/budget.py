@@ -2,12 +2,14 @@
 services' `gateway.budgets.owner.Book`.
 
 - `on_request` (after auth: budgets are keyed by claims): each rule's key and its ledger for the
-  current period. Plain, except when a shared store is up and this replica's local share of a
-  key cannot cover the request's likely size (prompt ≤ body bytes / 4, `default_max_tokens`
-  of output): then it waits for a share, at most `wait_ms`.
-- `on_body` (HTTP): the reservation, `cost(model, prompt estimate, max_tokens)` per rule, taken
-  from the local share, or the request is refused (429; 503 when the store is unreachable and
-  the rule fails closed). A stream is asked for its usage chunk if the client did not ask.
+  current period, and a hold of the request's likely size (prompt ≤ body bytes / 4,
+  `default_max_tokens` of output) on the local share, so that requests arriving together see
+  each other. Plain, except when a shared store is up and the local share cannot cover the
+  hold: then it waits for the sync loop to lease more, at most `wait_ms`.
+- `on_body` (HTTP): the hold makes way for the reservation, `cost(model, prompt estimate,
+  max_tokens)` per rule, taken from the local share, or the request is refused (429; 503 when
+  the store is unreachable and the rule fails closed). A stream is asked for its usage chunk
+  if the client did not ask.
 - `on_event`: the completion tokens of each SSE chunk (for a stream that ends without usage).
 - `on_response`: the reservation settled to the backend's usage (weighted), the rest given
   back; the warn_at fractions passed are logged and counted.
@@ -50,10 +52,11 @@ class Item:
 
 
 class Ticket:
-    __slots__ = ("items", "model", "prompt", "streamed")
+    __slots__ = ("items", "model", "prompt", "streamed", "exact")
 
     def __init__(self, items: list[Item]) -> None:
         self.items = items
+        self.exact = False  # the body phase reserved the exact amounts
         self.model: str | None = None
         self.prompt = 0
         self.streamed = 0
@@ -86,45 +89,56 @@ class BudgetFilter:
             route = r.name if r is not None else None
         now = book.wall()
         items = []
-        waits: list[tuple[Entry, int]] | None = None
+        waits: list[tuple[Item, int]] | None = None
         shared = book.store is not None and not book.down
+        cl = info.content_length or 0
         for rb in self.books:
             rule = rb.rule
             k = rule.key(info, claims, route, None)
             e = book.entry(rb, k, rule.limit(k, claims, info.headers), now)
-            items.append(Item(rb, e))
-            if shared:
-                cl = info.content_length or 0
-                hint = rule.cost.of(None, -(-cl // CHARS_PER_TOKEN), self.default_max)
-                if e.ledger.avail < hint:
-                    if waits is None:
-                        waits = []
-                    waits.append((e, hint))
+            item = Item(rb, e)
+            items.append(item)
+            # Held until the body phase knows the exact amount: what the request will likely
+            # need (its prompt is at most its body bytes / 4), so that requests arriving
+            # together see each other and wait for a share together.
+            hint = rule.cost.of(None, -(-cl // CHARS_PER_TOKEN), self.default_max)
+            lg = e.ledger
+            if lg.reserve(hint):
+                item.amount, item.epoch = hint, lg.epoch
+            elif shared:
+                if waits is None:
+                    waits = []
+                waits.append((item, hint))
         ctx.budget = Ticket(items)
         if waits is not None:
             return self._wait(waits)
         return Status.CONTINUE
 
-    async def _wait(self, waits: list[tuple[Entry, int]]) -> Status:
-        for e, need in waits:  # one sync round answers them all: the later waits are short
-            await self.book.lease(e, need)
+    async def _wait(self, waits: list[tuple[Item, int]]) -> Status:
+        for item, need in waits:  # one sync round answers them all: the later waits are short
+            if await self.book.lease(item.e, need):
+                item.amount, item.epoch = need, item.e.ledger.epoch
         return Status.CONTINUE
 
     # -- body phase ---------------------------------------------------------------------------
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
         t = ctx.budget
         if not isinstance(t, Ticket) or not body.size:
-            return Status.CONTINUE
+            return Status.CONTINUE  # (a hold of the request phase is released at its end)
         book = self.book
         prompt = body.prompt_tokens_estimate
         out = body.max_tokens if body.max_tokens is not None else self.default_max
         t.model, t.prompt = body.model, prompt
+        t.exact = True
         warnings = ""
         for item in t.items:
             rb, e = item.rb, item.e
             rule = rb.rule
             lg = e.ledger
             amount = rule.cost.of(body.model, prompt, out)
+            if item.amount >= 0:  # the request phase's hold makes way for the exact amount
+                lg.release(item.amount, item.epoch)
+                item.amount = -1
             if not lg.reserve(amount):
                 down = book.store is not None and book.down
                 if down and rule.closed and rule.enforce:
@@ -186,8 +200,13 @@ class BudgetFilter:
         book = self.book
         usage = ctx.usage
         started = ctx.outcome is Outcome.OK or ctx.first_byte_at is not None
+        exact = t.exact
         for item in t.items:
             if item.amount < 0:
+                continue
+            if not exact:  # held in the request phase, no body phase came: nothing to charge
+                item.e.ledger.release(item.amount, item.epoch)
+                self.book.used(item.e)
                 continue
             rb, e = item.rb, item.e
             cost = rb.rule.cost

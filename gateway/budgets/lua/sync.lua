@@ -4,7 +4,7 @@
 -- ARGV: rid, seq, limit, used, back, want, held, ttl_ms, expire_at (Unix s)
 -- Replayed seq (the reply was lost): nothing is applied again, the same grant is returned.
 -- Returns {granted, used, reserved (all replicas), limit_left, lost, expired_tokens,
---          expired replica, tokens, ...}
+--          then per expired replica: its id, tokens counted as spent, of which reservations}
 local k = KEYS[1]
 local rid = ARGV[1]
 local seq = tonumber(ARGV[2])
@@ -37,7 +37,9 @@ if prev ~= nil and tonumber(prev) == seq then
 end
 if prev == nil and seq > 1 then lost = 1 end
 
--- Replicas not heard from within their ttl: reservations spent, free share back.
+-- Replicas not heard from within their ttl: everything they held counts as spent (their
+-- reservations in flight, and the free share, from which they may have served requests whose
+-- usage they could not report any more): a dead replica never makes the tally too low.
 local expired = {}
 local expired_tokens = 0
 for name, v in pairs(f) do
@@ -46,13 +48,16 @@ for name, v in pairs(f) do
     if r ~= rid and tonumber(v) < now then
       local h = tonumber(f['h:' .. r] or '0')
       local l = tonumber(f['l:' .. r] or '0')
-      used = used + h
+      used = used + l
       out = out - l
-      expired_tokens = expired_tokens + h
+      expired_tokens = expired_tokens + l
       redis.call('HDEL', k, 'e:' .. r, 'h:' .. r, 'l:' .. r, 's:' .. r, 'r:' .. r)
       f['h:' .. r] = nil
-      table.insert(expired, r)
-      table.insert(expired, h)
+      if l > 0 then
+        table.insert(expired, r)
+        table.insert(expired, l)
+        table.insert(expired, h)
+      end
     end
   end
 end
