@@ -14,6 +14,7 @@ import pytest
 
 from gateway.cli import main
 from tests.integration.conftest import Backend, Gateway, start_gateway
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +119,30 @@ async def test_reserve_settle_refuse_warn_and_operate(
     assert "budget reset: rule=team-day key=red" in out
     assert "budget team-day: key red passed 50% of 1000 tokens" in out
     assert '"budget_warning":"team-day=0.5"' in out
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_store_unreachable(backend: Backend, tmp_path: Path, mode: str) -> None:
+    """A store that never answers: `open` admits and tallies locally, `closed` refuses with
+    503 what the local share cannot cover (here: everything, it never leased one)."""
+    tail = f"""store: {{redis: {{url: "redis://127.0.0.1:{free_port()}/0", deadline_ms: 50}}}}
+budgets:
+  rules:
+    - name: team-day
+      key: [header:x-team]
+      tokens: 1000
+      period: {{calendar: day}}
+      when_store_down: {mode}
+"""
+    gw = start_gateway(backend, tmp_path, tail=tail)
+    try:
+        async with aiohttp.ClientSession() as s:
+            status, headers, doc = await chat(s, gw, "red")
+        if mode == "open":
+            assert status == 200 and doc["usage"]["completion_tokens"] == 16
+        else:
+            assert status == 503 and doc["error"]["type"] == "budget_unavailable"
+            assert headers["x-sluice-budget"] == "team-day" and headers["Retry-After"] == "1"
+        assert state(gw)["store_up"] is False
+    finally:
+        assert gw.proc.stop() == 0, gw.proc.output()
