@@ -30,12 +30,14 @@ from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import CHARS_PER_TOKEN, RequestBody
 from gateway.core.budgets import level
 from gateway.core.outcome import Outcome
+from gateway.core.request import Protocol
 from gateway.core.tokens import chunk_tokens
 from gateway.policy.compiled import CompiledPolicy
 from gateway.services import Services
 from gateway.telemetry import metrics
 
 NAME = "budget"
+_BODILESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 WARNING_HEADER = "x-sluice-budget-warning"
 
 
@@ -80,8 +82,10 @@ class BudgetFilter:
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
-        book = self.book
         info = ctx.info
+        if info.method in _BODILESS or info.protocol is Protocol.GRPC:
+            return Status.CONTINUE  # nothing to reserve: no prompt, no completion
+        book = self.book
         claims = ctx.claims
         route = None
         if self.needs_route:
