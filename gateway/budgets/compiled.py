@@ -40,6 +40,7 @@ class CompiledBudget:
     warn_at: tuple[float, ...]
     closed: bool  # when_store_down: closed
     enforce: bool
+    dynamic: bool  # the amount depends on the key or the request (a claim, a header, a file)
 
     def limit(self, key: str, claims: Mapping[str, Any] | None, headers: Mapping[str, str]) -> int:
         """The key's budget: the claim's (or header's) integer value, the file's, or `tokens`."""
@@ -118,7 +119,7 @@ def compile_rule(rule: BudgetRule) -> CompiledBudget:
     return CompiledBudget(
         rule.name, ident, compile_key(rule.key), tuple(rule.key), "route" in rule.key,
         rule.tokens, period, cost, claim, header, amounts, tuple(rule.warn_at),
-        rule.when_store_down == "closed", rule.enforce,
+        rule.when_store_down == "closed", rule.enforce, bool(claim or header or amounts),
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from gateway.fleet.store import FleetStore, fleet_for
 from gateway.policy.budgets import Budgets
 from gateway.services import ServiceKey, Services
 from gateway.telemetry import metrics
+from gateway.telemetry.tally import CountTally
 
 log = logging.getLogger("sluice.budgets")
 audit = logging.getLogger("sluice.audit")
@@ -74,7 +75,7 @@ class RuleBook:
         self.rule = rule
         self.entries: OrderedDict[str, Entry] = OrderedDict()
         self.counts: Counter[str] = Counter()
-        self.tokens = metrics.BUDGET_TOKENS.labels(rule.name)  # charged, weighted
+        self.tokens = CountTally(metrics.BUDGET_TOKENS.labels(rule.name))  # charged, weighted
 
 
 class Book:
@@ -114,7 +115,14 @@ class Book:
             for e in self.rules.pop(ident).entries.values():
                 self._retire(e)
         for r in c.rules:
-            self.book(r).rule = r
+            rb = self.book(r)
+            if rb.rule.tokens != r.tokens and not r.dynamic:  # a new amount applies at once
+                for e in rb.entries.values():
+                    if self.store is None:
+                        e.ledger.adjust(r.tokens // self.workers)
+                    else:
+                        e.ledger.limit = r.tokens
+            rb.rule = r
         self.by_name = {rb.rule.name: rb for rb in self.rules.values()}
         shared = self.fleet.mode != "none"
         if not shared:

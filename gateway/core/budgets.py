@@ -102,6 +102,12 @@ class Cost:
 
     default: Weights = Weights()
     models: Mapping[str, Weights] = field(default_factory=dict)
+    plain: bool = field(init=False, default=False)  # every weight 1: the plain sum
+
+    def __post_init__(self) -> None:
+        d = self.default
+        flat = d.input == 1.0 and d.output == 1.0 and not self.models
+        object.__setattr__(self, "plain", flat)
 
     def weights(self, model: str | None) -> Weights:
         if model is not None and self.models:
@@ -110,6 +116,8 @@ class Cost:
 
     def of(self, model: str | None, input_tokens: int, output_tokens: int) -> int:
         """The weighted cost, rounded up to a whole token (weights 1: the plain sum)."""
+        if self.plain:
+            return input_tokens + output_tokens
         w = self.weights(model)
         if w.input == 1.0 and w.output == 1.0:
             return input_tokens + output_tokens

@@ -27,7 +27,7 @@ from gateway.budgets.compiled import CompiledBudgets, compile_budgets
 from gateway.budgets.owner import Book, Entry, RuleBook, book_for, iso
 from gateway.budgets.verdicts import exhausted, store_down
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
-from gateway.core.body import CHARS_PER_TOKEN, RequestBody
+from gateway.core.body import RequestBody
 from gateway.core.budgets import level
 from gateway.core.outcome import Outcome
 from gateway.core.request import Protocol
@@ -37,6 +37,8 @@ from gateway.services import Services
 from gateway.telemetry import metrics
 
 NAME = "budget"
+_CONTINUE = Status.CONTINUE
+_GRPC = Protocol.GRPC
 _BODILESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 WARNING_HEADER = "x-sluice-budget-warning"
 
@@ -76,6 +78,7 @@ class BudgetFilter:
         self.books = tuple(book.book(r) for r in c.rules)
         self.default_max = c.section.default_max_tokens
         self.needs_route = c.needs_route
+        self.wall = book.wall
 
     def activate(self) -> None:
         self.book.activate(self.c)
@@ -83,40 +86,46 @@ class BudgetFilter:
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
         info = ctx.info
-        if info.method in _BODILESS or info.protocol is Protocol.GRPC:
-            return Status.CONTINUE  # nothing to reserve: no prompt, no completion
+        if info.method in _BODILESS or info.protocol is _GRPC:
+            return _CONTINUE  # nothing to reserve: no prompt, no completion
         book = self.book
-        claims = ctx.claims
+        p = ctx.principal
+        claims = p.claims if p is not None else None
         route = None
         if self.needs_route:
             r = ctx.route or ctx.policy.match(info)
             route = r.name if r is not None else None
-        now = book.wall()
+        now = self.wall()
         items = []
         waits: list[tuple[Item, int]] | None = None
-        shared = book.store is not None and not book.down
-        cl = info.content_length or 0
+        cl = info.content_length
+        prompt = (cl + 3) // 4 if cl else 0  # the prompt is at most its body bytes / 4
         for rb in self.books:
             rule = rb.rule
             k = rule.key(info, claims, route, None)
-            e = book.entry(rb, k, rule.limit(k, claims, info.headers), now)
+            e = rb.entries.get(k)
+            if e is None or now >= e.ledger.window.end or rule.dynamic:
+                e = book.entry(rb, k, rule.limit(k, claims, info.headers), now)
+            else:
+                rb.entries.move_to_end(k)
             item = Item(rb, e)
             items.append(item)
             # Held until the body phase knows the exact amount: what the request will likely
-            # need (its prompt is at most its body bytes / 4), so that requests arriving
-            # together see each other and wait for a share together.
-            hint = rule.cost.of(None, -(-cl // CHARS_PER_TOKEN), self.default_max)
+            # need, so that requests arriving together see each other (and wait together).
+            hint = rule.cost.of(None, prompt, self.default_max)
             lg = e.ledger
-            if lg.reserve(hint):
+            if hint <= lg.avail:
+                lg.avail -= hint
+                lg.reserved += hint
                 item.amount, item.epoch = hint, lg.epoch
-            elif shared:
+            elif book.store is not None and not book.down:
                 if waits is None:
                     waits = []
                 waits.append((item, hint))
         ctx.budget = Ticket(items)
         if waits is not None:
             return self._wait(waits)
-        return Status.CONTINUE
+        return _CONTINUE
 
     async def _wait(self, waits: list[tuple[Item, int]]) -> Status:
         for item, need in waits:  # one sync round answers them all: the later waits are short
@@ -130,6 +139,7 @@ class BudgetFilter:
         if not isinstance(t, Ticket) or not body.size:
             return Status.CONTINUE  # (a hold of the request phase is released at its end)
         book = self.book
+        shared = book.store is not None
         prompt = body.prompt_tokens_estimate
         out = body.max_tokens if body.max_tokens is not None else self.default_max
         t.model, t.prompt = body.model, prompt
@@ -140,8 +150,18 @@ class BudgetFilter:
             rule = rb.rule
             lg = e.ledger
             amount = rule.cost.of(body.model, prompt, out)
-            if item.amount >= 0:  # the request phase's hold makes way for the exact amount
-                lg.release(item.amount, item.epoch)
+            held = item.amount
+            if held >= 0 and item.epoch == lg.epoch and amount - held <= lg.avail:
+                lg.avail -= amount - held  # the hold becomes the exact amount
+                lg.reserved += amount - held
+                item.amount = amount
+                if shared:
+                    book.used(e)
+                if rule.warn_at:
+                    warnings = self._warning(rb, e, warnings)
+                continue
+            if held >= 0:  # the request phase's hold makes way for the exact amount
+                lg.release(held, item.epoch)
                 item.amount = -1
             if not lg.reserve(amount):
                 down = book.store is not None and book.down
@@ -157,11 +177,10 @@ class BudgetFilter:
                 lg.reserve(amount, overdraft=True)
             item.amount = amount
             item.epoch = lg.epoch
-            book.used(e)
+            if shared:
+                book.used(e)
             if rule.warn_at:
-                hit = level(lg.limit + lg.grant, book.spent(e), rule.warn_at)
-                if hit is not None:
-                    warnings += f"{', ' if warnings else ''}{rule.name}={hit:g}"
+                warnings = self._warning(rb, e, warnings)
         if warnings:
             ctx.response_headers.append((WARNING_HEADER, warnings))
             ctx.budget_warning = warnings
@@ -170,6 +189,13 @@ class BudgetFilter:
             body.set("stream_options", {**(body.stream_options or {}), "include_usage": True})
             body.usage_added = True
         return Status.CONTINUE
+
+    def _warning(self, rb: RuleBook, e: Entry, warnings: str) -> str:
+        lg = e.ledger
+        hit = level(lg.limit + lg.grant, self.book.spent(e), rb.rule.warn_at)
+        if hit is None:
+            return warnings
+        return f"{warnings}{', ' if warnings else ''}{rb.rule.name}={hit:g}"
 
     def _refuse(self, ctx: RequestContext, t: Ticket, item: Item, amount: int, why: str) -> Status:
         book = self.book
@@ -198,38 +224,50 @@ class BudgetFilter:
 
     def on_response(self, ctx: RequestContext) -> None:
         t = ctx.budget
-        if not isinstance(t, Ticket):
+        if t is None:
             return
         ctx.budget = None
         book = self.book
+        shared = book.store is not None
         usage = ctx.usage
-        started = ctx.outcome is Outcome.OK or ctx.first_byte_at is not None
         exact = t.exact
         for item in t.items:
-            if item.amount < 0:
-                continue
-            if not exact:  # held in the request phase, no body phase came: nothing to charge
-                item.e.ledger.release(item.amount, item.epoch)
-                self.book.used(item.e)
+            held = item.amount
+            if held < 0:
                 continue
             rb, e = item.rb, item.e
+            lg = e.ledger
+            if not exact:  # held in the request phase, no body phase came: nothing to charge
+                lg.release(held, item.epoch)
+                if shared:
+                    book.used(e)
+                continue
             cost = rb.rule.cost
             if usage is not None:
                 used = cost.of(t.model, usage.prompt_tokens, usage.completion_tokens)
             elif t.streamed:
                 used = cost.of(t.model, t.prompt, t.streamed)
-            elif not started:
+            elif ctx.outcome is not Outcome.OK and ctx.first_byte_at is None:
                 used = 0  # refused later, or the backend never answered: nothing was served
             else:
-                used = item.amount  # served, usage unknown: the reservation stands
-            lg = e.ledger
-            before = book.spent(e) - lg.reserved
-            lg.settle(item.amount, used, item.epoch)
+                used = held  # served, usage unknown: the reservation stands
+            warn = rb.rule.warn_at
+            before = book.spent(e) - lg.reserved if warn else 0
+            if item.epoch == lg.epoch:  # (Ledger.settle, inline: once per request and rule)
+                lg.reserved -= held
+                lg.avail += held - used
+                if lg.avail + lg.reserved < 0:
+                    lg.avail = -lg.reserved
+                lg.used += used
+                lg.unreported += used
+            else:
+                lg.settle(held, used, item.epoch)
             if used:
                 rb.tokens.inc(used)
-            if rb.rule.warn_at:
+            if warn:
                 book.warn(rb, e, before, book.spent(e) - lg.reserved)
-            book.used(e)
+            if shared:
+                book.used(e)
 
 
 def build(section: CompiledPolicy, services: Services) -> BudgetFilter | None:
