@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from gateway.cli import main
+from gateway.status.terminal import render
 from tests.integration.conftest import Backend, Gateway, start_gateway
 from tests.support import free_port
 
@@ -104,6 +105,9 @@ async def test_reserve_settle_refuse_warn_and_operate(
             status, _, _ = await chat(s, gw, "red")
             assert status == 200
 
+        with urllib.request.urlopen(f"{gw.admin}/admin/state", timeout=5) as r:
+            page = render(json.loads(r.read()))  # what `sluice status` prints: budgets too
+        assert "budgets" in page and "team-day" in page
         st = state(gw)
         (rule,) = st["rules"]
         assert st["store"] == "memory" and rule["name"] == "team-day"
