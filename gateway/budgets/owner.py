@@ -25,6 +25,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any, Final
 
 from gateway.budgets.compiled import CompiledBudget, CompiledBudgets
@@ -43,6 +44,7 @@ audit = logging.getLogger("sluice.audit")
 MAX_RETIRING = 10_000  # ledgers of ended periods or evicted keys still to report
 BATCH = 200  # messages per pipelined round trip
 IDLE_S = 2.0  # a key unused this long gives its free share back
+STATE_KEYS = 20  # keys per rule in /admin/state (the most recently used)
 
 
 class Entry:
@@ -461,11 +463,12 @@ class Book:
         rules = []
         for rb in self.rules.values():
             keys = []
-            for e in list(rb.entries.values())[-20:]:
+            for e in islice(reversed(rb.entries.values()), STATE_KEYS):  # most recent first
                 lg = e.ledger
                 keys.append({
                     "key": e.key, "period": lg.window.id, "limit": lg.limit + lg.grant,
-                    "used": self.spent(e) - lg.reserved, "reserved": lg.reserved,
+                    "used": lg.used if self.store is None else lg.remote_used + lg.unreported,
+                    "reserved": lg.reserved,
                     "share": lg.avail, "resets_at": iso(lg.window.end),
                 })  # fmt: skip
             rules.append({

@@ -212,7 +212,8 @@ class BudgetFilter:
         ctx.decide(NAME, "reject", f"{rule.name}:{why}")
         if why == "store_down":
             return ctx.stop(store_down(rule.name, left, resets))
-        retry = lg.window.end - book.wall()
+        # Left for the period, but not in this replica's share now (the others hold it): soon.
+        retry = 1.0 if left >= amount else lg.window.end - book.wall()
         return ctx.stop(exhausted(rule.name, left, amount, resets, retry))
 
     # -- response phase -----------------------------------------------------------------------
