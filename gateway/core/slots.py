@@ -111,11 +111,13 @@ def next_sync(
     return now + renew, 1
 
 
-def due_now(want_: int, last_want: int, grant_: int, contended: bool) -> bool:
+def due_now(want_: int, asked: int, grant_: int, target: int, contended: bool) -> bool:
     """Whether a change of demand seen between syncs is worth a sync before the scheduled
-    one: demand beyond the grant, a pool newly wanted, or a surplus others wait for."""
-    if want_ > grant_:
+    one: a pool newly wanted, demand beyond the grant when the last ask was met in full (the
+    fair share may be larger than that ask; when the fair share capped it, the scheduled sync
+    asks again), or a surplus others wait for."""
+    if asked == 0 and want_ > 0:
         return True
-    if last_want == 0 and want_ > 0:
+    if want_ > grant_ and target >= asked:
         return True
     return grant_ > want_ and contended

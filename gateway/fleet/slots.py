@@ -39,7 +39,7 @@ class SlotLease:
     """One pool's lease, as this replica knows it."""
 
     __slots__ = ("book", "name", "pq", "total", "grant", "held", "fleet_held", "fleet_in_use",
-                 "target", "contended", "last_want", "next_at", "backoff", "synced_at",
+                 "target", "contended", "asked", "next_at", "backoff", "synced_at",
                  "syncs", "__weakref__")  # fmt: skip
 
     def __init__(self, book: SlotBook, name: str, pq: PoolQueue, total: int) -> None:
@@ -53,7 +53,7 @@ class SlotLease:
         self.fleet_in_use = 0
         self.target = 0
         self.contended = False
-        self.last_want = 0
+        self.asked = 0  # the want of the last sync
         self.next_at: float | None = 0.0  # 0: at the next tick
         self.backoff = 1
         self.synced_at = 0.0
@@ -90,6 +90,7 @@ class SlotBook:
         self.ops = 0  # pool syncs sent to the store (script calls)
         self.round_trips = 0
         self.fleet.on_mode(self._mode_changed)
+        self.fleet.views["pools"] = self.rows  # /admin/state: `fleet.pools`
 
     # -- attaching pools ----------------------------------------------------------------------
     def attach(self, pq: PoolQueue, total: int) -> SlotLease:
@@ -173,10 +174,10 @@ class SlotBook:
             gone = lease in orphans
             w = 0 if gone else rules.want(busy, q.waiting, lease.total)
             due = lease.next_at is not None and now >= lease.next_at
-            if not due and not rules.due_now(w, lease.last_want, lease.grant, lease.contended):
-                lease.last_want = w
+            if not due and not rules.due_now(w, lease.asked, lease.grant, lease.target,
+                                             lease.contended):  # fmt: skip
                 continue
-            lease.last_want = w
+            lease.asked = w
             todo.append((lease, busy, w))
             cmds.append((
                 [fleet.key("slots", lease.name)],
@@ -224,31 +225,28 @@ class SlotBook:
     def readiness(self) -> dict[str, Any]:
         return {"mode": self.fleet.mode, "pools": len(self.leases)}
 
-    def state(self) -> dict[str, Any]:
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per leased pool, for `/admin/state`'s `fleet.pools`."""
         now = self.now()
-        return {
-            "mode": self.fleet.mode,
-            "replicas": self.fleet.replicas,
-            "syncs": self.ops,
-            "round_trips": self.round_trips,
-            "pools": [
-                {
-                    "pool": lz.name,
-                    "mode": self.fleet.mode,
-                    "capacity": lz.total,  # the fleet's (max_in_flight × members)
-                    "slots_here": lz.capacity(),
-                    "in_flight_here": lz.pq.q.busy,
-                    "waiting_here": lz.pq.q.waiting,
-                    "held_in_store": lz.held,
-                    "fleet_held": lz.fleet_held,
-                    "fleet_in_flight": lz.fleet_in_use,
-                    "fair_target": lz.target,
-                    "live_replicas": self.fleet.replicas,
-                    "synced_ago_s": round(now - lz.synced_at, 2) if lz.synced_at else None,
-                }
-                for lz in self.leases.values()
-            ],
-        }
+        mode = self.fleet.mode
+        return [
+            {
+                "pool": lz.name,
+                "mode": mode,
+                "capacity": lz.total,  # the fleet's: max_in_flight × members
+                "slots_here": lz.capacity(),
+                "in_flight_here": lz.pq.q.busy,
+                "waiting_here": lz.pq.q.waiting,
+                "held_in_store": lz.held,
+                "fleet_held": lz.fleet_held,
+                "fleet_in_flight": lz.fleet_in_use,
+                "fair_target": lz.target,
+                "live_replicas": self.fleet.replicas,
+                "syncs": lz.syncs,
+                "synced_ago_s": round(now - lz.synced_at, 2) if lz.synced_at else None,
+            }
+            for lz in self.leases.values()
+        ]
 
     async def aclose(self) -> None:
         """Give every held slot back (bounded by the store's deadline)."""

@@ -104,6 +104,9 @@ class FleetStore:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._observers: list[Callable[[str], None]] = []
+        # Sections of features that share through the store, shown under /admin/state's
+        # `fleet` (name -> a function returning rows): e.g. "pools" (the backend slots).
+        self.views: dict[str, Callable[[], Any]] = {}
         self._set_gauges()
 
     # -- configuration ------------------------------------------------------------------------
@@ -329,7 +332,9 @@ class FleetStore:
         from gateway.store.redis_client import redact
 
         cfg = self.cfg
-        return {
+        out: dict[str, Any] = {
+            # fallback shows yellow on the status page (each replica decides on its share)
+            "colour": "yellow" if self.mode == "fallback" else "green",
             "mode": self.mode,
             "store": (redact(cfg.url) if cfg is not None else None),
             "replica": self.replica_id,
@@ -340,6 +345,9 @@ class FleetStore:
             "errors": self.errors,
             "last_error": self.last_error,
         }
+        for name, view in self.views.items():
+            out[name] = view()
+        return out
 
     async def aclose(self) -> None:
         """Leave the replica set (the others re-size at once), bounded by the deadline."""

@@ -58,8 +58,9 @@ def test_next_sync() -> None:
 
 
 def test_due_now() -> None:
-    assert r.due_now(5, 5, 4, False)  # wants more than granted
-    assert r.due_now(1, 0, 1, False)  # newly wanted
-    assert r.due_now(1, 3, 4, True)  # surplus and others wait
-    assert not r.due_now(1, 3, 4, False)
-    assert not r.due_now(3, 3, 4, False)
+    assert r.due_now(5, 4, 4, 4, False)  # wants more than granted; the last ask was met
+    assert not r.due_now(9, 9, 4, 4, True)  # capped at its fair share: the schedule re-asks
+    assert r.due_now(1, 0, 0, 0, False)  # newly wanted
+    assert r.due_now(1, 3, 4, 4, True)  # surplus and others wait
+    assert not r.due_now(1, 3, 4, 4, False)
+    assert not r.due_now(3, 3, 4, 4, False)

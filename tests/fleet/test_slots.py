@@ -111,7 +111,7 @@ async def test_a_busy_replica_gets_the_slots_the_idle_one_does_not_use(
         peak = max(peak, a.busy + b.busy)
     assert a.pq.q.capacity == 4 and b.busy == 4
     assert peak <= TOTAL
-    st = a.slots.state()["pools"][0]
+    st = a.fleet.state()["pools"][0]
     assert st["capacity"] == TOTAL and st["live_replicas"] == 2 and st["mode"] == "shared"
     await a.services.aclose()
     await b.services.aclose()

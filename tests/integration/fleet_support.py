@@ -52,7 +52,7 @@ def fleet_mode(gw: Gateway) -> str:
 
 def slots_here(gw: Gateway) -> dict[str, Any]:
     """This replica's (one worker's) view of the pool `sim`."""
-    pools = admin_json(gw, "/admin/state")["fleet_slots"]["pools"]
+    pools = admin_json(gw, "/admin/state")["fleet"]["pools"]
     return next(p for p in pools if p["pool"] == "sim")
 
 
