@@ -17,6 +17,7 @@ Without a fleet store there are no leases: the queue takes its process's share a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.fleet")
 
 SLOTS_LUA = Script.file("slots.lua")
+SERVED_LUA = Script.file("served.lua")
+SERVED_SYNC_S = 0.25  # how often the tenants' served tokens are merged through the store
+SERVED_TTL_S = 3600  # a pool's fleet counters live this long after their last update
+MAX_TENANTS_PER_SYNC = 1000  # per pool and sync (the most recently active first: the rest wait)
 MAX_POOLS_PER_SYNC = 500  # pools synced in one round trip; the rest at the next tick
 
 
@@ -40,7 +45,7 @@ class SlotLease:
 
     __slots__ = ("book", "name", "pq", "total", "grant", "held", "fleet_held", "fleet_in_use",
                  "target", "contended", "asked", "next_at", "backoff", "synced_at",
-                 "syncs", "__weakref__")  # fmt: skip
+                 "syncs", "seen", "remote", "__weakref__")  # fmt: skip
 
     def __init__(self, book: SlotBook, name: str, pq: PoolQueue, total: int) -> None:
         self.book = book
@@ -58,6 +63,10 @@ class SlotLease:
         self.backoff = 1
         self.synced_at = 0.0
         self.syncs = 0
+        # Fair admission across the fleet: per (class, tenant), (its tokens served here, the
+        # fleet's total) at the last merge; `remote`: tokens charged for service elsewhere.
+        self.seen: dict[tuple[int, str], tuple[float, float]] = {}
+        self.remote = 0.0
 
     def set_total(self, total: int, now: float) -> None:
         """The pool's slots for the whole fleet changed (members came or went)."""
@@ -140,13 +149,16 @@ class SlotBook:
 
     # -- the background loop ------------------------------------------------------------------
     async def _loop(self) -> None:
-        last_gauges = 0.0
+        last_gauges = last_served = 0.0
         while not self.services.closed:
             interval = self.fleet.interval_s
             await nap(self.wake, interval)
             self.wake.clear()
             if self.fleet.shared and (self.leases or self._orphans):
                 await self.sync_once()
+                if self.now() - last_served >= SERVED_SYNC_S and self.fleet.shared:
+                    last_served = self.now()
+                    await self.sync_served()
                 # never closer than a fifth of the interval (a burst of pokes is one sync)
                 await asyncio.sleep(interval / 5)
             now = self.now()
@@ -213,6 +225,55 @@ class SlotBook:
                 self.apply(lease, now)
         return len(cmds)
 
+    async def sync_served(self) -> int:
+        """Merge every active tenant's served tokens with the fleet's (one round trip for all
+        pools): what other replicas served a tenant since the last merge is charged to its
+        counter here (`FairQueue.charge`), so it is charged once for the whole fleet."""
+        fleet = self.fleet
+        cmds: list[tuple[list[str], list[Any]]] = []
+        refs: list[tuple[SlotLease, list[tuple[tuple[int, str], float, float]]]] = []
+        for lease in self.leases.values():
+            q = lease.pq.q
+            rows: list[tuple[tuple[int, str], float, float]] = []
+            args: list[Any] = [SERVED_TTL_S]
+            live: set[tuple[int, str]] = set()
+            for cls, cq in q.classes.items():
+                for key, t in cq.tenants.items():
+                    ck = (cls, key)
+                    live.add(ck)
+                    seen = lease.seen.get(ck)
+                    here = seen[0] if seen is not None and seen[0] <= t.served else 0.0
+                    d = t.served - here
+                    if (not t.live and not t.in_flight and d <= 0.0) or len(
+                        rows
+                    ) >= MAX_TENANTS_PER_SYNC:
+                        continue
+                    rows.append((ck, t.served, d))
+                    args += [_field(cls, key), d]
+            for ck in [k for k in lease.seen if k not in live]:
+                del lease.seen[ck]  # a tenant record the queue dropped
+            if rows:
+                cmds.append(([fleet.key("served", lease.name)], args))
+                refs.append((lease, rows))
+        if not cmds:
+            return 0
+        try:
+            replies = await fleet.pipeline(SERVED_LUA, cmds, op="served")
+        except StoreUnavailable:
+            return 0
+        self.ops += len(cmds)
+        for (lease, rows), reply in zip(refs, replies, strict=True):
+            for (ck, served, d), total_ in zip(rows, reply, strict=True):
+                total = float(total_)
+                prev = lease.seen.get(ck)
+                if prev is not None:
+                    remote = total - prev[1] - d
+                    if remote > 0.0:
+                        lease.pq.q.charge(ck[0], ck[1], remote)
+                        lease.remote += remote
+                lease.seen[ck] = (served, total)
+        return len(cmds)
+
     # -- status -------------------------------------------------------------------------------
     def gauges(self) -> None:
         for lease in self.leases.values():
@@ -243,6 +304,7 @@ class SlotBook:
                 "fair_target": lz.target,
                 "live_replicas": self.fleet.replicas,
                 "syncs": lz.syncs,
+                "tokens_charged_elsewhere": round(lz.remote),
                 "synced_ago_s": round(now - lz.synced_at, 2) if lz.synced_at else None,
             }
             for lz in self.leases.values()
@@ -263,6 +325,11 @@ class SlotBook:
             await self.fleet.pipeline(SLOTS_LUA, cmds, op="slots")
         except StoreUnavailable as exc:
             log.info("fleet slots: could not give slots back at stop: %s", exc)
+
+
+def _field(cls: int, key: str) -> str:
+    """A tenant's field in the store: its class and a digest of its key (no client text)."""
+    return f"{cls}|{hashlib.sha256(key.encode()).hexdigest()[:20]}"
 
 
 SLOTS: Final = ServiceKey[SlotBook]("fleet_slots")

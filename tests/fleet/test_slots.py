@@ -167,3 +167,38 @@ async def test_redis_away_each_replica_takes_its_share_then_leases_again(
     await until(lambda: a.slots.leases["m"].syncs > 0 and a.busy > 0 and b.busy > 0, 5)
     await a.services.aclose()
     await b.services.aclose()
+
+
+async def test_a_tenant_served_on_one_replica_is_charged_on_the_other(
+    redis_server: RedisServer,
+) -> None:
+    """Fair admission across the fleet: tokens tenant T was served through A count against T's
+    counter on B (merged through the store), so T spreading over replicas is charged once."""
+    a, b = await two(redis_server)
+    a.slots.task.cancel() if a.slots.task else None  # merges run by hand below
+    b.slots.task.cancel() if b.slots.task else None
+    now = time.monotonic()
+    ta, tb = a.pq.q.tenant("T", 0), b.pq.q.tenant("T", 0)
+    other = b.pq.q.tenant("U", 0)
+    wa, _ = a.pq.q.arrive(ta, 0, now)
+    wb, _ = b.pq.q.arrive(tb, 0, now)
+    assert not isinstance(wa, str) and not isinstance(wb, str)
+    wa.handle = asyncio.get_running_loop().create_future()  # as waiting requests'
+    wb.handle = asyncio.get_running_loop().create_future()
+    for sb in (a.slots, b.slots):
+        await sb.sync_once()
+        await sb.sync_served()  # first sight: nothing charged
+    wb2, _ = b.pq.q.arrive(tb, 0, time.monotonic())  # T still active on B
+    before = tb.vt
+    assert wa.state == DISPATCHED
+    a.pq.q.finish(wa, time.monotonic(), 1000.0)  # A served T 1000 tokens
+    assert await a.slots.sync_served() == 1
+    assert await b.slots.sync_served() == 1
+    assert tb.vt - before == pytest.approx(1000.0)
+    assert other.vt == 0.0  # nobody else is charged
+    assert b.fleet.state()["pools"][0]["tokens_charged_elsewhere"] == 1000
+    # Served here is reported once: a second merge charges nothing more.
+    assert await b.slots.sync_served() == 1 and tb.vt - before == pytest.approx(1000.0)
+    assert not isinstance(wb2, str)
+    await a.services.aclose()
+    await b.services.aclose()
