@@ -95,12 +95,15 @@ def next_sync(
 ) -> tuple[float | None, int]:
     """When this replica syncs a pool again (None: not until its demand changes), and the
     backoff to use next: at once (next interval) while its grant moves toward its fair target
-    or it holds slots it does not want while others wait; at the renewal period while it
+    or it holds slots it does not want while others wait, or it drains toward a smaller grant
+    (each slot it frees is free in the store at the next sync); at the renewal period while it
     holds slots or waits at its fair share (backing off from one interval to at most 8); never
     while it neither holds nor wants any."""
     renew = ttl_s * RENEW_FRACTION
     if r.held <= 0 and want_ <= 0:
         return None, 1
+    if r.held > r.grant:
+        return now + interval_s, 1  # draining to a smaller grant: free each slot as it ends
     if want_ > r.grant:
         if r.target > r.grant:
             return now + interval_s, 1  # slots are on their way: ask again soon

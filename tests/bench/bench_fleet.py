@@ -6,11 +6,17 @@ streaming clients (httpx):
 
     .venv/bin/python tests/bench/bench_fleet.py slots [--seconds 6] [--workers 2]
     .venv/bin/python tests/bench/bench_fleet.py store-ops [--seconds 5]
+    .venv/bin/python tests/bench/bench_fleet.py fairness [--seconds 6]
 
 - `slots`: 48 clients for `--seconds`: one replica alone (no store: the baseline), then the same
   clients spread over 2 and over 3 replicas (each with `--workers`): requests served (and as a
   share of the baseline), the backend's peak of requests at once; then uneven load (every
   client on one of the 3 replicas, one worker): how soon it runs 7 of the 8 slots.
+- `fairness`: a backend with 8 generation slots (20 ms to first token, 10 ms per token); tenant
+  B (2 clients, 16 tokens) on replica 1 alone, then beside tenant A (24 clients, 64 tokens)
+  spread over replicas 1 and 2 (admission with the documented defaults, `max_in_flight: 8` for
+  the fleet); and the same clients through one gateway without a queue: B's completions as a
+  share of alone, B's p99 time to first token, the tokens served against the no-queue run.
 - `store-ops`: Redis commands per second per gateway process (INFO commandstats, before and
   after), idle and under load, and the extrapolation to 50 replicas × 20 pools.
 """
@@ -26,7 +32,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.integration.admission_support import start_backend  # noqa: E402
+import httpx  # noqa: E402
+
+from tests.integration.admission_support import (  # noqa: E402
+    TenantRun,
+    client,
+    start,
+    start_backend,
+)
 from tests.integration.conftest import Backend, Gateway  # noqa: E402
 from tests.integration.fleet_support import (  # noqa: E402
     fleet_mode,
@@ -166,6 +179,55 @@ def cmd_store_ops(args: argparse.Namespace) -> None:
             redis.stop()
 
 
+async def tenants(
+    b_gw: Gateway, a_gws: list[Gateway], seconds: float
+) -> tuple[TenantRun, TenantRun]:
+    """B: 2 clients × 16 tokens on `b_gw`; A: 24 clients × 64 tokens spread over `a_gws`
+    (none if empty), their starts spread over one of A's generations."""
+    a, b = TenantRun("A"), TenantRun("B")
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), limits=limits) as http:
+        until = time.monotonic() + seconds
+        tasks = [client(http, f"{b_gw.http}/v1/chat/completions", b, 16, until) for _ in range(2)]
+        tasks += [client(http, f"{a_gws[i % len(a_gws)].http}/v1/chat/completions", a, 64, until,
+                         delay=0.65 * i / 24) for i in range(24 if a_gws else 0)]  # fmt: skip
+        await asyncio.gather(*tasks)
+    return a, b
+
+
+def cmd_fairness(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-fleet-") as d:
+        tmp = Path(d)
+        redis = RedisServer(tmp / "redis").start()
+        backend = start_backend(tmp / "backend", 8, 20, 10)
+        try:
+            plain = start(backend, tmp / "plain", max_in_flight=None, queue=False)
+            try:
+                na, nb = asyncio.run(tenants(plain, [plain], args.seconds))
+            finally:
+                plain.proc.stop()
+            gws = fleet(backend, tmp, redis, 2, 1)
+            try:
+                _, alone = asyncio.run(tenants(gws[0], [], args.seconds))
+                a, b = asyncio.run(tenants(gws[0], gws, args.seconds))
+            finally:
+                stop(gws)
+            none_tokens = na.served() + nb.served()
+            tokens = a.served() + b.served()
+            print(f"fairness across 2 replicas, {args.seconds:g} s, 8 slots (B: 2 clients × 16 "
+                  "tokens on replica 1; A: 24 × 64 over replicas 1 and 2)")  # fmt: skip
+            print(f"no queue (one gateway): B {nb.completed} done, p99 TTFT "
+                  f"{nb.p99_ttft() * 1000:.0f} ms, tokens {none_tokens}")  # fmt: skip
+            print(f"fleet: B alone {alone.completed}, with A {b.completed} "
+                  f"({b.completed / max(alone.completed, 1):.0%} of alone), B p99 TTFT "
+                  f"{b.p99_ttft() * 1000:.0f} ms, tokens {tokens} "
+                  f"({tokens / max(none_tokens, 1):.1%} of no queue), A done {a.completed}, "
+                  f"refused A {a.refused or '-'} B {b.refused or '-'}")  # fmt: skip
+        finally:
+            backend.proc.stop()
+            redis.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -173,6 +235,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--workers", type=int, default=2)
     p.set_defaults(fn=cmd_slots)
+    p = sub.add_parser("fairness")
+    p.add_argument("--seconds", type=float, default=6.0)
+    p.set_defaults(fn=cmd_fairness)
     p = sub.add_parser("store-ops")
     p.add_argument("--seconds", type=float, default=5.0)
     p.set_defaults(fn=cmd_store_ops)

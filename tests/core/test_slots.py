@@ -53,6 +53,8 @@ def test_next_sync() -> None:
     # A surplus others wait for goes back at once; else the lease is renewed.
     surplus = r.Reply(6, 6, 8, 6, 6, True)
     assert r.next_sync(10.0, 0.05, ttl, 2, surplus, 1)[0] == 10.05
+    draining = r.Reply(4, 6, 8, 8, 4, True)  # holds 6 in use, granted 4: frees each as it ends
+    assert r.next_sync(10.0, 0.05, ttl, 9, draining, 8) == (10.05, 1)
     calm = r.Reply(6, 6, 6, 6, 6, False)
     assert r.next_sync(10.0, 0.05, ttl, 2, calm, 1)[0] == 10.25
 
