@@ -32,6 +32,7 @@ import os
 import random
 import secrets
 import socket
+import time
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any, Final
@@ -45,6 +46,9 @@ log = logging.getLogger("sluice.fleet")
 
 ANNOUNCE_S = 1.0
 RETRY_MIN_S, RETRY_MAX_S = 0.25, 2.0
+# After the store lost its state: how long replicas may still be reconnecting (the longest
+# jittered backoff, and a hello). Slot grants stay capped at the fallback share meanwhile.
+REBIRTH_S = 1.5 * RETRY_MAX_S + 1.0
 MODES = ("none", "shared", "fallback")
 _LUA = files("gateway.fleet") / "lua"
 
@@ -67,6 +71,15 @@ ANNOUNCE = Script((files("gateway.store") / "lua" / "announce.lua").read_text(),
 LEAVE = Script((files("gateway.store") / "lua" / "leave.lua").read_text(), "leave")
 
 
+async def nap(wake: asyncio.Event, seconds: float) -> None:
+    """Sleep until `wake` is set or `seconds` pass (a background loop's tick)."""
+    try:  # (not wait_for: on 3.11 it can lose a cancellation that races its timeout)
+        async with asyncio.timeout(seconds):
+            await wake.wait()
+    except TimeoutError:
+        pass
+
+
 def _is_noscript(exc: BaseException) -> bool:
     return "NOSCRIPT" in str(exc) or type(exc).__name__ == "NoScriptError"
 
@@ -81,6 +94,9 @@ class FleetStore:
         self.replicas = 1
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.last_error = ""
+        self.born = 0.0  # when the store's fleet state began (Redis time, s): 0 = unknown
+        self.offset = 0.0  # Redis time - local wall clock, learnt at every hello
+        self._recount_until = 0.0
         self.since = self.now()  # when the mode last changed
         self.changes = 0
         self.calls = 0
@@ -88,6 +104,9 @@ class FleetStore:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._observers: list[Callable[[str], None]] = []
+        # Sections of features that share through the store, shown under /admin/state's
+        # `fleet` (name -> a function returning rows): e.g. "pools" (the backend slots).
+        self.views: dict[str, Callable[[], Any]] = {}
         self._set_gauges()
 
     # -- configuration ------------------------------------------------------------------------
@@ -205,11 +224,7 @@ class FleetStore:
                         backoff = min(RETRY_MAX_S, backoff * 2)
                 elif self.mode == "shared":
                     await self.announce()
-            try:  # (not wait_for: on 3.11 it can lose a cancellation that races its timeout)
-                async with asyncio.timeout(wait):
-                    await self.wake.wait()
-            except TimeoutError:
-                pass
+            await nap(self.wake, wait)
 
     async def _connect(self, cfg: RedisStoreOptions) -> bool:
         client = self.client
@@ -223,7 +238,7 @@ class FleetStore:
                 for s in (ANNOUNCE, LEAVE):
                     await client.script_load(s.source)
                 reply = await client.evalsha(
-                    ANNOUNCE.sha, 1, self._replicas_key(), self.replica_id, cfg.replica_ttl_s
+                    ANNOUNCE.sha, 2, *self._hello_keys(), self.replica_id, cfg.replica_ttl_s
                 )
         except Exception as exc:  # any failure means: not yet
             self.last_error = f"redis connect: {type(exc).__name__}"
@@ -231,7 +246,7 @@ class FleetStore:
             return False
         if client is not self.client:  # reconfigured meanwhile
             return False
-        self._replicas(int(reply[0]))
+        self._hello(reply)
         self._set_mode("shared")
         return True
 
@@ -242,11 +257,32 @@ class FleetStore:
             return
         try:
             reply = await self.run(
-                ANNOUNCE, [self._replicas_key()], [self.replica_id, cfg.replica_ttl_s]
+                ANNOUNCE, self._hello_keys(), [self.replica_id, cfg.replica_ttl_s]
             )
         except StoreUnavailable:
             return
-        self._replicas(int(reply[0]))
+        self._hello(reply)
+
+    def _hello(self, reply: Any) -> None:
+        now = float(reply[1])
+        self.offset = now - time.time()
+        born = float(reply[2])
+        n = int(reply[0])
+        if self.born and born != self.born:
+            # The store lost its state (restart, failover): its replica set fills again as the
+            # others reconnect; until then the count from before is the better one.
+            self._recount_until = born + REBIRTH_S
+        if now < self._recount_until:
+            n = max(n, self.replicas)
+        self.born = born
+        self._replicas(n)
+
+    def store_time(self) -> float:
+        """Now on the store's clock (Redis TIME, as last learnt), seconds."""
+        return time.time() + self.offset
+
+    def _hello_keys(self) -> list[str]:
+        return [self._replicas_key(), f"{self.prefix}:fleet-born:{{{self.prefix}}}"]
 
     def _replicas_key(self) -> str:
         # The key the rate limits' store has always announced to (one replica set per prefix).
@@ -296,7 +332,9 @@ class FleetStore:
         from gateway.store.redis_client import redact
 
         cfg = self.cfg
-        return {
+        out: dict[str, Any] = {
+            # fallback shows yellow on the status page (each replica decides on its share)
+            "colour": "yellow" if self.mode == "fallback" else "green",
             "mode": self.mode,
             "store": (redact(cfg.url) if cfg is not None else None),
             "replica": self.replica_id,
@@ -307,6 +345,9 @@ class FleetStore:
             "errors": self.errors,
             "last_error": self.last_error,
         }
+        for name, view in self.views.items():
+            out[name] = view()
+        return out
 
     async def aclose(self) -> None:
         """Leave the replica set (the others re-size at once), bounded by the deadline."""
