@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.core.budgets import Cost, Period, Weights, parse_duration
+from gateway.core.budgets import Cost, Period, Weights, cost, parse_duration
 from gateway.core.keys import KeyFn, compile_key
 from gateway.errors import PolicyError
 from gateway.policy.budgets import BudgetRule, Budgets
@@ -98,7 +98,7 @@ def _period(rule: BudgetRule) -> Period:
 def compile_rule(rule: BudgetRule) -> CompiledBudget:
     period = _period(rule)
     c = rule.cost
-    cost = Cost(
+    weights = cost(
         Weights(c.input, c.output), {m: Weights(w.input, w.output) for m, w in c.models.items()}
     )
     ident_src = json.dumps([rule.name, rule.key, period.calendar, period.timezone,
@@ -118,7 +118,7 @@ def compile_rule(rule: BudgetRule) -> CompiledBudget:
             amounts = read_amounts(rule.amounts.file)
     return CompiledBudget(
         rule.name, ident, compile_key(rule.key), tuple(rule.key), "route" in rule.key,
-        rule.tokens, period, cost, claim, header, amounts, tuple(rule.warn_at),
+        rule.tokens, period, weights, claim, header, amounts, tuple(rule.warn_at),
         rule.when_store_down == "closed", rule.enforce, bool(claim or header or amounts),
     )  # fmt: skip
 

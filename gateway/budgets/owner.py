@@ -52,7 +52,7 @@ class Entry:
 
     __slots__ = (
         "key", "ledger", "rkey", "seq", "pending", "need", "event", "last_sync", "last_use",
-        "dirty", "length", "exhausted",
+        "dirty", "length", "exhausted", "flow", "low",
     )  # fmt: skip
 
     def __init__(self, key: str, ledger: Ledger, rkey: str, length: float) -> None:
@@ -63,6 +63,8 @@ class Entry:
         self.pending: Msg | None = None  # sent, reply not seen yet (sent again as it is)
         self.need = 0  # requests wait for this much free share (their sum)
         self.exhausted = False  # the store's last answer gave less than was asked
+        self.flow = 0  # tokens used per sync interval, lately (sizes the share)
+        self.low = 1  # below this free share, sync at once
         self.event: asyncio.Event | None = None
         self.last_sync = 0.0
         self.last_use = 0.0
@@ -181,13 +183,16 @@ class Book:
                     break
         return e
 
-    def target(self, lg: Ledger) -> int:
-        """The free share a replica keeps of a key."""
+    def target(self, e: Entry) -> int:
+        """The free share a replica keeps of a key: `share_tokens`, else eight requests' worth,
+        or more when the key is busy (twice what it used in one recent sync interval, so that
+        a busy key syncs about once an interval), at most 1/16 of its budget."""
         s = self.section
         if s is not None and s.share_tokens is not None:
             return s.share_tokens
         per_request = (s.default_max_tokens if s is not None else 1024) + 512
-        return max(1, min(max(lg.limit, 16) // 16, 8 * per_request))
+        cap = max(e.ledger.limit, 16) // 16
+        return max(1, min(cap, max(8 * per_request, 2 * e.flow)))
 
     def used(self, e: Entry) -> None:
         """A request reserved or settled on `e`: tell the store soon, sooner if the share runs
@@ -197,7 +202,7 @@ class Book:
             return
         e.dirty = True
         self.active[id(e)] = e
-        if e.ledger.avail < self.target(e.ledger) // 2 + 1:
+        if e.ledger.avail < e.low:
             self.wake.set()
 
     async def lease(self, e: Entry, need: int) -> bool:
@@ -295,9 +300,14 @@ class Book:
         if not (e.dirty or e.need or retiring or heartbeat or unused):
             return None
         idle = retiring or (lg.reserved == 0 and not e.need and now - e.last_use > IDLE_S)
-        back, want = share_plan(lg.avail, self.target(lg), idle)
+        # The use per sync interval lately (a decaying peak), from the use since the last sync.
+        since = max(now - e.last_sync, 0.001) if e.last_sync else self.interval_s
+        e.flow = max(int(lg.unreported * self.interval_s / since), e.flow // 2)
+        target = self.target(e)
+        e.low = target // 2 + 1
+        back, want = share_plan(lg.avail, target, idle)
         if e.need:  # requests wait: enough for all of them, and the usual share besides
-            want = max(want, e.need - lg.avail + self.target(lg) // 2)
+            want = max(want, e.need - lg.avail + target // 2)
         if not (lg.unreported or back or want or heartbeat or e.dirty):
             return None
         e.seq += 1

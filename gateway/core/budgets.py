@@ -100,14 +100,9 @@ class Weights:
 class Cost:
     """Weights per token kind, with overrides per model name."""
 
-    default: Weights = Weights()
+    default: Weights = field(default_factory=Weights)
     models: Mapping[str, Weights] = field(default_factory=dict)
-    plain: bool = field(init=False, default=False)  # every weight 1: the plain sum
-
-    def __post_init__(self) -> None:
-        d = self.default
-        flat = d.input == 1.0 and d.output == 1.0 and not self.models
-        object.__setattr__(self, "plain", flat)
+    plain: bool = False  # every weight 1: the plain sum, a shortcut (`cost()` sets it)
 
     def weights(self, model: str | None) -> Weights:
         if model is not None and self.models:
@@ -122,6 +117,13 @@ class Cost:
         if w.input == 1.0 and w.output == 1.0:
             return input_tokens + output_tokens
         return math.ceil(input_tokens * w.input + output_tokens * w.output - 1e-9)
+
+
+def cost(default: Weights, models: Mapping[str, Weights] | None = None) -> Cost:
+    """A `Cost`, knowing whether it is the plain sum."""
+    m = dict(models or {})
+    flat = default.input == 1.0 and default.output == 1.0 and not m
+    return Cost(default, m, flat)
 
 
 def crossed(limit: int, before: int, after: int, warn_at: Sequence[float]) -> float | None:

@@ -225,7 +225,7 @@ class BudgetFilter:
 
     def on_response(self, ctx: RequestContext) -> None:
         t = ctx.budget
-        if t is None:
+        if not isinstance(t, Ticket):
             return
         ctx.budget = None
         book = self.book

@@ -10,6 +10,7 @@ from gateway.core.budgets import (
     Ledger,
     Period,
     Weights,
+    cost,
     crossed,
     level,
     parse_duration,
@@ -88,12 +89,13 @@ def test_calendar_month(now: str, ident: str, end: str) -> None:
 
 
 def test_cost_weights_and_models() -> None:
-    c = Cost(Weights(1, 3), {"big": Weights(2, 6)})
+    c = cost(Weights(1, 3), {"big": Weights(2, 6)})
     assert c.of(None, 10, 10) == 40
     assert c.of("other", 10, 10) == 40
     assert c.of("big", 10, 10) == 80
     assert Cost().of(None, 7, 5) == 12
-    assert Cost(Weights(0.5, 1)).of(None, 3, 0) == 2  # rounded up to a whole token
+    assert cost(Weights(0.5, 1)).of(None, 3, 0) == 2  # rounded up to a whole token
+    assert cost(Weights()).plain and not c.plain
 
 
 def test_warnings() -> None:
