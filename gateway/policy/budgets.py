@@ -186,7 +186,8 @@ class Budgets(PolicyModel):
         default=None,
         le=TOKENS_MAX,
         description="with a store: the share of a key's budget a replica leases at a time "
-        "(default: 8 requests' reservations, at most 1/16 of the budget)",
+        "(default: 8 requests' reservations, or twice a busy key's use per sync interval, at "
+        "most 1/16 of the budget)",
     )
     wait_ms: PositiveFloat = Field(
         default=100.0,
