@@ -14,6 +14,9 @@ sync loop, the operators' commands and what /admin/state shows.
 What a policy reload does: a rule whose identity (name, key parts, period) is unchanged keeps
 its ledgers; any other change starts new tallies (the store keeps the old ones until their
 period ends); a new amount applies at once; a removed rule's ledgers are reported and dropped.
+A store added or removed starts new tallies here (a store's own tallies stay where they are);
+a store moved to another URL: each key's next sync finds its lease unknown there and starts
+over from nothing held.
 """
 
 from __future__ import annotations
@@ -129,6 +132,11 @@ class Book:
             rb.rule = r
         self.by_name = {rb.rule.name: rb for rb in self.rules.values()}
         shared = self.fleet.mode != "none"
+        if shared != (self.store is not None):  # a store added or removed: new tallies
+            for rb in self.rules.values():
+                for e in rb.entries.values():
+                    self._retire(e)
+                rb.entries.clear()
         if not shared:
             self.store = None
         elif self.store is None:

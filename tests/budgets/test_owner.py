@@ -131,3 +131,19 @@ async def test_window_of_the_store_key_and_its_expiry() -> None:
     w = window(Period(rolling_s=10), 1_800_000_000.0)
     assert expire_at(w.end, w.end - w.start) == int(w.end) + 61
     assert redis_key("p", "id", "a|b", w.id).startswith("p:budget:{id:")
+
+
+def test_a_reload_keeps_tallies_and_applies_a_new_amount() -> None:
+    wall = Wall(1_800_000_000.0)
+    book = Book(Services(), wall)
+    book.activate(compile_budgets(section({"calendar": "day"}, tokens=1000)))
+    (rb,) = book.rules.values()
+    e = book.entry(rb, "*", 1000, wall())
+    assert e.ledger.reserve(400)
+    e.ledger.settle(400, 300)
+    book.activate(compile_budgets(section({"calendar": "day"}, tokens=1500)))
+    assert list(book.rules.values()) == [rb] and rb.entries["*"] is e
+    assert e.ledger.limit == 1500 and e.ledger.avail == 1200 and e.ledger.used == 300
+    book.activate(compile_budgets(section({"calendar": "week"}, tokens=1500)))
+    (other,) = book.rules.values()
+    assert other is not rb and not other.entries  # another period: new tallies
