@@ -76,6 +76,7 @@ async def shared(redis_server: RedisServer, ttl_s: float = 30.0) -> tuple[Servic
     return services, book
 
 
+@pytest.mark.redis
 async def test_the_script_leases_settles_and_applies_a_replay_once(
     redis_server: RedisServer,
 ) -> None:
@@ -102,6 +103,7 @@ async def test_the_script_leases_settles_and_applies_a_replay_once(
     await services.aclose()
 
 
+@pytest.mark.redis
 async def test_a_dead_replica_holding_counts_as_spent(redis_server: RedisServer) -> None:
     s1, dead = await shared(redis_server, ttl_s=1)
     s2, alive = await shared(redis_server, ttl_s=1)
