@@ -213,12 +213,15 @@ class Book:
         if e.ledger.avail < e.low:
             self.wake.set()
 
-    async def lease(self, e: Entry, need: int) -> bool:
-        """Reserve `need` on `e`, waiting (at most `wait_ms`) for the sync loop to lease more
-        while the local share cannot cover it. False (nothing reserved) when the store has no
-        more to give, does not answer, or the wait ran out."""
+    def deadline(self) -> float:
+        """When a request that starts waiting for shares now must stop (`wait_ms`)."""
         s = self.section
-        deadline = self.mono() + (s.wait_ms if s is not None else 100.0) / 1000
+        return self.mono() + (s.wait_ms if s is not None else 100.0) / 1000
+
+    async def lease(self, e: Entry, need: int, deadline: float) -> bool:
+        """Reserve `need` on `e`, waiting (until `deadline`, monotonic) for the sync loop to
+        lease more while the local share cannot cover it. False (nothing reserved) when the
+        store has no more to give, does not answer, or the wait ran out."""
         e.need += need
         self.active[id(e)] = e
         try:

@@ -128,8 +128,9 @@ class BudgetFilter:
         return _CONTINUE
 
     async def _wait(self, waits: list[tuple[Item, int]]) -> Status:
+        deadline = self.book.deadline()  # one wait_ms for the request, whatever its rules
         for item, need in waits:  # one sync round answers them all: the later waits are short
-            if await self.book.lease(item.e, need):
+            if await self.book.lease(item.e, need, deadline):
                 item.amount, item.epoch = need, item.e.ledger.epoch
         return Status.CONTINUE
 
