@@ -113,7 +113,12 @@ class SlotBook:
         pq.lease = lease
         self.apply(lease, self.now())
         if self.task is None or self.task.done():
-            self.task = self.services.spawn(self._loop(), "sluice-fleet-slots")
+            loop = self._loop()
+            try:
+                self.task = self.services.spawn(loop, "sluice-fleet-slots")
+            except RuntimeError:  # no running loop (a chain activated offline): nothing to run
+                loop.close()
+                self.task = None
         self.wake.set()
         return lease
 

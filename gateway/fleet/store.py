@@ -127,9 +127,11 @@ class FleetStore:
             self._set_mode("fallback", "not connected yet")
             self.wake.set()
         if self.task is None or self.task.done():
+            loop = self._loop()
             try:
-                self.task = self.services.spawn(self._loop(), "sluice-fleet-store")
+                self.task = self.services.spawn(loop, "sluice-fleet-store")
             except RuntimeError:  # no running loop (a policy compiled offline): nothing to run
+                loop.close()
                 self.task = None
 
     @property
