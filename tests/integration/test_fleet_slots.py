@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from tests.integration.admission_support import start_backend
 from tests.integration.conftest import Backend, Gateway
 from tests.integration.fleet_support import (
+    admin_json,
     all_on_one,
     fleet_mode,
     kill,
@@ -25,7 +27,13 @@ from tests.integration.fleet_support import (
     start_replica,
 )
 from tests.redis_support import RedisServer
-from tests.support import wait_until
+from tests.support import metric_total, wait_until
+
+
+def metrics_text(gw: Gateway) -> str:
+    with urllib.request.urlopen(f"{gw.admin}/metrics", timeout=5) as r:
+        return r.read().decode()
+
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -65,6 +73,10 @@ async def test_the_member_never_runs_more_than_max_in_flight_and_uneven_load_mov
     # All clients on one single-worker replica: it gets (nearly) all the slots within 2 s.
     took, held, one = await all_on_one(gws[2], 24, 5.0, SLOTS)
     print(f"uneven: {held} of {SLOTS} slots in {took:.2f} s; peak {peak(backend)}")
+    text = metrics_text(gws[1])
+    assert metric_total(text, "sluice_fleet_store_mode", mode="shared") == 1
+    assert metric_total(text, "sluice_fleet_replicas") == 4
+    assert metric_total(text, "sluice_fleet_slots", pool="sim", kind="capacity") == SLOTS
     assert took < 2.0 + 0.3  # (the clients' starts are spread over 0.3 s)
     assert not one.refused and peak(backend) <= SLOTS
 
@@ -99,6 +111,8 @@ async def test_sigkill_and_redis_restart_mid_run(
     await asyncio.to_thread(wait_until, lambda: [fleet_mode(g) for g in (a, b)], 3,
                             ok=lambda ms: ms == ["fallback"] * 2, interval=0.05)  # fmt: skip
     to_fallback = time.monotonic() - t1
+    assert metric_total(metrics_text(a), "sluice_fleet_store_mode", mode="fallback") == 1
+    assert "store_error" in admin_json(a, "/readyz")["fleet"]
     await asyncio.sleep(1.0)
     redis.start()
     t2 = time.monotonic()
