@@ -145,6 +145,10 @@ class Book:
             self.store.ttl_ms = int(self.ttl_s * 1000)
         metrics.BUDGET_STORE_UP.set(0 if self.down else 1)
         if self.store is not None and (self.task is None or self.task.done()):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # a chain built offline: nothing to run, no coroutine made
+                return
             self.task = self.services.spawn(self.run(), "sluice-budgets")
 
     @property

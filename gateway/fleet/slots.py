@@ -44,7 +44,7 @@ class SlotLease:
     """One pool's lease, as this replica knows it."""
 
     __slots__ = ("book", "name", "pq", "total", "grant", "held", "fleet_held", "fleet_in_use",
-                 "target", "contended", "asked", "next_at", "backoff", "synced_at",
+                 "target", "contended", "asked", "peak", "next_at", "backoff", "synced_at",
                  "syncs", "seen", "remote", "__weakref__")  # fmt: skip
 
     def __init__(self, book: SlotBook, name: str, pq: PoolQueue, total: int) -> None:
@@ -59,6 +59,7 @@ class SlotLease:
         self.target = 0
         self.contended = False
         self.asked = 0  # the want of the last sync
+        self.peak = 0  # the most wanted at a tick since the last sync
         self.next_at: float | None = 0.0  # 0: at the next tick
         self.backoff = 1
         self.synced_at = 0.0
@@ -113,7 +114,12 @@ class SlotBook:
         pq.lease = lease
         self.apply(lease, self.now())
         if self.task is None or self.task.done():
-            self.task = self.services.spawn(self._loop(), "sluice-fleet-slots")
+            loop = self._loop()
+            try:
+                self.task = self.services.spawn(loop, "sluice-fleet-slots")
+            except RuntimeError:  # no running loop (a chain activated offline): nothing to run
+                loop.close()
+                self.task = None
         self.wake.set()
         return lease
 
@@ -184,12 +190,17 @@ class SlotBook:
             q = lease.pq.q
             busy = q.busy
             gone = lease in orphans
-            w = 0 if gone else rules.want(busy, q.waiting, lease.total)
+            # The most it wanted at any tick since the last sync: a closed-loop client's next
+            # request comes a few ms after its last ended, and a slot given back in that gap
+            # would come back only after a round of syncs.
+            w = 0 if gone else max(rules.want(busy, q.waiting, lease.total), lease.peak)
+            lease.peak = w
             due = lease.next_at is not None and now >= lease.next_at
             if not due and not rules.due_now(w, lease.asked, lease.grant, lease.target,
                                              lease.contended):  # fmt: skip
                 continue
             lease.asked = w
+            lease.peak = 0
             todo.append((lease, busy, w))
             cmds.append((
                 [fleet.key("slots", lease.name)],

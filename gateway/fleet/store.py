@@ -127,9 +127,11 @@ class FleetStore:
             self._set_mode("fallback", "not connected yet")
             self.wake.set()
         if self.task is None or self.task.done():
+            loop = self._loop()
             try:
-                self.task = self.services.spawn(self._loop(), "sluice-fleet-store")
+                self.task = self.services.spawn(loop, "sluice-fleet-store")
             except RuntimeError:  # no running loop (a policy compiled offline): nothing to run
+                loop.close()
                 self.task = None
 
     @property
@@ -332,11 +334,13 @@ class FleetStore:
         from gateway.store.redis_client import redact
 
         cfg = self.cfg
+        if cfg is None:
+            return {"mode": self.mode}  # no store: nothing is shared
         out: dict[str, Any] = {
             # fallback shows yellow on the status page (each replica decides on its share)
             "colour": "yellow" if self.mode == "fallback" else "green",
             "mode": self.mode,
-            "store": (redact(cfg.url) if cfg is not None else None),
+            "store": redact(cfg.url),
             "replica": self.replica_id,
             "replicas": self.replicas,
             "mode_for_s": round(self.now() - self.since, 1),

@@ -28,6 +28,8 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -42,6 +44,7 @@ from tests.integration.admission_support import (  # noqa: E402
 )
 from tests.integration.conftest import Backend, Gateway  # noqa: E402
 from tests.integration.fleet_support import (  # noqa: E402
+    all_on_one,
     fleet_mode,
     load,
     peak,
@@ -55,6 +58,20 @@ from tests.support import wait_until  # noqa: E402
 SLOTS = 8
 CLIENTS = 48
 TOKENS = 16
+
+
+@contextmanager
+def stage(slots: int, ttft_ms: int, token_ms: int) -> Iterator[tuple[Path, RedisServer, Backend]]:
+    """A temporary directory, a private redis-server and a simulated backend, stopped after."""
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-fleet-") as d:
+        tmp = Path(d)
+        redis = RedisServer(tmp / "redis").start()
+        backend = start_backend(tmp / "backend", slots, ttft_ms, token_ms)
+        try:
+            yield tmp, redis, backend
+        finally:
+            backend.proc.stop()
+            redis.stop()
 
 
 def fleet(backend: Backend, tmp: Path, redis: RedisServer | None, n: int,
@@ -82,54 +99,36 @@ def served(backend: Backend, gws: list[Gateway], seconds: float) -> tuple[int, i
 
 
 def cmd_slots(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-fleet-") as d:
-        tmp = Path(d)
-        redis = RedisServer(tmp / "redis").start()
-        backend = start_backend(tmp / "backend", 0, 20, 3)
-        try:
-            rows = []
-            one = fleet(backend, tmp, None, 1, 1)
-            asyncio.run(load(one, CLIENTS, 1.0, TOKENS))  # warm up
-            base, base_peak, base_ref = served(backend, one, args.seconds)
-            stop(one)
-            rows.append(("one replica, no store", base, base_peak, base_ref))
-            for n in (2, 3):
-                gws = fleet(backend, tmp, redis, n, args.workers)
-                asyncio.run(load(gws, CLIENTS, 1.0, TOKENS))
-                got, pk, ref = served(backend, gws, args.seconds)
-                stop(gws)
-                rows.append((f"{n} replicas × {args.workers} workers, shared", got, pk, ref))
-            print(f"{CLIENTS} clients, {args.seconds:g} s, max_in_flight {SLOTS}, {TOKENS} tokens "
-                  "per request (20 ms to first token, 3 ms per token)")  # fmt: skip
-            print(f"{'setup':<34} {'served':>7} {'of one':>7} {'peak':>5}  refused")
-            for name, got, pk, ref in rows:
-                print(f"{name:<34} {got:>7} {got / base:>7.1%} {pk:>5}  {ref or '-'}")
-            # Uneven: every client on one of three single-worker replicas.
-            gws = fleet(backend, tmp, redis, 3, 1)
+    with stage(0, 20, 3) as (tmp, redis, backend):
+        rows = []
+        one = fleet(backend, tmp, None, 1, 1)
+        asyncio.run(load(one, CLIENTS, 1.0, TOKENS))  # warm up
+        base, base_peak, base_ref = served(backend, one, args.seconds)
+        stop(one)
+        rows.append(("one replica, no store", base, base_peak, base_ref))
+        for n in (2, 3):
+            gws = fleet(backend, tmp, redis, n, args.workers)
             asyncio.run(load(gws, CLIENTS, 1.0, TOKENS))
-            time.sleep(1.5)  # idle: the warm-up's leases go back
-            reset_peak(backend)
-
-            async def uneven() -> tuple[float, int]:
-                task = asyncio.create_task(load([gws[2]], CLIENTS, 4.0, TOKENS))
-                t0 = time.monotonic()
-                n = await asyncio.to_thread(
-                    wait_until, lambda: slots_here(gws[2])["in_flight_here"], 5, interval=0.02,
-                    ok=lambda k: k >= SLOTS - 1,
-                )  # fmt: skip
-                took = time.monotonic() - t0
-                await task
-                return took, n
-
-            took, n = asyncio.run(uneven())
+            got, pk, ref = served(backend, gws, args.seconds)
             stop(gws)
-            print(
-                f"uneven load (all {CLIENTS} clients on 1 of 3 replicas): {n} of {SLOTS} slots "
-                f"in use after {took:.2f} s (clients start over 0.3 s); peak {peak(backend)}"
-            )
-        finally:
-            backend.proc.stop()
-            redis.stop()
+            rows.append((f"{n} replicas × {args.workers} workers, shared", got, pk, ref))
+        print(f"{CLIENTS} clients, {args.seconds:g} s, max_in_flight {SLOTS}, {TOKENS} tokens "
+              "per request (20 ms to first token, 3 ms per token)")  # fmt: skip
+        print(f"{'setup':<34} {'served':>7} {'of one':>7} {'peak':>5}  refused")
+        for name, got, pk, ref in rows:
+            print(f"{name:<34} {got:>7} {got / base:>7.1%} {pk:>5}  {ref or '-'}")
+        # Uneven: every client on one of three single-worker replicas.
+        gws = fleet(backend, tmp, redis, 3, 1)
+        asyncio.run(load(gws, CLIENTS, 1.0, TOKENS))
+        time.sleep(1.5)  # idle: the warm-up's leases go back
+        reset_peak(backend)
+
+        took, n, _ = asyncio.run(all_on_one(gws[2], CLIENTS, 4.0, SLOTS, TOKENS))
+        stop(gws)
+        print(
+            f"uneven load (all {CLIENTS} clients on 1 of 3 replicas): {n} of {SLOTS} slots "
+            f"in use after {took:.2f} s (clients start over 0.3 s); peak {peak(backend)}"
+        )
 
 
 def commands(redis: RedisServer) -> int:
@@ -147,36 +146,29 @@ def commands(redis: RedisServer) -> int:
 
 
 def cmd_store_ops(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-fleet-") as d:
-        tmp = Path(d)
-        redis = RedisServer(tmp / "redis").start()
-        backend = start_backend(tmp / "backend", 0, 20, 3)
-        try:
-            gws = fleet(backend, tmp, redis, 2, 1)
-            procs = 2
-            time.sleep(2.0)
-            c0 = commands(redis)
-            time.sleep(args.seconds)
-            idle = (commands(redis) - c0) / args.seconds / procs
-            c1 = commands(redis)
-            t1 = time.monotonic()
-            asyncio.run(load(gws, CLIENTS, args.seconds, TOKENS))
-            busy = (commands(redis) - c1) / (time.monotonic() - t1) / procs
-            stop(gws)
-            print(
-                f"store script calls per second per gateway process ({procs} processes, one pool, "
-                f"sync_interval_ms 50): idle {idle:.1f}, loaded ({CLIENTS} clients) {busy:.1f}"
-            )
-            # One announce per second per process whatever the pools; per loaded pool the rest.
-            per_pool = max(busy - idle, 0.0)
-            est = 50 * (idle + 20 * per_pool)
-            print(
-                f"50 replicas × 20 pools, every pool loaded: ≈ {est:,.0f} script calls/s "
-                f"(idle: {50 * idle:,.0f})"
-            )
-        finally:
-            backend.proc.stop()
-            redis.stop()
+    with stage(0, 20, 3) as (tmp, redis, backend):
+        gws = fleet(backend, tmp, redis, 2, 1)
+        procs = 2
+        time.sleep(2.0)
+        c0 = commands(redis)
+        time.sleep(args.seconds)
+        idle = (commands(redis) - c0) / args.seconds / procs
+        c1 = commands(redis)
+        t1 = time.monotonic()
+        asyncio.run(load(gws, CLIENTS, args.seconds, TOKENS))
+        busy = (commands(redis) - c1) / (time.monotonic() - t1) / procs
+        stop(gws)
+        print(
+            f"store script calls per second per gateway process ({procs} processes, one pool, "
+            f"sync_interval_ms 50): idle {idle:.1f}, loaded ({CLIENTS} clients) {busy:.1f}"
+        )
+        # One announce per second per process whatever the pools; per loaded pool the rest.
+        per_pool = max(busy - idle, 0.0)
+        est = 50 * (idle + 20 * per_pool)
+        print(
+            f"50 replicas × 20 pools, every pool loaded: ≈ {est:,.0f} script calls/s "
+            f"(idle: {50 * idle:,.0f})"
+        )
 
 
 async def tenants(
@@ -196,36 +188,29 @@ async def tenants(
 
 
 def cmd_fairness(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="sluice-bench-fleet-") as d:
-        tmp = Path(d)
-        redis = RedisServer(tmp / "redis").start()
-        backend = start_backend(tmp / "backend", 8, 20, 10)
+    with stage(8, 20, 10) as (tmp, redis, backend):
+        plain = start(backend, tmp / "plain", max_in_flight=None, queue=False)
         try:
-            plain = start(backend, tmp / "plain", max_in_flight=None, queue=False)
-            try:
-                na, nb = asyncio.run(tenants(plain, [plain], args.seconds))
-            finally:
-                plain.proc.stop()
-            gws = fleet(backend, tmp, redis, 2, 1)
-            try:
-                _, alone = asyncio.run(tenants(gws[0], [], args.seconds))
-                a, b = asyncio.run(tenants(gws[0], gws, args.seconds))
-            finally:
-                stop(gws)
-            none_tokens = na.served() + nb.served()
-            tokens = a.served() + b.served()
-            print(f"fairness across 2 replicas, {args.seconds:g} s, 8 slots (B: 2 clients × 16 "
-                  "tokens on replica 1; A: 24 × 64 over replicas 1 and 2)")  # fmt: skip
-            print(f"no queue (one gateway): B {nb.completed} done, p99 TTFT "
-                  f"{nb.p99_ttft() * 1000:.0f} ms, tokens {none_tokens}")  # fmt: skip
-            print(f"fleet: B alone {alone.completed}, with A {b.completed} "
-                  f"({b.completed / max(alone.completed, 1):.0%} of alone), B p99 TTFT "
-                  f"{b.p99_ttft() * 1000:.0f} ms, tokens {tokens} "
-                  f"({tokens / max(none_tokens, 1):.1%} of no queue), A done {a.completed}, "
-                  f"refused A {a.refused or '-'} B {b.refused or '-'}")  # fmt: skip
+            na, nb = asyncio.run(tenants(plain, [plain], args.seconds))
         finally:
-            backend.proc.stop()
-            redis.stop()
+            plain.proc.stop()
+        gws = fleet(backend, tmp, redis, 2, 1)
+        try:
+            _, alone = asyncio.run(tenants(gws[0], [], args.seconds))
+            a, b = asyncio.run(tenants(gws[0], gws, args.seconds))
+        finally:
+            stop(gws)
+        none_tokens = na.served() + nb.served()
+        tokens = a.served() + b.served()
+        print(f"fairness across 2 replicas, {args.seconds:g} s, 8 slots (B: 2 clients × 16 "
+              "tokens on replica 1; A: 24 × 64 over replicas 1 and 2)")  # fmt: skip
+        print(f"no queue (one gateway): B {nb.completed} done, p99 TTFT "
+              f"{nb.p99_ttft() * 1000:.0f} ms, tokens {none_tokens}")  # fmt: skip
+        print(f"fleet: B alone {alone.completed}, with A {b.completed} "
+              f"({b.completed / max(alone.completed, 1):.0%} of alone), B p99 TTFT "
+              f"{b.p99_ttft() * 1000:.0f} ms, tokens {tokens} "
+              f"({tokens / max(none_tokens, 1):.1%} of no queue), A done {a.completed}, "
+              f"refused A {a.refused or '-'} B {b.refused or '-'}")  # fmt: skip
 
 
 def main() -> None:

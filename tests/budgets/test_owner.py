@@ -149,3 +149,11 @@ def test_a_reload_keeps_tallies_and_applies_a_new_amount() -> None:
     book.activate(compile_budgets(section({"calendar": "week"}, tokens=1500)))
     (other,) = book.rules.values()
     assert other is not rb and not other.entries  # another period: new tallies
+
+
+def test_activated_without_a_running_loop_starts_nothing() -> None:
+    services = Services()
+    fleet_for(services).configure(RedisStoreOptions(url="redis://127.0.0.1:1/0"))
+    book = book_for(services)
+    book.activate(compile_budgets(section({"calendar": "day"})))  # a chain built offline
+    assert book.store is not None and book.task is None and services.tasks == 0

@@ -202,3 +202,25 @@ async def test_a_tenant_served_on_one_replica_is_charged_on_the_other(
     assert not isinstance(wb2, str)
     await a.services.aclose()
     await b.services.aclose()
+
+
+async def test_a_reload_without_the_store_gives_each_replica_its_own_slots_again(
+    redis_server: RedisServer,
+) -> None:
+    from gateway.admission.owner import admission_for
+
+    r = Replica(redis_server, "a")
+    await until(lambda: r.fleet.shared, 10)
+    book = admission_for(r.services)
+    spec = PoolSpec("m", TOTAL, (), 1, TOTAL)
+    params = QueueParams(max_queued=100, max_wait_s=5)
+    book.activate([spec], params, r.slots)
+    pq = book.pools["m"]
+    assert pq.lease is r.slots.leases["m"] and pq.q.capacity == 0  # leased: nothing until asked
+    book.activate([spec], params, None)  # the next policy names no store
+    assert pq.lease is None and pq.q.capacity == TOTAL
+    book.activate([spec], params, r.slots)  # and back
+    assert pq.lease is r.slots.leases["m"]
+    book.activate([], params, r.slots)  # the pool is gone: its lease goes back at the next sync
+    assert "m" not in r.slots.leases
+    await r.services.aclose()

@@ -82,6 +82,22 @@ async def load(gws: list[Gateway], clients: int, seconds: float, tokens: int = 3
     return run
 
 
+async def all_on_one(gw: Gateway, clients: int, seconds: float, slots: int,
+                     tokens: int = 32) -> tuple[float, int, TenantRun]:  # fmt: skip
+    """Every client on `gw`: how soon it runs `slots` - 1 requests (seconds, how many), and the
+    run."""
+    from tests.support import wait_until
+
+    task = asyncio.create_task(load([gw], clients, seconds, tokens))
+    t0 = time.monotonic()
+    held = await asyncio.to_thread(
+        wait_until, lambda: slots_here(gw)["in_flight_here"], 5, interval=0.02,
+        ok=lambda n: n >= slots - 1,
+    )  # fmt: skip
+    took = time.monotonic() - t0
+    return took, held, await task
+
+
 def kill(gw: Gateway) -> None:
     """SIGKILL, as a crash: nothing is given back."""
     gw.proc.popen.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pytest
 from tests.integration.admission_support import start_backend
 from tests.integration.conftest import Backend, Gateway
 from tests.integration.fleet_support import (
+    admin_json,
+    all_on_one,
     fleet_mode,
     kill,
     load,
@@ -24,7 +27,13 @@ from tests.integration.fleet_support import (
     start_replica,
 )
 from tests.redis_support import RedisServer
-from tests.support import wait_until
+from tests.support import metric_total, wait_until
+
+
+def metrics_text(gw: Gateway) -> str:
+    with urllib.request.urlopen(f"{gw.admin}/metrics", timeout=5) as r:
+        return r.read().decode()
+
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis]
 
@@ -62,15 +71,12 @@ async def test_the_member_never_runs_more_than_max_in_flight_and_uneven_load_mov
     assert run.completed > 50 and not run.refused, run.refused
     assert peak(backend) <= SLOTS, peak(backend)
     # All clients on one single-worker replica: it gets (nearly) all the slots within 2 s.
-    task = asyncio.create_task(load([gws[2]], 24, 5.0))
-    t0 = time.monotonic()
-    held = await asyncio.to_thread(
-        wait_until, lambda: slots_here(gws[2])["in_flight_here"], 5, interval=0.05,
-        ok=lambda n: n >= SLOTS - 1,
-    )  # fmt: skip
-    took = time.monotonic() - t0
-    one = await task
+    took, held, one = await all_on_one(gws[2], 24, 5.0, SLOTS)
     print(f"uneven: {held} of {SLOTS} slots in {took:.2f} s; peak {peak(backend)}")
+    text = metrics_text(gws[1])
+    assert metric_total(text, "sluice_fleet_store_mode", mode="shared") == 1
+    assert metric_total(text, "sluice_fleet_replicas") == 4
+    assert metric_total(text, "sluice_fleet_slots", pool="sim", kind="capacity") == SLOTS
     assert took < 2.0 + 0.3  # (the clients' starts are spread over 0.3 s)
     assert not one.refused and peak(backend) <= SLOTS
 
@@ -85,19 +91,18 @@ async def test_sigkill_and_redis_restart_mid_run(
     await asyncio.to_thread(wait_until, lambda: slots_here(c)["in_flight_here"], 5,
                             ok=lambda n: n >= SLOTS - 1, interval=0.05)  # fmt: skip
     task_ab = asyncio.create_task(load([a, b], 24, 8.0))
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0)  # A's and B's clients start; C still holds every slot
     kill(c)
     t0 = time.monotonic()
     await asyncio.gather(task_c, return_exceptions=True)  # its clients see broken connections
-
-    # Its requests end at the backend as their connections close; A and B (in the store:
-    # C still holds them) may only take them once C's lease expires.
-    await asyncio.to_thread(wait_until, lambda: backend.stats()["generating"], 3,
-                            ok=lambda n: n <= 2, interval=0.02)  # fmt: skip
+    # Its requests end at the backend as their connections close; in the store C holds its
+    # slots until its lease expires, then A and B take them.
+    low = await asyncio.to_thread(wait_until, lambda: backend.stats()["generating"], 3,
+                                  ok=lambda n: n <= 2, interval=0.02)  # fmt: skip
     await asyncio.to_thread(wait_until, lambda: backend.stats()["generating"], 5,
                             ok=lambda n: n >= SLOTS - 1, interval=0.05)  # fmt: skip
     back_s = time.monotonic() - t0
-    print(f"slots of the killed replica back in use after {back_s:.2f} s")
+    print(f"slots of the killed replica back in use after {back_s:.2f} s (low: {low})")
     assert back_s <= 2 * 1.0 + 0.5  # two lease lifetimes (1 s), and a sync or two
     # Redis dies mid-run: every replica in fallback within a second, no 5xx.
     reset_peak(backend)
@@ -106,6 +111,8 @@ async def test_sigkill_and_redis_restart_mid_run(
     await asyncio.to_thread(wait_until, lambda: [fleet_mode(g) for g in (a, b)], 3,
                             ok=lambda ms: ms == ["fallback"] * 2, interval=0.05)  # fmt: skip
     to_fallback = time.monotonic() - t1
+    assert metric_total(metrics_text(a), "sluice_fleet_store_mode", mode="fallback") == 1
+    assert "store_error" in admin_json(a, "/readyz")["fleet"]
     await asyncio.sleep(1.0)
     redis.start()
     t2 = time.monotonic()
