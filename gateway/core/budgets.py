@@ -1,4 +1,4 @@
-"""Token budgets: periods, weighted cost, and one replica's ledger of a budget key. Pure.
+"""(compiled) Token budgets: periods, weighted cost, and one replica's ledger of a budget key. Pure.
 
 - A **period** is calendar (`day`, `week` from Monday, `month`, in an IANA time zone, daylight
   saving included) or fixed-length (`rolling: 30d`: consecutive windows of that length counted

@@ -1,4 +1,4 @@
-"""Token budgets on the request path. Decisions are `gateway.core.budgets`'; state is the
+"""(compiled) Token budgets on the request path. Decisions are `gateway.core.budgets`'; state is the
 services' `gateway.budgets.owner.Book`.
 
 - `on_request` (after auth: budgets are keyed by claims): each rule's key and its ledger for the
