@@ -275,7 +275,8 @@ def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
 
 
 def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
-    """Each TLS file of a listener that does not load, at its field."""
+    """Each TLS file of a listener, and each budget amounts file, that does not load, at its
+    field."""
     from gateway.adapters.tls import ALPN
     from gateway.adapters.tls_material import Changing, load_material
 
