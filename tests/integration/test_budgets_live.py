@@ -21,10 +21,10 @@ pytestmark = pytest.mark.integration
 
 TAIL = """budgets:
   rules:
-    - name: team-day
+    - name: team-30d
       key: [header:x-team]
       tokens: 1000
-      period: {calendar: day, timezone: UTC}
+      period: {rolling: 30d}  # (a day would start over if a run crossed midnight)
       warn_at: [0.5]
 """
 PROMPT = "x" * 40  # 10 tokens by the estimate and by the mock backend
@@ -73,44 +73,44 @@ async def test_reserve_settle_refuse_warn_and_operate(
             # Each asks 10 + 16 = 26 tokens: the last one fits only if 26 tokens remain.
             assert used <= 1000 and 1000 - used < 26, used
             _, headers, doc = refused[0]
-            assert headers["x-sluice-budget"] == "team-day"
+            assert headers["x-sluice-budget"] == "team-30d"
             assert headers["x-sluice-budget-remaining"] == str(1000 - used)
             assert headers["x-sluice-budget-reset"].endswith("T00:00:00Z")
             assert int(headers["Retry-After"]) >= 1
             assert doc["error"]["type"] == "budget_exceeded"
-            assert doc["error"]["budget"] == "team-day"
+            assert doc["error"]["budget"] == "team-30d"
             assert doc["error"]["remaining_tokens"] == 1000 - used
             # The warning header from the half-way mark on, not before.
             warned = ["x-sluice-budget-warning" in h for st, h, _ in answers if st == 200]
             assert warned[0] is False and warned[-1] is True
-            assert ok[-1][1]["x-sluice-budget-warning"] == "team-day=0.5"
+            assert ok[-1][1]["x-sluice-budget-warning"] == "team-30d=0.5"
             # Another key has its own budget; a stream settles from its usage chunk.
             status, _, text = await chat(s, gw, "blue", stream=True)
             assert status == 200 and "[DONE]" in text and "prompt_tokens" not in text
 
-            shown = budget(capsys, gw, "show", "team-day", "red")
+            shown = budget(capsys, gw, "show", "team-30d", "red")
             assert shown["limit"] == 1000 and shown["used"] == used
             assert shown["reserved"] == 0 and shown["remaining"] == 1000 - used
             assert set(shown) == {"rule", "key", "limit", "used", "reserved", "remaining",
                                   "resets_at"}  # fmt: skip
-            blue = budget(capsys, gw, "show", "team-day", "blue")
+            blue = budget(capsys, gw, "show", "team-30d", "blue")
             assert blue["used"] == 26
 
-            granted = budget(capsys, gw, "grant", "team-day", "red", "100")
+            granted = budget(capsys, gw, "grant", "team-30d", "red", "100")
             assert granted["limit"] == 1100 and granted["remaining"] == 1100 - used
             status, _, _ = await chat(s, gw, "red")
             assert status == 200
-            reset = budget(capsys, gw, "reset", "team-day", "red")
+            reset = budget(capsys, gw, "reset", "team-30d", "red")
             assert reset["used"] == 0 and reset["remaining"] == 1000
             status, _, _ = await chat(s, gw, "red")
             assert status == 200
 
         with urllib.request.urlopen(f"{gw.admin}/admin/state", timeout=5) as r:
             page = render(json.loads(r.read()))  # what `sluice status` prints: budgets too
-        assert "budgets" in page and "team-day" in page
+        assert "budgets" in page and "team-30d" in page
         st = state(gw)
         (rule,) = st["rules"]
-        assert st["store"] == "memory" and rule["name"] == "team-day"
+        assert st["store"] == "memory" and rule["name"] == "team-30d"
         keys = {k["key"]: k for k in rule["recent_keys"]}
         assert keys["red"]["used"] == 26 and keys["red"]["resets_at"].endswith("T00:00:00Z")
         assert rule["counts"]["exhausted"] == len(refused)
@@ -119,10 +119,10 @@ async def test_reserve_settle_refuse_warn_and_operate(
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()
     out = gw.proc.output()
-    assert "budget grant: rule=team-day key=red tokens=100" in out
-    assert "budget reset: rule=team-day key=red" in out
-    assert "budget team-day: key red passed 50% of 1000 tokens" in out
-    assert '"budget_warning":"team-day=0.5"' in out
+    assert "budget grant: rule=team-30d key=red tokens=100" in out
+    assert "budget reset: rule=team-30d key=red" in out
+    assert "budget team-30d: key red passed 50% of 1000 tokens" in out
+    assert '"budget_warning":"team-30d=0.5"' in out
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])
@@ -132,10 +132,10 @@ async def test_store_unreachable(backend: Backend, tmp_path: Path, mode: str) ->
     tail = f"""store: {{redis: {{url: "redis://127.0.0.1:{free_port()}/0", deadline_ms: 50}}}}
 budgets:
   rules:
-    - name: team-day
+    - name: team-30d
       key: [header:x-team]
       tokens: 1000
-      period: {{calendar: day}}
+      period: {{rolling: 30d}}
       when_store_down: {mode}
 """
     gw = start_gateway(backend, tmp_path, tail=tail)
@@ -146,7 +146,7 @@ budgets:
             assert status == 200 and doc["usage"]["completion_tokens"] == 16
         else:
             assert status == 503 and doc["error"]["type"] == "budget_unavailable"
-            assert headers["x-sluice-budget"] == "team-day" and headers["Retry-After"] == "1"
+            assert headers["x-sluice-budget"] == "team-30d" and headers["Retry-After"] == "1"
         assert state(gw)["store_up"] is False
     finally:
         assert gw.proc.stop() == 0, gw.proc.output()

@@ -47,7 +47,7 @@ budgets:
     - name: shared
       key: [header:x-team]
       tokens: {tokens}
-      period: {{calendar: day}}
+      period: {{rolling: 30d}}  # (one period for the whole run, nearly always)
       when_store_down: open
 """
 
