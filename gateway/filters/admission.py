@@ -127,6 +127,7 @@ class AdmissionFilter:
         share = pr.reserve.share if pr is not None and pr.reserve is not None else 0.0
         rank = pr.reserve_rank() if pr is not None else 0
         self.params = QueueParams(max_queued=q.max_queued, max_wait_s=q.max_wait_ms / 1000,
+                                  max_tenants=section.fairness.max_tenants,
                                   anticipate_s=q.anticipate_ms / 1000, reserve_share=share,
                                   reserve_rank=rank)  # fmt: skip
         specs = pool_specs(policy, Settings.from_env().workers)
