@@ -85,7 +85,7 @@ class RateLimitFilter:
             rs.min_tokens = float(max(1, self.default_max))
 
     def activate(self) -> None:
-        self.lim.activate(self.c)
+        self.lim.activate(self.c, [rs for _, rs in (*self.early, *self.late)])
         for ps in self.lim.pools.values():
             ps.room = self.c.room
 

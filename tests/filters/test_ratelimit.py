@@ -319,6 +319,31 @@ async def test_reload_keeps_unchanged_rules_and_restarts_changed_ones() -> None:
     assert after["tok"] is not before["tok"] and not after["tok"].keys  # changed: fresh
 
 
+async def test_a_rollout_keeps_both_policies_synced_and_a_rollback_restores_the_stable_one() -> (
+    None
+):
+    rig = Rig({"rules": [{**TOKENS, "name": "tok"}]})
+
+    def chain(burst: int) -> Any:
+        built = build_chain(policy({"rules": [{**TOKENS, "name": "tok", "burst_tokens": burst}]}),
+                            rig.services)  # fmt: skip
+        return next(f for f in built.filters if f.name == "ratelimit")
+
+    def states(f: Any) -> list[Any]:
+        return [rs for _, rs in (*f.early, *f.late)]
+
+    stable, candidate, third = chain(5), chain(6), chain(7)
+    stable.activate()
+    candidate.activate()  # a staged rollout: the candidate serves beside the stable policy
+    assert all(rig.lim.rules.get(rs.rule.ident) is rs for rs in states(stable) + states(candidate))
+    stable.activate()  # rolled back: the stable policy's states are the synced ones again
+    assert all(rig.lim.rules.get(rs.rule.ident) is rs for rs in states(stable))
+    third.activate()  # two activations on, the candidate's changed rule is forgotten
+    assert not {rs.rule.ident for rs in states(candidate)} & set(rig.lim.rules)
+    assert all(rig.lim.rules.get(rs.rule.ident) is rs for rs in states(stable) + states(third))
+    await rig.lim.aclose()
+
+
 async def test_yellow_queue_waits_for_room_instead_of_refusing() -> None:
     rule = {"name": "q", "key": [], "qps": 20, "window_s": 0.1}  # 2 per 100 ms
     rig = Rig({"rules": [rule], "overload": {"yellow_delay_ms": 300}}, clock=MonotonicClock())
