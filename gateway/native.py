@@ -37,10 +37,10 @@ from types import ModuleType
 
 MODULES = (
     "gateway.context",
-    "gateway.adapters.h1",
-    "gateway.adapters.h1_exchange",
-    "gateway.adapters.h1_head",
-    "gateway.adapters.h1_messages",
+    "gateway.adapters.common",
+    "gateway.adapters.native.conn",
+    "gateway.adapters.native.exchange",
+    "gateway.adapters.native.messages",
     "gateway.forward.answers",
     "gateway.forward.body_phase",
     "gateway.forward.deadlines",

@@ -37,7 +37,7 @@ from gateway.telemetry import edge_metrics
 if TYPE_CHECKING:
     import grpc
 
-    from gateway.policy.base import ListenerTls
+    from gateway.policy.base import Listener, ListenerTls
     from gateway.services import Services
 
 log = logging.getLogger("sluice.tls")
@@ -244,3 +244,13 @@ def listener_tls(
     owner = services.get(TLS_KEYS[listener], lambda: TlsOwner(listener, cfg, alpn))
     owner.start(services, Settings.from_env().tls_watch_interval_s)
     return owner
+
+
+def server_tls(
+    services: Services, listener: Listener | None, http2: bool = True
+) -> TlsOwner | None:
+    """The TLS owner of the HTTP listener, or None when it serves plaintext; `http2`: ALPN
+    offers h2 (the native engine), else HTTP/1.1 only (aiohttp)."""
+    if listener is None or listener.tls is None:
+        return None
+    return listener_tls(services, "http", listener.tls, None if http2 else HTTP1_ONLY)

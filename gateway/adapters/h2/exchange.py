@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-from gateway.adapters.h1_messages import date_value
-from gateway.adapters.h2_stream import H2Stream, StreamConn
+from gateway.adapters.common import date_value
+from gateway.adapters.h2.stream import H2Stream, StreamConn
 from gateway.core.request import Protocol, RequestInfo
 from gateway.forward.exchange import BodyTooLarge
 from gateway.forward.headers import error_body
@@ -192,7 +192,7 @@ def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]
 
 class H2HttpHandler:
     """Serves the streams of an HTTP listener: one task and one exchange per stream, through
-    the forwarding path of HTTP/1.1 (`gateway.adapters.h2_server.StreamHandler`)."""
+    the forwarding path of HTTP/1.1 (`gateway.adapters.h2.server.StreamHandler`)."""
 
     def __init__(self, forward: HttpForward) -> None:
         self.forward = forward

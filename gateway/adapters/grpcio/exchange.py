@@ -16,7 +16,7 @@ from gateway.adapters.tls_material import grpc_identity
 from gateway.forward.grpc_exchange import Metadata, request_info
 
 if TYPE_CHECKING:
-    from gateway.adapters.grpc_calls import CallAccounting
+    from gateway.adapters.grpcio.calls import CallAccounting
     from gateway.forward.grpc import GrpcForward
 
 Context = grpc.aio.ServicerContext[bytes, bytes]

@@ -22,7 +22,7 @@ from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.streams import StreamReader
 
-from gateway.adapters.h1_messages import DEFER_MAX, REASONS, date_value
+from gateway.adapters.common import DEFER_MAX, REASONS, date_value
 from gateway.core.request import Protocol, RequestInfo
 from gateway.forward.exchange import BodyTooLarge
 
@@ -230,7 +230,7 @@ class AiohttpExchange:
 
 def _check_framing(content: StreamReader) -> None:
     """At the end of a body: a chunked body whose framing broke after its last bytes were read
-    ends with an exception on the reader (`gateway.adapters.http`), not a clean end: never
+    ends with an exception on the reader (`gateway.adapters.aiohttp.server`), not a clean end: never
     forward what came as the whole body."""
     if content.exception() is not None:
         raise EOFError("incomplete body")

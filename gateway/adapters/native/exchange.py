@@ -13,14 +13,8 @@ import typing
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from gateway.adapters.h1_messages import (
-    CONTINUE,
-    DEFER_MAX,
-    HIGH_WATER,
-    REASONS,
-    Req,
-    date_value,
-)
+from gateway.adapters.common import DEFER_MAX, REASONS, date_value
+from gateway.adapters.native.messages import CONTINUE, HIGH_WATER, Req
 from gateway.core.request import Protocol, RequestInfo
 from gateway.forward.exchange import BodyTooLarge
 
@@ -33,7 +27,7 @@ _LAST_CHUNK = b"0\r\n\r\n"
 
 
 class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol enum)
-    """What an exchange uses of its client connection (`gateway.adapters.h1.H1Conn`)."""
+    """What an exchange uses of its client connection (`gateway.adapters.native.conn.H1Conn`)."""
 
     @property
     def transport(self) -> asyncio.Transport | None: ...
@@ -70,7 +64,7 @@ class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol
         """The request task ends: next queued request, idle timer, or close."""
 
     def defer(self, data: bytes) -> None:
-        """Write `data` with the loop turn's other answers (`h1_messages.OutBatch`)."""
+        """Write `data` with the loop turn's other answers (`messages.OutBatch`)."""
 
     def flush_out(self) -> None:
         """Write what `defer` kept, before any other write."""

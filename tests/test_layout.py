@@ -1,0 +1,80 @@
+"""The layout rules of docs/contributing.md ("Layout and imports"), read from the sources: one
+folder per ingress engine, and no module importing across engine folders except through a
+folder's face (its `__init__`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
+ADAPTERS = GATEWAY / "adapters"
+ENGINES = ("native", "aiohttp", "h2", "grpcio")
+# What may sit flat in gateway/adapters/ besides the engine folders: the package's own face,
+# the choice of engine, and what every HTTP engine writes alike.
+FLAT = {"__init__.py", "engines.py", "common.py", "tls.py", "tls_material.py"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(GATEWAY.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module a file imports, with its line: `from a.b import c` counts as `a.b` and, when
+    `c` is a module of its own, as `a.b.c`."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if GATEWAY.parent.joinpath(*sub.split(".")).with_suffix(".py").is_file():
+                    found.append((node.lineno, sub))
+    return found
+
+
+def engine_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] == ["gateway", "adapters"] and len(parts) > 2 and parts[2] in ENGINES:
+        return parts[2]
+    return None
+
+
+def test_every_engine_is_a_folder_with_a_face() -> None:
+    for engine in ENGINES:
+        face = ADAPTERS / engine / "__init__.py"
+        assert face.is_file(), f"{engine}: no face"
+        tree = ast.parse(face.read_text())
+        assert ast.get_docstring(tree), f"{face}: the face says what the engine is"
+        assert any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
+            for n in tree.body
+        ), f"{face}: the face names what it offers (__all__)"
+    flat = {p.name for p in ADAPTERS.glob("*.py")}
+    assert flat <= FLAT, f"engine files left flat in gateway/adapters: {sorted(flat - FLAT)}"
+
+
+def test_no_module_imports_across_engine_folders_but_through_a_face() -> None:
+    wrong = []
+    for path in sorted(GATEWAY.rglob("*.py")):
+        here = module_name(path)
+        own = engine_of(here)
+        for line, target in imported(ast.parse(path.read_text(), str(path))):
+            other = engine_of(target)
+            if other is None or other == own:
+                continue
+            if target != f"gateway.adapters.{other}":  # a module behind the face
+                wrong.append(f"{path.relative_to(GATEWAY.parent)}:{line}: imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_sees_a_crossing() -> None:
+    tree = ast.parse("from gateway.adapters.h2 import guard\nimport gateway.adapters.native.conn\n")
+    targets = [t for _, t in imported(tree)]
+    assert "gateway.adapters.h2.guard" in targets
+    assert "gateway.adapters.native.conn" in targets
+    assert engine_of("gateway.adapters.h2.guard") == "h2"
+    assert engine_of("gateway.adapters.engines") is None
