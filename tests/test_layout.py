@@ -1,10 +1,11 @@
 """The layout rules of docs/contributing.md ("Layout and imports"), read from the sources: one
-folder per ingress engine, and no module importing across engine folders except through a
-folder's face (its `__init__`)."""
+folder per ingress engine, no module importing across engine folders except through a folder's
+face (its `__init__`), and every SSL context built in `gateway/tls/`."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 GATEWAY = Path(__file__).resolve().parent.parent / "gateway"
@@ -12,7 +13,7 @@ ADAPTERS = GATEWAY / "adapters"
 ENGINES = ("native", "aiohttp", "h2", "grpcio")
 # What may sit flat in gateway/adapters/ besides the engine folders: the package's own face,
 # the choice of engine, and what every HTTP engine writes alike.
-FLAT = {"__init__.py", "engines.py", "common.py", "tls.py", "tls_material.py"}
+FLAT = {"__init__.py", "engines.py", "common.py"}
 
 
 def module_name(path: Path) -> str:
@@ -78,3 +79,38 @@ def test_the_check_sees_a_crossing() -> None:
     assert "gateway.adapters.native.conn" in targets
     assert engine_of("gateway.adapters.h2.guard") == "h2"
     assert engine_of("gateway.adapters.engines") is None
+
+
+# What builds an SSL context (or grpc's TLS credentials, its equivalent).
+BUILDS_CONTEXT = re.compile(
+    r"create_default_context\(|SSLContext\(|ssl_(server|channel)_credentials\(|"
+    r"dynamic_ssl_server_credentials\("
+)
+
+
+def builds_context(text: str) -> list[int]:
+    """Lines of `text` that build an SSL context (comments and docstrings aside)."""
+    lines = []
+    for number, line in enumerate(text.splitlines(), 1):
+        code = line.split("#", 1)[0]
+        if BUILDS_CONTEXT.search(code) and not code.lstrip().startswith(("`", '"')):
+            lines.append(number)
+    return lines
+
+
+def test_every_ssl_context_is_built_in_gateway_tls() -> None:
+    tls = GATEWAY / "tls"
+    wrong = [
+        f"{path.relative_to(GATEWAY.parent)}:{line}"
+        for path in sorted(GATEWAY.rglob("*.py"))
+        if tls not in path.parents
+        for line in builds_context(path.read_text())
+    ]
+    assert not wrong, f"SSL contexts built outside gateway/tls: {wrong}"
+    assert builds_context((tls / "material.py").read_text()), "the check finds nothing at all"
+
+
+def test_the_context_check_sees_one() -> None:
+    assert builds_context("ctx = ssl.create_default_context()\n") == [1]
+    assert builds_context("x = 1\nctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n") == [2]
+    assert builds_context("# not ssl.create_default_context(): it trusts the system CAs\n") == []

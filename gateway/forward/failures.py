@@ -26,7 +26,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTlsError,
 )
-from gateway.upstream.tls import GRPC_TLS_MARKERS, grpc_tls_reason
+from gateway.tls.upstream import GRPC_TLS_MARKERS, grpc_tls_reason
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext

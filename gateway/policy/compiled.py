@@ -20,7 +20,7 @@ from gateway.core.request import Protocol, RequestInfo
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 if TYPE_CHECKING:
-    from gateway.upstream.tls import ClientTls
+    from gateway.tls.upstream import ClientTls
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ def endpoint_of(b: Backend, address: str, weight: int, priority: int) -> Endpoin
     host, port = split_host_port(address)
     tls = None
     if b.tls is not None:
-        from gateway.upstream.tls import client_tls
+        from gateway.tls.upstream import client_tls
 
         tls = client_tls(b.tls)  # built by the loader already: shared, not read again
     return Endpoint(b.name, b.protocol, host, port, weight, priority, tls)

@@ -44,11 +44,11 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
 from gateway.adapters.aiohttp.exchange import AiohttpExchange
-from gateway.adapters.tls import server_tls
-from gateway.adapters.tls_material import identity
 from gateway.forward.headers import JSON, error_body
 from gateway.forward.http import HttpForward
 from gateway.telemetry import metrics
+from gateway.tls.listener import server_tls
+from gateway.tls.material import identity
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -115,7 +115,7 @@ class _Handler(RequestHandler):
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.sluice_peer = ""
-        self.sluice_cert = ""  # mTLS identity of the client (gateway.adapters.tls_material)
+        self.sluice_cert = ""  # mTLS identity of the client (gateway.tls.material)
         self._mtls = manager.mtls
         self._header_deadline = manager.header_read_s
         self._max_line = manager.max_line_bytes

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from gateway.adapters.tls_material import grpc_identity
 from gateway.forward.grpc_exchange import Metadata, request_info
+from gateway.tls.material import grpc_identity
 
 if TYPE_CHECKING:
     from gateway.adapters.grpcio.calls import CallAccounting

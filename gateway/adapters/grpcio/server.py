@@ -25,8 +25,8 @@ import grpc.aio
 
 from gateway.adapters.grpcio.calls import CallAccounting
 from gateway.adapters.grpcio.exchange import stream_call, unary_call
-from gateway.adapters.tls import listener_tls
 from gateway.forward.grpc import GrpcForward
+from gateway.tls.listener import listener_tls
 
 if TYPE_CHECKING:
     from gateway.app import Gateway

@@ -58,8 +58,8 @@ from gateway.adapters.h2.guard import (
     start_h2,
 )
 from gateway.adapters.h2.stream import H2Stream
-from gateway.adapters.tls_material import identity
 from gateway.telemetry import metrics
+from gateway.tls.material import identity
 
 if typing.TYPE_CHECKING:
     from gateway.policy.base import Http2Limits

@@ -71,7 +71,7 @@ async def start_h2_grpc(
     cfg = policy.listeners.grpc
     tls = None
     if cfg is not None and cfg.tls is not None:
-        from gateway.adapters.tls import listener_tls
+        from gateway.tls.listener import listener_tls
 
         tls = listener_tls(gateway.services, "grpc", cfg.tls)
         h2.mtls = tls.verifies_clients

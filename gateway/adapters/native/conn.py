@@ -58,8 +58,8 @@ from gateway.adapters.native.messages import (
     absolute,
     simple_response,
 )
-from gateway.adapters.tls_material import identity
 from gateway.telemetry import metrics
+from gateway.tls.material import identity
 
 if TYPE_CHECKING:
     from gateway.adapters.native.server import H1Server
@@ -97,7 +97,7 @@ class H1Conn(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.client_cert = ""  # mTLS identity of the client (see gateway.adapters.tls_material)
+        self.client_cert = ""  # mTLS identity of the client (see gateway.tls.material)
         self.closed = False
         self.stopping = False  # close once the current request is answered
         self.ignore = False  # no more parsing (after `Connection: close`, an upgrade, an error)

@@ -12,8 +12,8 @@ from gateway.adapters.h2 import H2HttpHandler, H2Server
 from gateway.adapters.native.conn import H1Conn
 from gateway.adapters.native.exchange import H1Handler
 from gateway.adapters.native.messages import OutBatch
-from gateway.adapters.tls import server_tls
 from gateway.forward.http import HttpForward
+from gateway.tls.listener import server_tls
 
 if TYPE_CHECKING:
     from gateway.app import Gateway

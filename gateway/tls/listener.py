@@ -29,10 +29,10 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.adapters.tls_material import Changing, Material, load_material, signature
 from gateway.errors import TlsError
 from gateway.services import ServiceKey
 from gateway.telemetry import edge_metrics
+from gateway.tls.material import Changing, Material, load_material, signature
 
 if TYPE_CHECKING:
     import grpc
