@@ -114,3 +114,28 @@ def test_the_context_check_sees_one() -> None:
     assert builds_context("ctx = ssl.create_default_context()\n") == [1]
     assert builds_context("x = 1\nctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n") == [2]
     assert builds_context("# not ssl.create_default_context(): it trusts the system CAs\n") == []
+
+
+# A document outside the repository, or a rule by its number: comments say the thing itself,
+# or name a section of docs/contributing.md ("Comments" there).
+CITATION = re.compile(r"\.\./shared|shared/reference|\bSTYLE\b|STYLE\.md|\bDESIGN\b|\brule \d+")
+
+
+def citations(text: str) -> list[int]:
+    return [n for n, line in enumerate(text.splitlines(), 1) if CITATION.search(line)]
+
+
+def test_no_comment_cites_a_document_outside_the_repository() -> None:
+    wrong = [
+        f"{path.relative_to(GATEWAY.parent)}:{line}"
+        for path in sorted(GATEWAY.rglob("*.py"))
+        for line in citations(path.read_text())
+    ]
+    assert not wrong, f"citations of documents outside the repository: {wrong}"
+
+
+def test_the_citation_check_sees_one() -> None:
+    assert citations("x = 1  # see ../shared/reference/http2-tls.md\n") == [1]
+    assert citations('"""The loop (STYLE rule 19)."""\n') == [1]
+    assert citations("# (DESIGN.md, 'The hot path')\n# (DESIGN: --workers)\n") == [1, 2]
+    assert citations("# the compiled-path rules in docs/contributing.md\n") == []

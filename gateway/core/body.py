@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-CHARS_PER_TOKEN = 4  # the usual estimate for English text (DESIGN: prompt bytes / 4)
+CHARS_PER_TOKEN = 4  # the usual estimate for English text: prompt bytes / 4
 
 
 @dataclass(slots=True)

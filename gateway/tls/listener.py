@@ -8,7 +8,7 @@ here, outside any handshake, and swapped in whole. The listener keeps its first 
 `sni_callback` (run for every handshake, SNI or not) points the connection at the current one
 (`ssl_object.context = current`): new connections get the new certificate, open ones keep what
 they negotiated. Every context is built by the same function, so ALPN and client verification
-stay identical (../shared/reference/http2-tls.md, "TLS on asyncio / uvloop").
+stay identical (an exception in the callback would abort that handshake, so nothing is built there).
 
 gRPC (grpc.aio): the server takes `grpc.dynamic_ssl_server_credentials`, whose fetcher the C core
 calls (from its own threads) before each new handshake; it answers with the new configuration

@@ -42,7 +42,7 @@ def server_options(limits: Limits) -> list[tuple[str, Any]]:
     """grpc.aio server options from the policy limits (read at start: a reload cannot change
     them on a bound server)."""
     return [
-        ("grpc.so_reuseport", 1),  # one process per core shares the port (DESIGN: --workers)
+        ("grpc.so_reuseport", 1),  # one process per core shares the port (`sluice serve --workers`)
         ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
         ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
         ("grpc.max_send_message_length", limits.grpc_max_message_bytes),

@@ -79,7 +79,7 @@ async def start_h2_grpc(
         h2,
         host,
         port,
-        reuse_port=True,  # one process per core shares the port (DESIGN: --workers)
+        reuse_port=True,  # one process per core shares the port (`sluice serve --workers`)
         backlog=1024,
         ssl=tls.context if tls is not None else None,
         ssl_handshake_timeout=policy.timeouts.tls_handshake_s if tls is not None else None,
