@@ -1,12 +1,12 @@
 """Sluice's HTTP/2 engine: one connection as an `asyncio.Protocol` over python-hyper `h2`
 (sans-IO), with the limits h2 leaves to its embedder (`limits.http2`).
 
-The loop ("The HTTP/2 connection loop" in docs/contributing.md): `data_received` → the frame guard counts frame headers
-(`gateway.adapters.h2.guard`) → `receive_data` → every event handled → one `data_to_send()` →
-one write. Each new stream goes to the listener's `server.StreamHandler` (HTTP routes:
-`exchange.H2HttpHandler`; gRPC calls: `grpc.H2GrpcHandler`), which runs it in a task of
-its own. A TLS listener that verifies client certificates (`mtls`) and hands connections to
-this engine directly has the identity read here.
+The loop ("The HTTP/2 connection loop" in docs/contributing.md): `data_received` → the frame guard
+counts frame headers (`gateway.adapters.h2.guard`) → `receive_data` → every event handled → one
+`data_to_send()` → one write. Each new stream goes to the listener's `server.StreamHandler` (HTTP
+routes: `exchange.H2HttpHandler`; gRPC calls: `grpc.H2GrpcHandler`), which runs it in a task of its
+own. A TLS listener that verifies client certificates (`mtls`) and hands connections to this engine
+directly has the identity read here.
 
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
