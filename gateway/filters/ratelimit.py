@@ -26,7 +26,7 @@ from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
 from gateway.core.overload import Colour, sheds
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.tokens import Reservation, estimate
 from gateway.filters.ratelimit_steps import Rule, Ticket
 from gateway.filters.ratelimit_tokens import on_body, on_event
@@ -189,7 +189,7 @@ class RateLimitFilter:
             return _CONTINUE  # every rule admitted it and nothing is held
         if t.strict:
             return strict(self, ctx, t)
-        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not Protocol.GRPC):
+        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not Wire.GRPC):
             ctx.reservation = t  # what `admitted` does for it, without the call
             return _CONTINUE
         return self.admitted(ctx, t)
@@ -237,7 +237,7 @@ class RateLimitFilter:
         if t.pool is not None:
             t.pool.limit.start()
             self._pool_moved(t.pool)
-        if self.grpc_tokens and ctx.info.protocol is Protocol.GRPC:
+        if self.grpc_tokens and ctx.info.protocol is Wire.GRPC:
             # gRPC bodies are not parsed: reserve the default estimate.
             return self.reserve(ctx, t, estimate(0, None, self.default_max), 0)
         return Status.CONTINUE

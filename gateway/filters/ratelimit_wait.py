@@ -10,7 +10,7 @@ import asyncio
 
 from gateway.context import RequestContext, Status
 from gateway.core.keystate import Code, KeyState, strict_seen
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.tokens import estimate
 from gateway.errors import StoreUnavailable
 from gateway.filters.ratelimit_steps import Rule, Steps, Ticket
@@ -62,9 +62,7 @@ async def strict(f: Steps, ctx: RequestContext, t: Ticket) -> Status:
     lim = f.lim
     store, cfg = lim.store, lim.store_cfg
     assert t.strict is not None and store is not None and cfg is not None
-    grpc_cost = (
-        float(estimate(0, None, f.default_max)) if ctx.info.protocol is Protocol.GRPC else 0.0
-    )
+    grpc_cost = float(estimate(0, None, f.default_max)) if ctx.info.protocol is Wire.GRPC else 0.0
     for rule, rs in t.strict:
         now = f.now()
         k = rule.key(ctx.info, t.claims, t.route, None)

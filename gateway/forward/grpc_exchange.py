@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gateway.core.request import Protocol as Wire
-from gateway.core.request import RequestInfo
+from gateway.core.request import RequestInfo, Wire
 
 Metadata = Sequence[tuple[str, str | bytes]]
 

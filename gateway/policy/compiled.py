@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.core.balancer import SmoothWeightedRoundRobin
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def split_host_port(address: str) -> tuple[str, int]:
 @dataclass(slots=True)
 class CompiledRoute:
     name: str
-    protocol: Protocol | None  # None = any listener
+    protocol: Wire | None  # None = any listener
     path_prefix: str
     methods: frozenset[str]
     headers: tuple[tuple[str, str | None], ...]
@@ -169,7 +169,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         )
     return CompiledRoute(
         name=r.name,
-        protocol=None if r.match.protocol == "any" else Protocol(r.match.protocol),
+        protocol=None if r.match.protocol == "any" else Wire(r.match.protocol),
         path_prefix=r.match.path_prefix,
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),

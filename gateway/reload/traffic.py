@@ -42,7 +42,7 @@ from gateway.core.histogram import (
     new_size_hist,
     size_bucket,
 )
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.services import ServiceKey
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ SECRET_HEADERS = frozenset(
 REDACTED = "<redacted>"
 
 # By the member's id: an enum's `.value` is two Python-level calls per read.
-_PROTOCOL: Final = {id(p): p.value for p in Protocol}
+_PROTOCOL: Final = {id(p): p.value for p in Wire}
 
 # (protocol, method, path, header values, route, backend)
 ShapeKey = tuple[str, str, str, tuple[tuple[str, str | None], ...], str, str]
@@ -94,7 +94,7 @@ class Shape:
     def info(self) -> RequestInfo:
         """A request of this shape, to replay through a policy's route matcher."""
         hdrs = {k: v for k, v in self.headers if v is not None}
-        return RequestInfo(Protocol(self.protocol), self.method, self.path, hdrs)
+        return RequestInfo(Wire(self.protocol), self.method, self.path, hdrs)
 
     def as_json(self) -> dict[str, Any]:
         s = self.stats

@@ -23,7 +23,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.streams import StreamReader
 
 from gateway.adapters.common import DEFER_MAX, REASONS, date_value
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class AiohttpExchange:
                 headers[k] = v if k not in headers else headers[k] + ", " + v
         path, _, self.query = request.raw_path.partition("?")
         self.info = RequestInfo(
-            Protocol.HTTP,
+            Wire.HTTP,
             request.method,
             path,
             headers,

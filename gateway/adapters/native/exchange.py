@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from gateway.adapters.common import DEFER_MAX, REASONS, date_value
 from gateway.adapters.native.messages import CONTINUE, HIGH_WATER, Req
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
-class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol enum)
+class ClientConn(typing.Protocol):
     """What an exchange uses of its client connection (`gateway.adapters.native.conn.H1Conn`)."""
 
     @property
@@ -89,7 +89,7 @@ class H1Exchange:
         cl_raw = headers.get("content-length")
         cl = int(cl_raw) if cl_raw is not None else None  # digits only: llhttp checked them
         self.info = RequestInfo(
-            Protocol.HTTP,
+            Wire.HTTP,
             req.method,
             path,
             headers,
