@@ -16,7 +16,7 @@ from __future__ import annotations
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.tokens import estimate, usage_from_trailer
-from gateway.filters.ratelimit_steps import Steps, Ticket
+from gateway.filters.ratelimit_steps import RuleStep, Steps, Ticket
 from gateway.ratelimit.state import TOKEN_CUT
 from gateway.ratelimit.verdicts import OVERRUN
 
@@ -50,7 +50,7 @@ def _late(f: Steps, ctx: RequestContext, t: Ticket, model: str | None) -> Status
             f.recoloured(rs, k, ks)
         if shared:
             rs.dirty[k] = ks
-        status = f.judge(ctx, t, rule, rs, ks, code, now, f.late, 0)
+        status = f.judge(ctx, t, RuleStep(rule, rs, ks, code, now), f.late, 0)
         if status is not None:
             assert isinstance(status, Status)  # the late rules do not queue
             return status
