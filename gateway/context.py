@@ -1,4 +1,4 @@
-"""The per-request context shared by the engines, the forwarding path, the filters, the
+"""(compiled) The per-request context shared by the engines, the forwarding path, the filters, the
 policy runtime and telemetry: what one request carries from admission to its finish (typed
 slots the filters fill, how it ended, upstream tries and stream timings), and the small
 values that travel with it (the chain's `Status`, response `StreamEvent`s, the

@@ -1,5 +1,5 @@
-"""What every HTTP engine writes alike: the cached Date value, the reason phrases and the size
-under which a complete answer may wait for the loop turn's batch."""
+"""(compiled) What every HTTP engine writes alike: the cached Date value, the reason phrases and the
+size under which a complete answer may wait for the loop turn's batch."""
 
 from __future__ import annotations
 

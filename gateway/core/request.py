@@ -1,4 +1,5 @@
-"""RequestInfo: the frozen facts an adapter extracts from a request, the same for HTTP and gRPC."""
+"""(compiled) RequestInfo: the frozen facts an adapter extracts from a request, the same for HTTP
+and gRPC."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Structured access log: one JSON line per request, written through the batched sink.
+"""(compiled) Structured access log: one JSON line per request, written through the batched sink.
 
 Never logs bodies or credentials: only the header names the policy lists, minus a deny list.
 """

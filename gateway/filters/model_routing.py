@@ -1,4 +1,4 @@
-"""Routing on what an LLM request asks for: the route filter of a policy that has a route
+"""(compiled) Routing on what an LLM request asks for: the route filter of a policy that has a route
 needing the body (`match.model`, `by_model`, `affinity`).
 
 Routes still match in order. An HTTP request whose first matching route (by protocol, path,

@@ -1,5 +1,5 @@
-"""Rate limits on the request path: QPS and colour in `on_request`, LLM tokens in the body and
-response phases. Decisions are `gateway.core`'s; state is the services' `Limiter`.
+"""(compiled) Rate limits on the request path: QPS and colour in `on_request`, LLM tokens in the
+body and response phases. Decisions are `gateway.core`'s; state is the services' `Limiter`.
 
 - `on_request` (plain: it decides against local state and leased shares, never awaiting; only a
   `strict` rule with Redis up, or a request waiting in the yellow queue, hands back an

@@ -1,5 +1,5 @@
-"""What the rate-limit filter's request phase offers its other phases: the `Ticket` one request
-holds, the `RuleStep` one rule's decision is, and `Steps`, the narrow public steps that the
+"""(compiled) What the rate-limit filter's request phase offers its other phases: the `Ticket` one
+request holds, the `RuleStep` one rule's decision is, and `Steps`, the narrow public steps that the
 waiting paths (`ratelimit_wait`) and the token phases (`ratelimit_tokens`) take.
 `gateway.filters.ratelimit.RateLimitFilter` implements `Steps`; the other modules see only
 this, so none of them imports the filter."""

@@ -1,5 +1,5 @@
-"""The rate-limit filter's body and event phases: the token reservation, streams asked for
-their usage, overruns cut, the gRPC usage trailer. Only the filter built when a rule limits
+"""(compiled) The rate-limit filter's body and event phases: the token reservation, streams asked
+for their usage, overruns cut, the gRPC usage trailer. Only the filter built when a rule limits
 tokens or is keyed by model (`TokenRateLimitFilter`) has these phases, so that the others cost
 nothing there; they go on from the request phase through its public `Steps`.
 

@@ -1,5 +1,5 @@
-"""The two request-phase paths of the rate-limit filter that wait, for the one request that
-must: the yellow queue (a request the limits would refuse waits, bounded in time and in
+"""(compiled) The two request-phase paths of the rate-limit filter that wait, for the one request
+that must: the yellow queue (a request the limits would refuse waits, bounded in time and in
 number, for room) and `strict` rules (one Redis decision each, within the store's deadline;
 local when Redis fails). The plain request phase hands back one of these coroutines; they
 go on through the filter's public `Steps`."""

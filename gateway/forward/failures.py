@@ -1,4 +1,4 @@
-"""The one table from an upstream failure to what the client sees, for both protocols.
+"""(compiled) The one table from an upstream failure to what the client sees, for both protocols.
 
 HTTP status, gRPC code, the JSON error type, the outcome, and the `kind` label of
 `sluice_upstream_errors_total`. Timeouts before the response head are 504 /

@@ -1,5 +1,5 @@
-"""TrafficBook: what the recent traffic looked like, for the change guard. A services owner
-(`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by
+"""(compiled) TrafficBook: what the recent traffic looked like, for the change guard. A services
+owner (`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by
 `gateway.forward.lifecycle.Lifecycle.finish`.
 
 Requests are counted by *shape*: protocol, method, path, the values of the headers the running
@@ -140,7 +140,7 @@ class TrafficSnapshot:
 
     @property
     def total(self) -> int:
-        return sum(s.stats.count for s in self.shapes)
+        return sum((s.stats.count for s in self.shapes), 0)
 
     def as_json(self) -> dict[str, Any]:
         return {"window_s": self.window_s, "shapes": [s.as_json() for s in self.shapes]}

@@ -1,4 +1,4 @@
-"""Recording one finished request: the request, latency, overhead and LLM metrics through
+"""(compiled) Recording one finished request: the request, latency, overhead and LLM metrics through
 tallies (`gateway.telemetry.tally`), once per request from `gateway.forward.lifecycle`.
 
 The metrics themselves are defined in `gateway.telemetry.metrics`; this module owns the caches

@@ -1,4 +1,5 @@
-"""HTTP/1.1 ingress, native engine: an `asyncio.Protocol` with the httptools (llhttp) parser.
+"""(compiled) HTTP/1.1 ingress, native engine: an `asyncio.Protocol` with the httptools (llhttp)
+parser.
 
 The default engine (`listeners.http.engine: native`); same outward behaviour as the aiohttp
 engine in `gateway.adapters.aiohttp` (a differential fuzz test holds them to it), ~30 µs cheaper per

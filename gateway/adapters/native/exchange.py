@@ -1,4 +1,5 @@
-"""The native engine's `Exchange`: one parsed request (`Req`) on an `H1Conn`, as raw bytes.
+"""(compiled) The native engine's `Exchange`: one parsed request (`Req`) on an `H1Conn`, as raw
+bytes.
 
 Moves bytes only: the body from the connection's buffer (with flow control and
 `100 Continue`), the response head and body to the transport (chunked framing, Connection,

@@ -1,5 +1,5 @@
-"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), complete JSON error
-responses, and the header and target rules its parser applies."""
+"""(compiled) Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), complete JSON
+error responses, and the header and target rules its parser applies."""
 
 from __future__ import annotations
 
