@@ -64,7 +64,8 @@ async def start_grpc(
 
 
 class MethodKinds(Protocol):
-    """Which methods an engine serves as unary (`_Proxy` for grpc.aio, `H2GrpcHandler`)."""
+    """Which methods an engine serves as unary (the grpcio engine's generic handler, or the h2
+    engine's `H2GrpcHandler`)."""
 
     unary: frozenset[str]
 
