@@ -1,5 +1,5 @@
-"""Member choice for LLM routing: among the members that serve the request's model, and toward
-the member whose prefix cache holds the prompt's start, with bounded load.
+"""(compiled) Member choice for LLM routing: among the members that serve the request's model, and
+toward the member whose prefix cache holds the prompt's start, with bounded load.
 
 Pure: plans come from `gateway.core.balancer`, `ok` says which members may take the request
 (they serve its model, an earlier try did not use them), `random` is injected.

@@ -1,5 +1,5 @@
-"""What a streamed answer's events say before its first token: still the preamble (the head,
-a role-only chunk, keep-alive comments), content (the answer has begun: from here on it is
+"""(compiled) What a streamed answer's events say before its first token: still the preamble (the
+head, a role-only chunk, keep-alive comments), content (the answer has begun: from here on it is
 never retried), the end, or an error the backend sent instead of an answer.
 
 Pure: events come from `gateway.core.sse`, their JSON parsed by the caller. Used by the

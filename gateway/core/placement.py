@@ -1,4 +1,4 @@
-"""Where each prompt prefix is served: sticky placement with bounded load, per backend.
+"""(compiled) Where each prompt prefix is served: sticky placement with bounded load, per backend.
 
 Pure: `now` is passed in; the pool keeps one `PrefixBook` per backend (it outlives reloads).
 

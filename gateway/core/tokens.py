@@ -1,4 +1,5 @@
-"""LLM-token accounting of one request: reserve an estimate, watch the stream, settle. Pure.
+"""(compiled) LLM-token accounting of one request: reserve an estimate, watch the stream, settle.
+Pure.
 
 - At admission a request reserves `prompt tokens (prompt characters / 4) + max_tokens`, or the
   policy's default completion estimate when the body names no `max_tokens` (and for gRPC,

@@ -1,5 +1,5 @@
-"""Fair admission on the request path: a request for a full backend pool waits in the pool's
-queue (`gateway.admission.owner`, decisions of `gateway.core.fairqueue`) instead of being
+"""(compiled) Fair admission on the request path: a request for a full backend pool waits in the
+pool's queue (`gateway.admission.owner`, decisions of `gateway.core.fairqueue`) instead of being
 refused, and takes the next free slot in the queue's order. It sits just before `route`, so the
 member is picked only once the request is dispatched, with the members' load then (late
 binding). HTTP and gRPC requests of one pool share its queue.
@@ -79,7 +79,7 @@ def pool_specs(policy: CompiledPolicy, workers: int = 1) -> dict[str, PoolSpec]:
         names = [r.backend] if r.backend else [w.backend for w in r.backends]
         bs = [backends[n] for n in names if n in backends]
         if bs and all(b.max_in_flight for b in bs):
-            fixed = sum((b.max_in_flight or 0) * len(b.endpoints) for b in bs)
+            fixed = sum(((b.max_in_flight or 0) * len(b.endpoints) for b in bs), 0)
             per = tuple((b.name, b.max_in_flight or 0) for b in bs)
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), -(-fixed // workers), per,
                                    workers)  # fmt: skip
@@ -251,7 +251,7 @@ class AdmissionFilter:
         pq.plans = plans
         n = 0
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
-            n += per * sum(len(lv.members) for lv in plan.levels)
+            n += per * sum((len(lv.members) for lv in plan.levels), 0)
         pq.resize(max(1, -(-n // spec.workers)), now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:

@@ -1,4 +1,5 @@
-"""JWT authentication filter: who is calling (`ctx.principal`), and whether the route lets them in.
+"""(compiled) JWT authentication filter: who is calling (`ctx.principal`), and whether the route
+lets them in.
 
 Per request: the route (matched here, before routing; the route filter reuses `ctx.route`), its
 requirement (`required`, `optional`, off, claims, providers), the token from the configured

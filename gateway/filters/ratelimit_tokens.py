@@ -1,5 +1,5 @@
-"""The rate-limit filter's body and event phases: the token reservation, streams asked for
-their usage, overruns cut, the gRPC usage trailer. Only the filter built when a rule limits
+"""(compiled) The rate-limit filter's body and event phases: the token reservation, streams asked
+for their usage, overruns cut, the gRPC usage trailer. Only the filter built when a rule limits
 tokens or is keyed by model (`TokenRateLimitFilter`) has these phases, so that the others cost
 nothing there; they go on from the request phase through its public `Steps`.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.tokens import estimate, usage_from_trailer
-from gateway.filters.ratelimit_steps import Steps, Ticket
+from gateway.filters.ratelimit_steps import RuleStep, Steps, Ticket
 from gateway.ratelimit.state import TOKEN_CUT
 from gateway.ratelimit.verdicts import OVERRUN
 
@@ -50,7 +50,7 @@ def _late(f: Steps, ctx: RequestContext, t: Ticket, model: str | None) -> Status
             f.recoloured(rs, k, ks)
         if shared:
             rs.dirty[k] = ks
-        status = f.judge(ctx, t, rule, rs, ks, code, now, f.late, 0)
+        status = f.judge(ctx, t, RuleStep(rule, rs, ks, code, now), f.late, 0)
         if status is not None:
             assert isinstance(status, Status)  # the late rules do not queue
             return status

@@ -1,6 +1,6 @@
-"""The answers the HTTP lifecycle (`gateway.forward.http`) writes itself: refusals, failures
-before the upstream answer began, and expired deadlines. Each sets the request's outcome and
-writes one whole JSON error response, or, once a head went out, ends the stream early
+"""(compiled) The answers the HTTP lifecycle (`gateway.forward.http`) writes itself: refusals,
+failures before the upstream answer began, and expired deadlines. Each sets the request's outcome
+and writes one whole JSON error response, or, once a head went out, ends the stream early
 (`relay.end_early`: an SSE error event, never a truncated 200).
 
 `draining`: the gateway is draining, so the connection closes after the answer.

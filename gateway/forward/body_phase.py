@@ -1,4 +1,4 @@
-"""The body phase of an HTTP request: the body as the filters' `on_body` sees it.
+"""(compiled) The body phase of an HTTP request: the body as the filters' `on_body` sees it.
 
 A JSON body read whole is parsed (`gateway.core.body.from_doc`: model, max_tokens, the prompt's
 size); anything else is opaque (sizes only). A request without a body skips the phase when no

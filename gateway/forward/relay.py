@@ -1,4 +1,5 @@
-"""The response phase of an HTTP request: upstream head → client, body relayed chunk by chunk.
+"""(compiled) The response phase of an HTTP request: upstream head → client, body relayed chunk by
+chunk.
 
 - The head is validated and rebuilt (`headers.client_head`); an invalid one is a 502.
 - A body that is complete with its head goes out with it in one write.

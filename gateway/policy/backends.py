@@ -196,7 +196,7 @@ class UpstreamTls(PolicyModel):
         "only (grpcio cannot skip verification)",
     )
 
-    # The gateway.upstream.tls.ClientTls these settings stand for, once built (by the loader,
+    # The gateway.tls.upstream.ClientTls these settings stand for, once built (by the loader,
     # which reports a bad file at its field, or at compilation for a policy made in code).
     _built: object = PrivateAttr(default=None)
 
@@ -207,7 +207,7 @@ class UpstreamTls(PolicyModel):
         return self
 
     def built(self) -> object:
-        """What `keep` was handed (None before): see `gateway.upstream.tls.client_tls`."""
+        """What `keep` was handed (None before): see `gateway.tls.upstream.client_tls`."""
         return self._built
 
     def keep(self, built: object) -> None:

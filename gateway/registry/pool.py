@@ -49,7 +49,7 @@ from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.models import MODELS
 from gateway.registry.view import BackendView
 from gateway.services import ServiceKey
-from gateway.upstream.tls import client_tls
+from gateway.tls.upstream import client_tls
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.context import RequestContext, Status
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.auth import AuthFilter, PlainAuthFilter, build
 from gateway.filters.chain import Chain
 from gateway.filters.request_id import RequestIdFilter
@@ -67,7 +67,7 @@ async def services() -> AsyncIterator[Services]:
 
 
 async def call(f: Any, policy: CompiledPolicy, path: str, **headers: str) -> RequestContext:
-    ctx = RequestContext(RequestInfo(Protocol.HTTP, "GET", path, headers), policy)
+    ctx = RequestContext(RequestInfo(Wire.HTTP, "GET", path, headers), policy)
     r = f.on_request(ctx)
     if asyncio.iscoroutine(r):
         r = await r
@@ -149,7 +149,7 @@ async def test_client_certificate_is_the_principal_without_a_jwt(services: Servi
     f = build(p, services)
 
     async def with_cert(path: str, **headers: str) -> RequestContext:
-        info = RequestInfo(Protocol.HTTP, "GET", path, headers, client_cert="spiffe://t/a")
+        info = RequestInfo(Wire.HTTP, "GET", path, headers, client_cert="spiffe://t/a")
         ctx = RequestContext(info, p)
         r = f.on_request(ctx)
         assert (r is Status.STOP) == (not ctx.verdict.allowed)

@@ -12,7 +12,7 @@ from gateway.core.body import Usage, from_doc
 from gateway.core.clock import ManualClock, MonotonicClock
 from gateway.core.lease import IDLE_S
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.chain import Chain
 from gateway.filters.ratelimit import RateLimitFilter, TokenRateLimitFilter, build
 from gateway.filters.ratelimit_steps import Ticket
@@ -57,10 +57,10 @@ class Rig:
         self,
         headers: dict[str, str] | None = None,
         claims: dict[str, Any] | None = None,
-        protocol: Protocol = Protocol.HTTP,
+        protocol: Wire = Wire.HTTP,
         peer: str = "10.0.0.1",
     ) -> RequestContext:
-        path = "/pkg.S/M" if protocol is Protocol.GRPC else "/v1/chat/completions"
+        path = "/pkg.S/M" if protocol is Wire.GRPC else "/v1/chat/completions"
         info = RequestInfo(protocol, "POST", path, headers or {}, peer=peer)
         ctx = RequestContext(info, self.policy)
         if claims is not None:
@@ -284,7 +284,7 @@ async def test_overrunning_stream_is_cut_or_allowed(on_overrun: str, cut: bool) 
 async def test_grpc_reserves_the_default_and_settles_from_the_trailer() -> None:
     rig = Rig({"rules": [TOKENS], "grpc_usage_trailer": "x-mock-usage-tokens",
                "default_max_tokens": 300})  # fmt: skip
-    ctx = rig.ctx(claims={"tenant": "g"}, protocol=Protocol.GRPC)
+    ctx = rig.ctx(claims={"tenant": "g"}, protocol=Wire.GRPC)
     assert await rig.request(ctx) is Status.CONTINUE
     ks = next(iter(next(iter(rig.lim.rules.values())).keys.values()))
     assert ks.bucket.tokens == pytest.approx(700)

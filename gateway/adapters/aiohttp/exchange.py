@@ -22,8 +22,8 @@ from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.streams import StreamReader
 
-from gateway.adapters.h1_messages import DEFER_MAX, REASONS, date_value
-from gateway.core.request import Protocol, RequestInfo
+from gateway.adapters.common import DEFER_MAX, REASONS, date_value
+from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class AiohttpExchange:
                 headers[k] = v if k not in headers else headers[k] + ", " + v
         path, _, self.query = request.raw_path.partition("?")
         self.info = RequestInfo(
-            Protocol.HTTP,
+            Wire.HTTP,
             request.method,
             path,
             headers,
@@ -230,7 +230,7 @@ class AiohttpExchange:
 
 def _check_framing(content: StreamReader) -> None:
     """At the end of a body: a chunked body whose framing broke after its last bytes were read
-    ends with an exception on the reader (`gateway.adapters.http`), not a clean end: never
+    ends with an exception on the reader (`gateway.adapters.aiohttp.server`), not a clean end: never
     forward what came as the whole body."""
     if content.exception() is not None:
         raise EOFError("incomplete body")

@@ -1,9 +1,10 @@
-"""HTTP/1.1 ingress, native engine: an `asyncio.Protocol` with the httptools (llhttp) parser.
+"""(compiled) HTTP/1.1 ingress, native engine: an `asyncio.Protocol` with the httptools (llhttp)
+parser.
 
 The default engine (`listeners.http.engine: native`); same outward behaviour as the aiohttp
-engine in `gateway.adapters.http` (a differential fuzz test holds them to it), ~30 µs cheaper per
+engine in `gateway.adapters.aiohttp` (a differential fuzz test holds them to it), ~30 µs cheaper per
 request. This module owns the connections (parsing, limits, timers, flow control); the
-per-request bytes are in `gateway.adapters.h1_exchange`, the request logic in
+per-request bytes are in `gateway.adapters.native.exchange`, the request logic in
 `gateway.forward.http`.
 
 What a connection does and refuses:
@@ -31,12 +32,12 @@ What a connection does and refuses:
 - a body that turns out malformed after its request was handed to the chain (a later read):
   the request task answers 400 `incomplete body`, as the aiohttp engine does.
 - writes: `drain()` waits on a Future resolved by `resume_writing`; a small whole answer on a
-  connection that stays open goes out with the loop turn's others (`h1_messages.OutBatch`).
+  connection that stays open goes out with the loop turn's others (`messages.OutBatch`).
 - one Task per request (`create_task` is ~1 % of the CPU profile; a task per connection
   that loops would need a Future per request instead).
 - HTTP/2: a connection whose first bytes are the HTTP/2 preface (h2c with prior knowledge), or
   whose TLS handshake selected `h2` by ALPN, is handed (with the bytes read so far) to the
-  HTTP/2 engine (`gateway.adapters.h2_server.serve_h2`).
+  HTTP/2 engine (`gateway.adapters.h2.server.serve_h2`).
 - `Expect: 100-continue` is answered with `100 Continue` when the body is first read (a request
   refused before that gets its answer and the connection is closed); another Expect gets 417.
 """
@@ -49,15 +50,20 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
-from gateway.adapters.h1_head import BAD, TOO_LARGE, HeadParser, Refused
-from gateway.adapters.h1_messages import HIGH_WATER, LOW_WATER, Req, simple_response
-from gateway.adapters.h2_guard import PREFACE
-from gateway.adapters.h2_server import serve_h2
-from gateway.adapters.tls_material import identity
+from gateway.adapters.h2 import PREFACE, serve_h2
+from gateway.adapters.native.messages import (
+    HIGH_WATER,
+    LOW_WATER,
+    SINGLETONS,
+    Req,
+    absolute,
+    simple_response,
+)
 from gateway.telemetry import metrics
+from gateway.tls.material import identity
 
 if TYPE_CHECKING:
-    from gateway.adapters.h1_server import H1Server
+    from gateway.adapters.native.server import H1Server
 
 __all__ = ["H1Conn"]
 
@@ -70,9 +76,21 @@ LINGER_S = 2.0
 LINGER_BYTES = 16 * 1024 * 1024
 
 
-class H1Conn(HeadParser, asyncio.Protocol):
-    """One client connection: the request queue, timers and flow control; the head's parser
-    callbacks and checks are `HeadParser`'s."""
+class Refused(Exception):
+    """Raised from a parser callback: the request is refused with this answer."""
+
+    def __init__(self, status: int, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.status, self.kind, self.text = status, kind, text
+
+
+TOO_LARGE = (431, "headers_too_large", "request header fields too large")
+BAD = (400, "bad_request", "malformed HTTP request")
+
+
+class H1Conn(asyncio.Protocol):
+    """One client connection: the head being parsed and its checks, the request queue, timers
+    and flow control."""
 
     def __init__(self, server: H1Server) -> None:
         self.server = server
@@ -80,7 +98,7 @@ class H1Conn(HeadParser, asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.client_cert = ""  # mTLS identity of the client (see gateway.adapters.tls_material)
+        self.client_cert = ""  # mTLS identity of the client (see gateway.tls.material)
         self.closed = False
         self.stopping = False  # close once the current request is answered
         self.ignore = False  # no more parsing (after `Connection: close`, an upgrade, an error)
@@ -95,7 +113,18 @@ class H1Conn(HeadParser, asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.drainer: asyncio.Future[None] | None = None
-        HeadParser.__init__(self)  # the head being parsed
+        # The head being parsed.
+        self.refused: Refused | None = None
+        self.in_head = False
+        self.head_bytes = 0
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.header_size = 0
+        self.host_seen = False
+        self.te_seen = False
+        self.seen: set[bytes] = set()  # singleton header names seen in this head
+        self.body_declared = False  # a non-zero Content-Length or chunked
+        self.trailers = 0  # trailer fields of the chunked body being read (dropped)
         # One lazily moved deadline.
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -200,6 +229,81 @@ class H1Conn(HeadParser, asyncio.Protocol):
         serve_h2(self.server.h2, self.transport, data, self.client_cert)
 
     # --- parser callbacks ---
+
+    def begin_head(self) -> None:
+        self.in_head = True
+        self.head_bytes = -1  # began inside the chunk being parsed
+        self.url = b""
+        self.headers = []
+        self.header_size = 0
+        self.host_seen = self.te_seen = self.body_declared = False
+        self.trailers = 0
+        self.seen.clear()
+
+    def refusal(self, answer: tuple[int, str, str]) -> Refused:
+        """The refusal to raise from a callback, kept in `refused` too: the connection reads it
+        there (the parser's error does not chain it when the callback is compiled)."""
+        r = self.refused = Refused(*answer)
+        return r
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        if len(self.url) > self.server.limits.max_line_bytes:
+            raise self.refusal(TOO_LARGE)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        limits = self.server.limits
+        if not self.in_head:  # a trailer of a chunked body: dropped, never a request header
+            self.trailers += 1
+            if self.trailers > limits.max_header_count:
+                raise self.refusal(TOO_LARGE)
+            return
+        size = len(name) + len(value)
+        if size + 2 > limits.max_line_bytes:
+            raise self.refusal(TOO_LARGE)
+        if len(self.headers) >= limits.max_header_count:
+            raise self.refusal(TOO_LARGE)
+        # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
+        # of the value).
+        stripped = value.rstrip(b" \t")
+        if stripped is not value:  # (rstrip returns the value itself when nothing goes)
+            value = stripped
+            size = len(name) + len(value)
+        ln = name.lower()
+        if ln in SINGLETONS:
+            if ln in self.seen:
+                raise self.refusal(BAD)
+            self.seen.add(ln)
+            if ln == b"host":
+                self.host_seen = True
+            elif ln == b"transfer-encoding":
+                if value.lower() != b"chunked":
+                    raise self.refusal(BAD)
+                self.te_seen = self.body_declared = True
+            elif ln == b"content-length" and value.lstrip(b"0"):
+                self.body_declared = True
+        self.header_size += size + 4
+        self.headers.append((name, value))
+
+    def parsed_head(self) -> Req:
+        """The request of the complete head (raises Refused)."""
+        parser = self.parser
+        method = parser.get_method().decode("ascii")
+        http10 = parser.get_http_version() == "1.0"
+        url = self.url
+        if (
+            method == "CONNECT"
+            or (not self.host_seen and not http10)  # RFC 9112 §3.2: 400 without Host
+            or (self.te_seen and http10)  # RFC 9112 §6.1: faulty framing
+            or (url[:1] != b"/" and not (url == b"*" and method == "OPTIONS") and not absolute(url))
+            # llhttp would take its body for the upgraded protocol; nothing is upgraded here
+            or (self.body_declared and parser.should_upgrade())
+        ):
+            raise self.refusal(BAD)
+        req = Req(method, url, self.headers, self.header_size, parser.should_keep_alive())
+        req.http10 = http10
+        req.chunked = self.te_seen
+        return req
 
     def on_message_begin(self) -> None:
         self.begin_head()

@@ -1,23 +1,18 @@
-"""Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), the cached Date value,
-complete JSON error responses, and the header and target rules its parser applies."""
+"""(compiled) Raw HTTP/1.1 pieces of the native engine: the parsed request (`Req`), complete JSON
+error responses, and the header and target rules its parser applies."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 import typing
 from collections import deque
-from email.utils import formatdate
-from http import HTTPStatus
 
+from gateway.adapters.common import REASONS, date_value
 from gateway.forward.headers import error_body
 
-DEFER_MAX = 65536  # answers under this size may wait for the loop turn's batch (`OutBatch`)
 HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
 LOW_WATER = 64 * 1024
-REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_date: list[object] = [0, b""]
 
 
 class OutBatch:
@@ -47,16 +42,6 @@ class OutBatch:
 class Flushable(typing.Protocol):
     def flush_out(self) -> None:
         """Write what was deferred (nothing if it went already, or the connection closed)."""
-
-
-def date_value() -> bytes:
-    """The Date header value, formatted once per second."""
-    now = int(time.time())
-    if _date[0] != now:
-        _date[0], _date[1] = now, formatdate(now, usegmt=True).encode()
-    value = _date[1]
-    assert isinstance(value, bytes)
-    return value
 
 
 # Header names that may appear once (the set aiohttp's parser enforces): a second one is a 400.

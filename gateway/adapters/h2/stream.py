@@ -1,8 +1,8 @@
 """One HTTP/2 stream of Sluice's HTTP/2 engine, as its handler sees it: the request head, the
 request body as it arrives, and the waits (more body, send window) the connection ends.
 
-Engine-neutral within HTTP/2: the HTTP exchange (`gateway.adapters.h2_exchange`) and the gRPC
-one (`gateway.adapters.h2_grpc`) use it. Window is returned to the client only when the
+Engine-neutral within HTTP/2: the HTTP exchange (`gateway.adapters.h2.exchange`) and the gRPC
+one (`gateway.adapters.h2.grpc`) use it. Window is returned to the client only when the
 handler takes the bytes (`take`), so a stream whose consumer is slow holds at most its own
 window.
 """
@@ -17,7 +17,7 @@ import h2.errors
 
 
 class StreamConn(typing.Protocol):
-    """What a stream uses of its connection (`gateway.adapters.h2_conn.H2Conn`)."""
+    """What a stream uses of its connection (`gateway.adapters.h2.conn.H2Conn`)."""
 
     @property
     def peer(self) -> str: ...

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gateway.errors import TlsError, UpstreamTlsError
-from gateway.tlsfiles import read_pem
+from gateway.tls.files import read_pem
 
 if TYPE_CHECKING:
     from gateway.policy.backends import UpstreamTls

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.adapters.tls import TlsOwner
-from gateway.adapters.tls_material import grpc_identity, identity
 from gateway.errors import TlsError
 from gateway.policy.base import ListenerTls
 from gateway.telemetry import metrics
+from gateway.tls.listener import TlsOwner
+from gateway.tls.material import grpc_identity, identity
 from tests.tls_support import TestCA, replace_atomically
 
 

@@ -1,4 +1,5 @@
-"""The native engine's `Exchange`: one parsed request (`Req`) on an `H1Conn`, as raw bytes.
+"""(compiled) The native engine's `Exchange`: one parsed request (`Req`) on an `H1Conn`, as raw
+bytes.
 
 Moves bytes only: the body from the connection's buffer (with flow control and
 `100 Continue`), the response head and body to the transport (chunked framing, Connection,
@@ -13,15 +14,9 @@ import typing
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
-from gateway.adapters.h1_messages import (
-    CONTINUE,
-    DEFER_MAX,
-    HIGH_WATER,
-    REASONS,
-    Req,
-    date_value,
-)
-from gateway.core.request import Protocol, RequestInfo
+from gateway.adapters.common import DEFER_MAX, REASONS, date_value
+from gateway.adapters.native.messages import CONTINUE, HIGH_WATER, Req
+from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
 
 if TYPE_CHECKING:
@@ -32,8 +27,8 @@ log = logging.getLogger(__name__)
 _LAST_CHUNK = b"0\r\n\r\n"
 
 
-class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol enum)
-    """What an exchange uses of its client connection (`gateway.adapters.h1.H1Conn`)."""
+class ClientConn(typing.Protocol):
+    """What an exchange uses of its client connection (`gateway.adapters.native.conn.H1Conn`)."""
 
     @property
     def transport(self) -> asyncio.Transport | None: ...
@@ -70,7 +65,7 @@ class ClientConn(typing.Protocol):  # (`Protocol` here is the request's protocol
         """The request task ends: next queued request, idle timer, or close."""
 
     def defer(self, data: bytes) -> None:
-        """Write `data` with the loop turn's other answers (`h1_messages.OutBatch`)."""
+        """Write `data` with the loop turn's other answers (`messages.OutBatch`)."""
 
     def flush_out(self) -> None:
         """Write what `defer` kept, before any other write."""
@@ -95,7 +90,7 @@ class H1Exchange:
         cl_raw = headers.get("content-length")
         cl = int(cl_raw) if cl_raw is not None else None  # digits only: llhttp checked them
         self.info = RequestInfo(
-            Protocol.HTTP,
+            Wire.HTTP,
             req.method,
             path,
             headers,

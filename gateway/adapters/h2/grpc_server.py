@@ -1,9 +1,9 @@
 """The gRPC listener on Sluice's HTTP/2 engine (`listeners.grpc.engine: h2`): binds the socket
 (plaintext h2c with prior knowledge, or TLS with ALPN h2 through the listener's `TlsOwner`,
-rotated like the HTTP listener's), serves every connection with `h2_conn.H2Conn` under
+rotated like the HTTP listener's), serves every connection with `conn.H2Conn` under
 `limits.http2` (stream concurrency from `limits.grpc_max_concurrent_streams`, no cap on calls
 per connection) and every stream
-with `h2_grpc.H2GrpcHandler`, and drains with the two-step GOAWAY.
+with `grpc.H2GrpcHandler`, and drains with the two-step GOAWAY.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from gateway.adapters.h2_grpc import H2GrpcHandler
-from gateway.adapters.h2_guard import MAX_STREAM_ID
-from gateway.adapters.h2_server import H2Server
+from gateway.adapters.h2.grpc import H2GrpcHandler
+from gateway.adapters.h2.guard import MAX_STREAM_ID
+from gateway.adapters.h2.server import H2Server
 from gateway.forward.grpc import GrpcForward
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ async def start_h2_grpc(
     cfg = policy.listeners.grpc
     tls = None
     if cfg is not None and cfg.tls is not None:
-        from gateway.adapters.tls import listener_tls
+        from gateway.tls.listener import listener_tls
 
         tls = listener_tls(gateway.services, "grpc", cfg.tls)
         h2.mtls = tls.verifies_clients
@@ -79,7 +79,7 @@ async def start_h2_grpc(
         h2,
         host,
         port,
-        reuse_port=True,  # one process per core shares the port (DESIGN: --workers)
+        reuse_port=True,  # one process per core shares the port (`sluice serve --workers`)
         backlog=1024,
         ssl=tls.context if tls is not None else None,
         ssl_handshake_timeout=policy.timeouts.tls_handshake_s if tls is not None else None,

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from gateway.errors import TlsError
 from gateway.policy.base import ListenerTls
-from gateway.tlsfiles import read_pem
+from gateway.tls.files import read_pem
 
 MAX_IDENTITY = 256  # characters of a client identity kept (keys cut further, to 128)
 

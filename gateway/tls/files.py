@@ -1,9 +1,8 @@
 """Reading TLS files (certificates, keys, CA bundles) for the listeners and for the backends.
 
 One bounded read: a file that cannot be read, or is larger than `MAX_FILE_BYTES`, is a
-`TlsError` naming the policy field at fault. A leaf: the listeners' TLS (`gateway.adapters`) and
-the backends' (`gateway.upstream`, below `gateway.forward`) both import it, so it may import
-nothing of theirs. File contents are never put in a message: only paths and the OS's reason.
+`TlsError` naming the policy field at fault. File contents are never put in a message: only
+paths and the OS's reason.
 """
 
 from __future__ import annotations

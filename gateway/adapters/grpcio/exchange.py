@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from gateway.adapters.tls_material import grpc_identity
 from gateway.forward.grpc_exchange import Metadata, request_info
+from gateway.tls.material import grpc_identity
 
 if TYPE_CHECKING:
-    from gateway.adapters.grpc_calls import CallAccounting
+    from gateway.adapters.grpcio.calls import CallAccounting
     from gateway.forward.grpc import GrpcForward
 
 Context = grpc.aio.ServicerContext[bytes, bytes]

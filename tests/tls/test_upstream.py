@@ -18,9 +18,9 @@ from gateway.mockbackend.tls import ServerTls
 from gateway.policy.compiled import Endpoint, endpoint_of
 from gateway.policy.model import Limits, Policy, Timeouts
 from gateway.registry.health import check_grpc, check_http
+from gateway.tls.upstream import client_tls
 from gateway.upstream.channels import ChannelPool, channel_options, open_channel
 from gateway.upstream.pool import UpstreamPool
-from gateway.upstream.tls import client_tls
 from tests.support import until
 from tests.tls_support import SERVER_NAME, Pki, make_pki
 

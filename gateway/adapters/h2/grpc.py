@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from h2.errors import ErrorCodes
 
-from gateway.adapters.h2_stream import H2Stream, StreamConn
+from gateway.adapters.h2.stream import H2Stream, StreamConn
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import (
     GRPC_CANCELLED,
@@ -280,7 +280,7 @@ class H2GrpcExchange:
 
 class H2GrpcHandler:
     """Serves the streams of a gRPC listener on the HTTP/2 engine: one task and one exchange
-    per call (`gateway.adapters.h2_server.StreamHandler`). Methods in `unary` are read whole
+    per call (`gateway.adapters.h2.server.StreamHandler`). Methods in `unary` are read whole
     and served by the lifecycle's unary path (one upstream unary call: the cheaper one), the
     rest as streams."""
 

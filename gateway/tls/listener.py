@@ -8,7 +8,7 @@ here, outside any handshake, and swapped in whole. The listener keeps its first 
 `sni_callback` (run for every handshake, SNI or not) points the connection at the current one
 (`ssl_object.context = current`): new connections get the new certificate, open ones keep what
 they negotiated. Every context is built by the same function, so ALPN and client verification
-stay identical (../shared/reference/http2-tls.md, "TLS on asyncio / uvloop").
+stay identical (an exception in the callback would abort that handshake, so nothing is built there).
 
 gRPC (grpc.aio): the server takes `grpc.dynamic_ssl_server_credentials`, whose fetcher the C core
 calls (from its own threads) before each new handshake; it answers with the new configuration
@@ -29,15 +29,15 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.adapters.tls_material import Changing, Material, load_material, signature
 from gateway.errors import TlsError
 from gateway.services import ServiceKey
 from gateway.telemetry import edge_metrics
+from gateway.tls.material import Changing, Material, load_material, signature
 
 if TYPE_CHECKING:
     import grpc
 
-    from gateway.policy.base import ListenerTls
+    from gateway.policy.base import Listener, ListenerTls
     from gateway.services import Services
 
 log = logging.getLogger("sluice.tls")
@@ -244,3 +244,13 @@ def listener_tls(
     owner = services.get(TLS_KEYS[listener], lambda: TlsOwner(listener, cfg, alpn))
     owner.start(services, Settings.from_env().tls_watch_interval_s)
     return owner
+
+
+def server_tls(
+    services: Services, listener: Listener | None, http2: bool = True
+) -> TlsOwner | None:
+    """The TLS owner of the HTTP listener, or None when it serves plaintext; `http2`: ALPN
+    offers h2 (the native engine), else HTTP/1.1 only (aiohttp)."""
+    if listener is None or listener.tls is None:
+        return None
+    return listener_tls(services, "http", listener.tls, None if http2 else HTTP1_ONLY)

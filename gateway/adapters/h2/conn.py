@@ -1,12 +1,12 @@
 """Sluice's HTTP/2 engine: one connection as an `asyncio.Protocol` over python-hyper `h2`
 (sans-IO), with the limits h2 leaves to its embedder (`limits.http2`).
 
-The loop (STYLE rule 19): `data_received` → the frame guard counts frame headers
-(`gateway.adapters.h2_guard`) → `receive_data` → every event handled → one `data_to_send()` →
-one write. Each new stream goes to the listener's `h2_server.StreamHandler` (HTTP routes:
-`h2_exchange.H2HttpHandler`; gRPC calls: `h2_grpc.H2GrpcHandler`), which runs it in a task of
-its own. A TLS listener that verifies client certificates (`mtls`) and hands connections to
-this engine directly has the identity read here.
+The loop ("The HTTP/2 connection loop" in docs/contributing.md): `data_received` → the frame guard
+counts frame headers (`gateway.adapters.h2.guard`) → `receive_data` → every event handled → one
+`data_to_send()` → one write. Each new stream goes to the listener's `server.StreamHandler` (HTTP
+routes: `exchange.H2HttpHandler`; gRPC calls: `grpc.H2GrpcHandler`), which runs it in a task of its
+own. A TLS listener that verifies client certificates (`mtls`) and hands connections to this engine
+directly has the identity read here.
 
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
@@ -45,20 +45,21 @@ from typing import cast
 import h2.events as ev
 from h2.errors import ErrorCodes
 from h2.exceptions import H2Error, ProtocolError
+from hyperframe.frame import GoAwayFrame
 
-from gateway.adapters.h2_ending import H2Ending
-from gateway.adapters.h2_guard import (
+from gateway.adapters.h2.guard import (
     CONTROL_QUEUE,
     MAX_STREAM_ID,
     RAPID_RESET,
+    Breach,
     FrameGuard,
     request_headers,
     server_h2,
     start_h2,
 )
-from gateway.adapters.h2_stream import H2Stream
-from gateway.adapters.tls_material import identity
+from gateway.adapters.h2.stream import H2Stream
 from gateway.telemetry import metrics
+from gateway.tls.material import identity
 
 if typing.TYPE_CHECKING:
     from gateway.policy.base import Http2Limits
@@ -68,10 +69,11 @@ __all__ = ["H2Conn", "Listener"]
 log = logging.getLogger(__name__)
 
 EARLY_RESET_S = 1.0  # a client reset this soon after the stream began counts as early (Envoy)
+ABORT_AFTER_S = 1.0  # a closing connection whose GOAWAY the client does not read is cut
 
 
 class Listener(typing.Protocol):
-    """What a connection uses of its listener (`gateway.adapters.h2_server.H2Server`)."""
+    """What a connection uses of its listener (`gateway.adapters.h2.server.H2Server`)."""
 
     loop: asyncio.AbstractEventLoop
     limits: Http2Limits
@@ -87,9 +89,9 @@ class Listener(typing.Protocol):
         ...
 
 
-class H2Conn(H2Ending, asyncio.Protocol):
-    """One client connection: h2's state, the guard, the streams and flow control; how it ends
-    (GOAWAYs, drain, close, its timer) is `H2Ending`'s."""
+class H2Conn(asyncio.Protocol):
+    """One client connection: h2's state, the guard, the streams and flow control, and how it
+    ends (GOAWAYs, drain, close, its timer)."""
 
     server: Listener
 
@@ -315,7 +317,93 @@ class H2Conn(H2Ending, asyncio.Protocol):
         except H2Error:
             pass  # closed on both sides already
 
-    # --- what streams call (`gateway.adapters.h2_stream.StreamConn`) ---
+    # --- ending: GOAWAYs (a breach's, the graceful two-step drain of RFC 9113 §6.8, the last
+    # one), the close and the cut of a client that does not read, and the idle deadline ---
+
+    def calm(self, breach: Breach) -> None:
+        """A limit was passed: GOAWAY with its code, then close."""
+        log.info("HTTP/2 connection from %s ended: %s", self.peer, breach.reason)
+        metrics.REJECTED.labels("h2_" + breach.reason, self.server.protocol).inc()
+        try:
+            self.h2.close_connection(breach.code)
+        except H2Error:
+            pass
+        self.close()
+
+    def close(self) -> None:
+        """Flush, close, and cut if the client does not take the rest within ABORT_AFTER_S."""
+        if self.closing or self.transport is None:
+            return
+        self.closing = True
+        self.flush()
+        for stream in list(self.streams.values()):
+            self.stream_gone(stream)
+        transport = self.transport
+        if self.write_paused:  # the client does not read: nothing more will reach it
+            transport.abort()
+            return
+        transport.close()
+        if transport.get_write_buffer_size():
+            self.loop.call_later(ABORT_AFTER_S, transport.abort)
+
+    def send_goaway(self, last: int) -> None:
+        if last == self.final_sent:
+            return
+        self.final_sent = last
+        self.flush()  # frames h2 queued go first
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
+            frame = GoAwayFrame(0)
+            frame.last_stream_id = last
+            frame.error_code = ErrorCodes.NO_ERROR
+            self.transport.write(frame.serialize())
+
+    def drain(self) -> None:
+        """The graceful two-step GOAWAY (the listener drains)."""
+        if self.goaway or self.closing:
+            return
+        self.goaway = 1
+        self.send_goaway(MAX_STREAM_ID)
+        self.loop.call_later(self.limits.drain_goaway_delay_s, self.final_goaway)
+
+    def final_goaway(self, last: int | None = None) -> None:
+        if self.goaway == 2 or self.closing or self.closed:
+            return
+        self.goaway = 2
+        self.last_sid = self.h2.highest_inbound_stream_id if last is None else last
+        self.send_goaway(self.last_sid)
+        if not self.streams:
+            self.close()
+
+    def shutdown(self) -> None:
+        """The drain is over: the last GOAWAY and a close when no stream is left, else a cut
+        (its streams are cancelled)."""
+        if self.transport is None or self.closed:
+            return
+        if self.streams:
+            self.transport.abort()
+            return
+        self.final_goaway()
+        self.send_goaway(self.last_sid)
+        self.close()
+
+    # --- timer ---
+
+    def arm(self, seconds: float) -> None:
+        self.deadline = self.loop.time() + seconds
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.deadline, self.expired)
+
+    def expired(self) -> None:
+        self.timer = None
+        if self.deadline is None or self.closed:
+            return
+        if self.loop.time() >= self.deadline:
+            self.send_goaway(self.h2.highest_inbound_stream_id)  # idle, or headers not in time
+            self.close()
+        else:
+            self.timer = self.loop.call_at(self.deadline, self.expired)
+
+    # --- what streams call (`gateway.adapters.h2.stream.StreamConn`) ---
 
     def consumed(self, stream: H2Stream, size: int) -> None:
         if not self.closed and not stream.reset:

@@ -3,13 +3,13 @@ counts them against `limits.http2`, so a flood ends the connection before h2 buf
 it.
 
 python-hyper `h2` bounds the decoded header list, its CONTINUATION backlog (64) and the flow
-windows, but buffers a frame whose header declares a huge length until the whole payload
-arrives, ACKs every PING and SETTINGS into an unbounded buffer, and counts no PRIORITY,
-WINDOW_UPDATE or empty DATA frame (`../shared/reference/http2-tls.md`). The guard reads only the
-9-byte headers (payloads are skipped, never copied) and keeps per connection: the declared
-length against SETTINGS_MAX_FRAME_SIZE, CONTINUATION frames and bytes per header block, PING and
-SETTINGS per second, consecutive empty DATA frames, PRIORITY frames per stream (Envoy),
-WINDOW_UPDATE frames against the DATA frames sent (Envoy), and new streams per read (nginx).
+windows, but buffers a frame whose header declares a huge length until the whole payload arrives,
+ACKs every PING and SETTINGS into an unbounded buffer, and counts no PRIORITY, WINDOW_UPDATE or
+empty DATA frame (h2 4.4: `h2/frame_buffer.py`, `h2/connection.py`). The guard reads only the 9-byte
+headers (payloads are skipped, never copied) and keeps per connection: the declared length against
+SETTINGS_MAX_FRAME_SIZE, CONTINUATION frames and bytes per header block, PING and SETTINGS per
+second, consecutive empty DATA frames, PRIORITY frames per stream (Envoy), WINDOW_UPDATE frames
+against the DATA frames sent (Envoy), and new streams per read (nginx).
 Pure: callers pass the bytes and `now`; a breach is returned, never raised. `server_h2` and
 `start_h2` apply the same limits to h2's own state (the SETTINGS advertised, the windows).
 """

@@ -4,7 +4,7 @@ One `GenericRpcHandler` answers every method: a unary handler for methods known 
 policy's `unary_methods` plus what the backends' server reflection lists), because a stream-stream
 handler costs ~65 % more per call; stream-stream for every other method, which carries
 unary-stream, stream-unary and stream-stream alike since messages are forwarded as they come.
-Per call the adapter only translates (`gateway.adapters.grpc_exchange`: the call's context as a
+Per call the adapter only translates (`gateway.adapters.grpcio.exchange`: the call's context as a
 `GrpcExchange`); the call's lifecycle, from the chain to the upstream call and the status, is
 `gateway.forward.grpc`.
 
@@ -18,32 +18,31 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
-from gateway.adapters.grpc_calls import CallAccounting
-from gateway.adapters.grpc_exchange import stream_call, unary_call
+from gateway.adapters.grpcio.calls import CallAccounting
+from gateway.adapters.grpcio.exchange import stream_call, unary_call
 from gateway.forward.grpc import GrpcForward
+from gateway.tls.listener import listener_tls
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
-    from gateway.policy.compiled import CompiledPolicy, Endpoint
     from gateway.policy.model import Limits
 
 log = logging.getLogger("sluice.grpc")
 
 
 MAX_CACHED_HANDLERS = 4096  # method names come from clients: bound what we remember of them
-DISCOVERY_TIMEOUT_S = 2.0
 
 
 def server_options(limits: Limits) -> list[tuple[str, Any]]:
     """grpc.aio server options from the policy limits (read at start: a reload cannot change
     them on a bound server)."""
     return [
-        ("grpc.so_reuseport", 1),  # one process per core shares the port (DESIGN: --workers)
+        ("grpc.so_reuseport", 1),  # one process per core shares the port (`sluice serve --workers`)
         ("grpc.max_concurrent_streams", limits.grpc_max_concurrent_streams),
         ("grpc.max_receive_message_length", limits.grpc_max_message_bytes),
         ("grpc.max_send_message_length", limits.grpc_max_message_bytes),
@@ -96,86 +95,12 @@ class _Proxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return handler
 
 
-class MethodKinds(Protocol):
-    """Which methods an engine serves as unary (`_Proxy` for grpc.aio, `H2GrpcHandler`)."""
-
-    unary: frozenset[str]
-
-    def set_unary(self, methods: frozenset[str]) -> None: ...
-
-
-class Server(Protocol):
-    """A bound engine: grpc.aio's server, or `gateway.adapters.h2_grpc_server.H2GrpcServer`."""
-
-    async def stop(self, grace: float | None) -> None: ...
-
-
-class GrpcListener:
-    """The bound gRPC server. `stop(grace)` drains; `refresh_unary()` after policy reloads."""
-
-    def __init__(self, gateway: Gateway, server: Server, port: int, proxy: MethodKinds) -> None:
-        self.port = port
-        self._gw = gateway
-        self._server = server
-        self._proxy = proxy
-        self._discovery: asyncio.Task[frozenset[str]] | None = None
-
-    @property
-    def unary_methods(self) -> frozenset[str]:
-        return self._proxy.unary
-
-    async def refresh_unary(self, timeout: float = DISCOVERY_TIMEOUT_S) -> frozenset[str]:
-        """Recompute the unary set: the policy's `unary_methods` at once, then ∪ what server
-        reflection of each `discover_unary` backend lists (bounded by `timeout`, never raises)."""
-        compiled = self._gw.active.policy
-        self._proxy.set_unary(self._proxy.unary | compiled.unary_methods)
-        found = await asyncio.gather(
-            *(self._gw.channels.discover_unary(e, timeout) for e in _discoverable(compiled))
-        )
-        # The policy may have been swapped while we waited: recompute from the current one.
-        methods = self._gw.active.policy.unary_methods.union(*found)
-        self._proxy.set_unary(methods)
-        return methods
-
-    def start_discovery(self) -> None:
-        """Refresh the unary set in the background (serving goes on with stream-stream)."""
-        if self._discovery is not None and not self._discovery.done():
-            self._discovery.cancel()
-        self._discovery = asyncio.get_running_loop().create_task(self.refresh_unary())
-
-    async def stop(self, grace: float) -> None:
-        """Refuse new RPCs now, let in-flight ones (streams too) run up to `grace`, then cancel."""
-        if self._discovery is not None and not self._discovery.done():
-            self._discovery.cancel()
-            await asyncio.gather(self._discovery, return_exceptions=True)
-        await self._server.stop(grace)
-
-
-def _discoverable(compiled: CompiledPolicy) -> list[Endpoint]:
-    seen: dict[str, Endpoint] = {}
-    for route in compiled.routes:
-        for e in route.endpoints:
-            b = compiled.backends.get(e.backend)
-            if b is not None and b.protocol == "grpc" and b.discover_unary:
-                seen.setdefault(e.address, e)
-    return list(seen.values())
-
-
-async def start_grpc(
-    gateway: Gateway, host: str, port: int, engine: str | None = None
-) -> GrpcListener:
-    """Bind and start the gRPC listener on `engine` (default: the policy's
-    `listeners.grpc.engine`); unary discovery runs in the background."""
+async def start_grpcio(
+    gateway: Gateway, host: str, port: int
+) -> tuple[grpc.aio.Server, int, _Proxy]:
+    """Bind and start grpc.aio's server with the generic handler: the server, the bound port and
+    the handler (which methods it serves as unary)."""
     policy = gateway.active.policy.policy
-    if engine is None:
-        engine = policy.listeners.grpc.engine if policy.listeners.grpc is not None else "h2"
-    if engine == "h2":
-        from gateway.adapters.h2_grpc_server import start_h2_grpc
-
-        h2_server, h2_port, kinds = await start_h2_grpc(gateway, host, port)
-        h2_listener = GrpcListener(gateway, h2_server, h2_port, kinds)
-        h2_listener.start_discovery()
-        return h2_listener
     proxy = _Proxy(gateway, asyncio.get_running_loop())
     proxy.set_unary(gateway.active.policy.unary_methods)
     options = server_options(policy.limits)
@@ -188,12 +113,8 @@ async def start_grpc(
     if tls_cfg is None:
         bound = server.add_insecure_port(address)
     else:
-        from gateway.adapters.tls import listener_tls
-
         tls = listener_tls(gateway.services, "grpc", tls_cfg)
         bound = server.add_secure_port(address, tls.grpc_credentials())
         proxy.client_certs = tls.verifies_clients
     await server.start()
-    listener = GrpcListener(gateway, server, bound, proxy)
-    listener.start_discovery()
-    return listener
+    return server, bound, proxy

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-from gateway.adapters.h1_messages import date_value
-from gateway.adapters.h2_stream import H2Stream, StreamConn
-from gateway.core.request import Protocol, RequestInfo
+from gateway.adapters.common import date_value
+from gateway.adapters.h2.stream import H2Stream, StreamConn
+from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
 from gateway.forward.headers import error_body
 from gateway.telemetry import metrics
@@ -75,7 +75,7 @@ class H2Exchange:
         cl = int(cl_raw) if cl_raw is not None and cl_raw.isdigit() else None
         m = method.decode("latin-1")
         self.info = RequestInfo(
-            Protocol.HTTP, m, p, headers, peer, headers.get("host", ""), cl, client_cert
+            Wire.HTTP, m, p, headers, peer, headers.get("host", ""), cl, client_cert
         )
         self.raw_headers: Sequence[tuple[bytes, bytes]] = raw
         self.header_bytes = size
@@ -192,7 +192,7 @@ def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]
 
 class H2HttpHandler:
     """Serves the streams of an HTTP listener: one task and one exchange per stream, through
-    the forwarding path of HTTP/1.1 (`gateway.adapters.h2_server.StreamHandler`)."""
+    the forwarding path of HTTP/1.1 (`gateway.adapters.h2.server.StreamHandler`)."""
 
     def __init__(self, forward: HttpForward) -> None:
         self.forward = forward

@@ -1,24 +1,22 @@
 """The native HTTP engine's listener: binds the socket, owns the open connections, and drains
-them on close. Connections are `gateway.adapters.h1.H1Conn`; requests `h1_exchange.H1Handler`;
-a connection that opens with the HTTP/2 preface (or negotiates `h2` by ALPN) becomes an
-`h2_conn.H2Conn` of the listener's `H2Server`."""
+them on close. Connections are `conn.H1Conn`; requests `exchange.H1Handler`; a connection that
+opens with the HTTP/2 preface (or negotiates `h2` by ALPN) becomes a connection of the
+listener's `H2Server` (the `gateway.adapters.h2` engine)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING
 
-from gateway.adapters.h1 import H1Conn
-from gateway.adapters.h1_exchange import H1Handler
-from gateway.adapters.h1_messages import OutBatch
-from gateway.adapters.h2_exchange import H2HttpHandler
-from gateway.adapters.h2_server import H2Server
+from gateway.adapters.h2 import H2HttpHandler, H2Server
+from gateway.adapters.native.conn import H1Conn
+from gateway.adapters.native.exchange import H1Handler
+from gateway.adapters.native.messages import OutBatch
 from gateway.forward.http import HttpForward
+from gateway.tls.listener import server_tls
 
 if TYPE_CHECKING:
-    from gateway.adapters.tls import TlsOwner
     from gateway.app import Gateway
-    from gateway.policy.base import Listener
 
 
 class H1Server:
@@ -92,7 +90,7 @@ async def start_native(
     loop = asyncio.get_running_loop()
     h1 = H1Server(gateway, loop)
     policy = gateway.active.policy.policy
-    tls = server_tls(gateway, policy.listeners.http)
+    tls = server_tls(gateway.services, policy.listeners.http)
     if tls is not None:
         h1.mtls = tls.verifies_clients
     server = await loop.create_server(
@@ -105,13 +103,3 @@ async def start_native(
         ssl_handshake_timeout=policy.timeouts.tls_handshake_s if tls is not None else None,
     )
     return NativeListener(server, h1)
-
-
-def server_tls(gateway: Gateway, listener: Listener | None, http2: bool = True) -> TlsOwner | None:
-    """The TLS owner of the HTTP listener, or None when it serves plaintext; `http2`: ALPN
-    offers h2 (the native engine), else HTTP/1.1 only (aiohttp)."""
-    if listener is None or listener.tls is None:
-        return None
-    from gateway.adapters.tls import HTTP1_ONLY, listener_tls
-
-    return listener_tls(gateway.services, "http", listener.tls, None if http2 else HTTP1_ONLY)

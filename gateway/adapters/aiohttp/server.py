@@ -1,9 +1,8 @@
-"""HTTP/1.1 ingress on aiohttp's low-level `web.Server` (`listeners.http.engine: aiohttp`), and
-`start_http`, which starts the engine the policy names (the default, native, engine is
-`gateway.adapters.h1_server`).
+"""HTTP/1.1 ingress on aiohttp's low-level `web.Server` (`listeners.http.engine: aiohttp`);
+`gateway.adapters.engines.start_http` starts it when the policy names it.
 
 The engine moves bytes only: each request is wrapped in an `AiohttpExchange`
-(`gateway.adapters.http_exchange`) and handed to `HttpForward.serve` (`gateway.forward.http`),
+(`gateway.adapters.aiohttp.exchange`) and handed to `HttpForward.serve` (`gateway.forward.http`),
 which owns everything else: the chain, the header-total and body bounds (431, 413), the upstream
 call through the pool, deadlines, the response phase and the bookkeeping.
 
@@ -44,17 +43,17 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
-from gateway.adapters.http_exchange import AiohttpExchange
-from gateway.adapters.tls_material import identity
+from gateway.adapters.aiohttp.exchange import AiohttpExchange
 from gateway.forward.headers import JSON, error_body
 from gateway.forward.http import HttpForward
 from gateway.telemetry import metrics
+from gateway.tls.listener import server_tls
+from gateway.tls.material import identity
 
 if TYPE_CHECKING:
-    from gateway.adapters.h1_server import NativeListener
     from gateway.app import Gateway
 
-__all__ = ["HttpListener", "start_http"]
+__all__ = ["HttpListener", "start_aiohttp"]
 
 
 class _Handle:
@@ -116,7 +115,7 @@ class _Handler(RequestHandler):
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.sluice_peer = ""
-        self.sluice_cert = ""  # mTLS identity of the client (gateway.adapters.tls_material)
+        self.sluice_cert = ""  # mTLS identity of the client (gateway.tls.material)
         self._mtls = manager.mtls
         self._header_deadline = manager.header_read_s
         self._max_line = manager.max_line_bytes
@@ -246,25 +245,11 @@ class HttpListener:
         await self._runner.cleanup()
 
 
-async def start_http(
-    gateway: Gateway,
-    host: str,
-    port: int,
-    *,
-    reuse_port: bool = False,
-    engine: str | None = None,
-) -> HttpListener | NativeListener:
-    """Bind the HTTP ingress. Parser limits and keep-alive come from the policy at start.
-
-    `engine` overrides the policy's `listeners.http.engine` ("native", the default: the
-    `gateway.adapters.h1_server` server, or "aiohttp": same interface and behaviour, dearer)."""
+async def start_aiohttp(
+    gateway: Gateway, host: str, port: int, *, reuse_port: bool = False
+) -> HttpListener:
+    """Bind the aiohttp HTTP ingress. Parser limits and keep-alive come from the policy at start."""
     policy = gateway.active.policy.policy
-    if engine is None:
-        engine = policy.listeners.http.engine if policy.listeners.http else "native"
-    if engine == "native":
-        from gateway.adapters.h1_server import start_native
-
-        return await start_native(gateway, host, port, reuse_port=reuse_port)
     limits, timeouts = policy.limits, policy.timeouts
     server = _Server(
         _Handle(HttpForward(gateway, asyncio.get_running_loop())),
@@ -279,9 +264,7 @@ async def start_http(
     )
     runner = web.ServerRunner(server, handle_signals=False)
     await runner.setup()
-    from gateway.adapters.h1_server import server_tls
-
-    tls = server_tls(gateway, policy.listeners.http, http2=False)
+    tls = server_tls(gateway.services, policy.listeners.http, http2=False)
     site: web.TCPSite
     if tls is None:
         site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)

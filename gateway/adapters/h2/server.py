@@ -1,6 +1,6 @@
 """The HTTP/2 engine's listener side: the per-listener `H2Server` (limits, timeouts, the stream
 handler, the open connections) and `serve_h2`, which hands an accepted connection to the engine
-(`gateway.adapters.h2_conn.H2Conn`).
+(`gateway.adapters.h2.conn.H2Conn`).
 
 For the TLS listener: when the handshake selected ALPN `h2`, call `serve_h2(server, transport)`
 from the protocol's `connection_made` (the native engine's `H1Conn.connection_made` does so
@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import typing
 
-from gateway.adapters.h2_conn import H2Conn
-from gateway.adapters.h2_stream import H2Stream
+from gateway.adapters.h2.conn import H2Conn
+from gateway.adapters.h2.stream import H2Stream
 
 if typing.TYPE_CHECKING:
     from gateway.policy.base import Http2Limits
@@ -22,8 +22,8 @@ __all__ = ["H2Server", "StreamHandler", "serve_h2"]
 
 
 class StreamHandler(typing.Protocol):
-    """Serves the streams of one listener: HTTP routes (`h2_exchange.H2HttpHandler`) or gRPC
-    calls (`h2_grpc.H2GrpcHandler`)."""
+    """Serves the streams of one listener: HTTP routes (`exchange.H2HttpHandler`) or gRPC
+    calls (`grpc.H2GrpcHandler`)."""
 
     def start(self, conn: H2Conn, stream: H2Stream) -> asyncio.Task[None]:
         """Run the stream in a task of its own; the task calls `conn.stream_done` as it ends."""
