@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.core.request import RequestInfo
 from gateway.filters.registry import build_chain
+from gateway.fleet.store import configure_fleet
 from gateway.policy.compiled import CompiledPolicy
 from gateway.registry.pool import BACKENDS
 from gateway.reload.holder import PolicyHolder
@@ -98,6 +99,7 @@ class Gateway:
             # Back to a chain that was live before (a rollout rolled back or aborted): owners
             # configured at activation (JWKS sources, tracing, the backends in use) followed the
             # candidate's sections while it served; they take this chain's again.
+            configure_fleet(snap.policy.policy, self.services)
             snap.chain.activate()
             self._live = [*(s for s in live if s is not snap), snap]
         else:
@@ -117,6 +119,7 @@ class Gateway:
         # Counted live before its owners are configured: if one of them fails, the holder
         # swaps the previous snapshot back and `_activate` configures them for it again.
         self._live = [*self._live[-3:], snap]
+        configure_fleet(snap.policy.policy, self.services)
         snap.chain.activate()
 
     @property

@@ -8,6 +8,7 @@ import random
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support import free_port, require_binary, wait_for_port
@@ -123,3 +124,12 @@ def start_cluster(workdir: Path, masters: int = 3, timeout: float = 30.0) -> lis
         for n in nodes:
             n.stop()
         raise
+
+
+def serve_redis(workdir: Path) -> Iterator[RedisServer]:
+    """A fixture's body: a private redis-server in `workdir`, stopped afterwards."""
+    server = RedisServer(workdir).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -38,13 +38,14 @@ class PoolSpec:
     fixed: int
     per_member: tuple[tuple[str, int], ...] = ()
     workers: int = 1
+    total: int = 0  # the fixed capacity before the worker's share (the fleet's, with a store)
 
 
 class PoolQueue:
     """One backend pool's queue, its refusals and recent waits."""
 
     __slots__ = ("name", "q", "spec", "refused", "waits", "dispatched", "plans", "now", "timer",
-                 "timer_at", "__weakref__")  # fmt: skip
+                 "timer_at", "lease", "__weakref__")  # fmt: skip
 
     def __init__(self, spec: PoolSpec, params: QueueParams, now: Callable[[], float]) -> None:
         self.name = spec.name
@@ -57,6 +58,8 @@ class PoolQueue:
         self.waits: deque[tuple[int, float]] = deque(maxlen=MAX_SAMPLES)  # (class, seconds)
         self.dispatched = 0
         self.plans: list[Any] = []  # the members' plans its slots were last counted from
+        # With a fleet store: the slots this replica leased (`gateway.fleet.slots.SlotLease`).
+        self.lease: Any = None
 
     def wake(self, ws: list[Waiter], now: float) -> None:
         """Hand the slots `ws` took to their waiting requests; a request that is gone already
@@ -99,6 +102,21 @@ class PoolQueue:
     def resize(self, capacity: int, now: float) -> None:
         if capacity != self.q.capacity:
             self.wake(self.q.set_capacity(max(capacity, 1), now), now)
+
+    def size(self, total: int, now: float) -> None:
+        """The pool's fixed slots are `total` (max_in_flight × members): with a fleet lease the
+        fleet's, of which this replica runs what it holds; else this worker's share of them
+        (1/N, rounded up)."""
+        lease = self.lease
+        if lease is not None:
+            lease.set_total(total, now)
+        else:
+            self.resize(max(1, -(-total // self.spec.workers)), now)
+
+    def set_slots(self, capacity: int, now: float) -> None:
+        """The slots a fleet lease grants (0 allowed: the requests wait for a grant)."""
+        if capacity != self.q.capacity:
+            self.wake(self.q.set_capacity(max(capacity, 0), now), now)
 
     def state(self) -> dict[str, Any]:
         q = self.q
@@ -149,15 +167,28 @@ class AdmissionBook:
             p = self.pools[spec.name] = PoolQueue(spec, params, self.clock.now)
         return p
 
-    def activate(self, specs: list[PoolSpec], params: QueueParams) -> None:
+    def activate(self, specs: list[PoolSpec], params: QueueParams, slots: Any = None) -> None:
+        """The pools of the policy going live; `slots` (a `gateway.fleet.slots.SlotBook`, with
+        a fleet store) leases the fixed pools' slots for the fleet."""
         now = self.clock.now()
         names = {s.name for s in specs}
+        leased: set[str] = set()
         for s in specs:
             p = self.pool(s, params)
             p.spec = s
             p.q.p = params
-            if s.fixed:
+            if s.fixed and slots is not None:
+                leased.add(s.name)
+                p.plans = []  # recount the members at the next request
+                slots.attach(p, s.total or s.fixed)
+            elif s.fixed:
+                p.lease = None
                 p.resize(s.fixed, now)
+        if slots is not None:
+            slots.keep(leased)
+        else:
+            for p in self.pools.values():
+                p.lease = None
         for n in [n for n, p in self.pools.items() if n not in names]:
             if not self.pools[n].q.waiting and not self.pools[n].q.busy:
                 del self.pools[n]

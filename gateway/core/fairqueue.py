@@ -340,6 +340,22 @@ class FairQueue:
             self.ttft_s = ttft if self.ttft_s == 0.0 else self.ttft_s + EWMA * (ttft - self.ttft_s)
         return self.dispatchable(now)
 
+    def charge(self, cls: int, key: str, cost: float) -> None:
+        """Tokens tenant `key` of class `cls` was served elsewhere (another replica of the
+        fleet): its counter grows as if served here, so a tenant spreading its requests over
+        replicas is charged once. Its share of `served` here is not touched."""
+        cq = self.classes.get(cls)
+        if cq is None or cost <= 0.0:
+            return
+        t = cq.tenants.get(key)
+        if t is None:
+            return
+        t.vt += cost / t.weight
+        t.ver += 1
+        if t.live > 0:
+            self.seq += 1
+            heapq.heappush(cq.heap, (t.vt, self.seq, t.ver, t))
+
     # -- anticipation ---------------------------------------------------------------------------
     def _anticipates(self, w: Waiter) -> bool:
         """Hold the slot `w` frees for its tenant: it has nobody waiting, and the waiter that

@@ -169,8 +169,15 @@ class KeyState:
         else:
             self.changed = None
         # The decision.
-        if has_q and adm + 1.0 > limit and (not self.leased or self.req_share < 1.0):
-            return Code.QPS
+        if has_q:
+            if self.leased:
+                # Beyond its share a replica may take only its part (`scale`, 1 / live
+                # replicas) of the room the last sync saw: every replica sees the same room, and
+                # taking all of it each is how N replicas passed the limit together.
+                if self.req_share < 1.0 and 1.0 - self.req_share > (limit - self.g_adm) * scale:
+                    return Code.QPS
+            elif adm + 1.0 > limit:
+                return Code.QPS
         if has_t and tok <= 0.0:
             return Code.TOKENS
         wts = m.weights

@@ -41,8 +41,11 @@ from gateway.core.fairqueue import (
 from gateway.core.keys import compile_key
 from gateway.core.overload import Colour
 from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
+from gateway.fleet.slots import slots_for
+from gateway.fleet.store import fleet_for
 from gateway.policy.admission import Admission
 from gateway.policy.compiled import CompiledPolicy
+from gateway.policy.store import effective_store
 from gateway.ratelimit.compiled import pool_name, priority_of
 from gateway.ratelimit.owner import Limiter, limiter_for
 from gateway.registry.pool import BACKENDS, BackendPool
@@ -82,7 +85,7 @@ def pool_specs(policy: CompiledPolicy, workers: int = 1) -> dict[str, PoolSpec]:
             fixed = sum(((b.max_in_flight or 0) * len(b.endpoints) for b in bs), 0)
             per = tuple((b.name, b.max_in_flight or 0) for b in bs)
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), -(-fixed // workers), per,
-                                   workers)  # fmt: skip
+                                   workers, fixed)  # fmt: skip
         elif bs and adaptive:
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), 0)
     return out
@@ -117,8 +120,12 @@ class AdmissionFilter:
     name = "admission"  # NAME (a literal: mypyc sets only literal defaults)
 
     def __init__(self, section: Admission, policy: CompiledPolicy, book: AdmissionBook,
-                 lim: Limiter | None, members: BackendPool | None = None) -> None:  # fmt: skip
+                 lim: Limiter | None, members: BackendPool | None = None,
+                 services: Services | None = None) -> None:  # fmt: skip
         self.book = book
+        self.services = services
+        p = policy.policy
+        self.store = effective_store(p.store, p.rate_limits)
         self.lim = lim
         self.members = members
         self.now: Callable[[], float] = book.clock.now
@@ -146,7 +153,13 @@ class AdmissionFilter:
         self.hist: dict[tuple[str, int], Any] = {}
 
     def activate(self) -> None:
-        self.book.activate(self.specs, self.params)
+        slots = None
+        if self.services is not None:
+            fleet = fleet_for(self.services)
+            fleet.configure(self.store)  # (the gateway did already; a no-op then)
+            if fleet.mode != "none":
+                slots = slots_for(self.services)  # max_in_flight is the fleet's
+        self.book.activate(self.specs, self.params, slots)
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
@@ -199,6 +212,8 @@ class AdmissionFilter:
             ctx.queue_wait = 0.0
             self._dispatched(pq, prio, 0.0)
             return _CONTINUE
+        if pq.lease is not None:
+            pq.lease.poke()  # the fleet's slots: ask the store for more before the next tick
         return self._wait(ctx, pq, w)
 
     async def _wait(self, ctx: RequestContext, pq: PoolQueue, w: Waiter) -> Status:
@@ -252,7 +267,7 @@ class AdmissionFilter:
         n = 0
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
             n += per * sum((len(lv.members) for lv in plan.levels), 0)
-        pq.resize(max(1, -(-n // spec.workers)), now)
+        pq.size(n, now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:
         pq.dispatched += 1
@@ -302,4 +317,4 @@ def build(section: CompiledPolicy, services: Services) -> AdmissionFilter | None
         return None
     lim = limiter_for(services) if section.policy.rate_limits is not None else None
     members = services.get(BACKENDS, lambda: BackendPool(services))  # the route filter's
-    return AdmissionFilter(a, section, admission_for(services), lim, members)
+    return AdmissionFilter(a, section, admission_for(services), lim, members, services)

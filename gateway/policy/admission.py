@@ -33,13 +33,14 @@ class Queue(PolicyModel):
         "class is refused first (503 `queue_full`)",
     )
     anticipate_ms: float = Field(
-        default=0.0,
+        default=20.0,
         ge=0,
         le=1000,
         description="a slot freed by a tenant that has nobody waiting, while the fair order "
         "would put the waiters behind it, is held this long for that tenant's next request "
         "(closed-loop clients ask again a few ms after a stream ends); each hold can leave a "
-        "slot idle this long (0: never held, a work-conserving queue)",
+        "slot idle this long (0: never held, a work-conserving queue; the default 20 ms lets a "
+        "light tenant's closed-loop clients keep their turn)",
     )
 
 

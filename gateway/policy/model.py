@@ -48,6 +48,7 @@ from gateway.policy.sections import MockBackend as MockBackend
 from gateway.policy.sections import Rollout as Rollout
 from gateway.policy.sections import Tracing as Tracing
 from gateway.policy.sections import TracingExporter as TracingExporter
+from gateway.policy.store import SharedStore, store_errors
 
 FilterName = Literal[
     "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route"
@@ -105,6 +106,12 @@ class Policy(PolicyModel):
         default=None,
         description="queue requests fairly per backend pool instead of refusing at its "
         "concurrency limit (null: refuse, 503)",
+    )
+    store: SharedStore | None = Field(
+        default=None,
+        description="the store shared by every replica (null: each replica on its own, unless "
+        "`rate_limits.store` names Redis): with it, backend slots (`max_in_flight`), rate "
+        "limits and fairness counters hold for the fleet",
     )
 
     @field_validator("filters")
@@ -203,6 +210,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
     errors += _tls_errors(p)
     if p.tracing.enabled and "trace" not in p.filters:
         errors.append((("filters",), "tracing is enabled: list 'trace' in filters"))
+    errors += store_errors(p.store, p.rate_limits)
     if p.rate_limits is not None and "ratelimit" not in p.filters:
         errors.append((("filters",), "rate_limits is configured: list 'ratelimit' in filters"))
     if p.admission is not None:

@@ -16,7 +16,8 @@ from gateway.core.keys import KeyFn, compile_key, needs
 from gateway.core.keystate import RuleMath
 from gateway.core.overload import Thresholds
 from gateway.policy.compiled import CompiledPolicy
-from gateway.policy.ratelimits import RateLimits, RateRule
+from gateway.policy.ratelimits import RateLimits, RateRule, RedisStoreOptions
+from gateway.policy.store import effective_store, limits_store
 from gateway.store.base import KeyParams
 
 
@@ -114,6 +115,9 @@ class CompiledLimits:
     cut: bool  # some rule cuts overrunning streams
     queued: bool  # `admission` queues at the pools' limits: no refusal there
     room: int  # the admission queue's `max_queued` (0: no queue)
+    # The Redis the limits share (`rate_limits.store`, else the top-level `store`); None: memory.
+    store: RedisStoreOptions | None = None
+    fleet_store: RedisStoreOptions | None = None  # the fleet's (`effective_store`)
 
 
 def _rule(r: RateRule, s: RateLimits, th: Thresholds) -> CompiledRule:
@@ -179,4 +183,6 @@ def compile_limits(section: RateLimits, policy: CompiledPolicy) -> CompiledLimit
         cut=any(r.cut and r.has_t for r in rules),
         queued=policy.policy.admission is not None,
         room=policy.policy.admission.queue.max_queued if policy.policy.admission else 0,
+        store=limits_store(policy.policy.store, section),
+        fleet_store=effective_store(policy.policy.store, section),
     )

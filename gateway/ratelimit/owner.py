@@ -129,8 +129,13 @@ class Limiter:
             self.task = self.services.spawn(run(self), "sluice-ratelimit")
 
     def _configure_store(self, compiled: CompiledLimits) -> None:
-        store = compiled.section.store
-        cfg = None if isinstance(store, str) else store.redis
+        from gateway.fleet.store import fleet_for
+
+        fleet = fleet_for(self.services)
+        fleet.configure(compiled.fleet_store)
+        # One replica id for the fleet: the limits announce the one the fleet store does.
+        self.replica_id = fleet.replica_id
+        cfg = compiled.store
         if cfg == self.store_cfg and (cfg is None) == (self.store is None):
             return
         old = self.store_cfg

@@ -29,6 +29,7 @@ from gateway.core.keystate import KeyState
 from gateway.core.lease import IDLE_S, Report, apply, report, restore
 from gateway.core.overload import Colour, History
 from gateway.errors import StoreUnavailable
+from gateway.fleet.store import FLEET
 from gateway.policy.ratelimits import RedisStoreOptions
 from gateway.ratelimit.state import DECISIONS, PoolState, RuleState
 from gateway.services import Services
@@ -128,6 +129,20 @@ async def reconnect(lim: Synced) -> bool:
 async def announce(lim: Synced) -> None:
     store, cfg = lim.store, lim.store_cfg
     assert store is not None and cfg is not None
+    fleet = lim.services.peek(FLEET)
+    if (
+        fleet is not None
+        and fleet.shared
+        and fleet.cfg is not None
+        and (fleet.cfg.url, fleet.cfg.key_prefix) == (cfg.url, cfg.key_prefix)
+    ):
+        # The fleet store announces this replica (the same id, the same set) once a second.
+        n = fleet.replicas
+        if n != lim.replicas:
+            lim.replicas = n
+            lim.set_mode(lim.mode)
+        metrics.RL_REPLICAS.set(n)
+        return
     try:
         n = await store.announce(lim.replica_id, cfg.replica_ttl_s)
     except StoreUnavailable as exc:

@@ -5,7 +5,7 @@
 "use strict";
 
 const RANK = { grey: 0, green: 0, yellow: 1, red: 2 };
-const ORDER = ["ratelimit", "limits", "admission", "backends", "rejections", "rollout", "traffic",
+const ORDER = ["ratelimit", "limits", "admission", "fleet", "backends", "rejections", "rollout", "traffic",
   "datapath", "policy", "routes"];
 const SKIP = new Set(["now", "colour", "reasons", "history", "gateway", "series"]);
 const params = new URLSearchParams(location.search);

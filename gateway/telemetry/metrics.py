@@ -384,3 +384,33 @@ RL_CONCURRENCY = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+FLEET_STORE_MODE = Gauge(
+    "sluice_fleet_store_mode",
+    "1 for the fleet store's current mode: none (no shared store: this replica alone), shared "
+    "(the store answers), fallback (the store is away: each replica decides on its last known "
+    "share).",
+    ["mode"],
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+FLEET_REPLICAS = Gauge(
+    "sluice_fleet_replicas",
+    "Live replicas (gateway processes) announced in the fleet store, last known.",
+    registry=REGISTRY,
+    multiprocess_mode="max",
+)
+FLEET_STORE_ERRORS = Counter(
+    "sluice_fleet_store_errors_total",
+    "Fleet store calls that failed or passed their deadline, by operation.",
+    ["op"],
+    registry=REGISTRY,
+)
+FLEET_SLOTS = Gauge(
+    "sluice_fleet_slots",
+    "Backend slots (max_in_flight) per pool: held (leased by this process from the store, or "
+    "its fallback share), in_flight (this process), fleet_in_flight (every replica, last "
+    "sync), capacity (the pool's max_in_flight for the whole fleet).",
+    ["pool", "kind"],
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)

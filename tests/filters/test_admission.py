@@ -30,8 +30,8 @@ TWO = [{"address": "127.0.0.1:1"}, {"address": "127.0.0.1:2"}]
 @pytest.mark.parametrize(
     ("max_in_flight", "workers", "adaptive", "expected"),
     [
-        (8, 1, False, PoolSpec("a", 16, (("a", 8),), 1)),  # per member × members
-        (8, 3, False, PoolSpec("a", 6, (("a", 8),), 3)),  # 1/N per worker, rounded up
+        (8, 1, False, PoolSpec("a", 16, (("a", 8),), 1, 16)),  # per member × members
+        (8, 3, False, PoolSpec("a", 6, (("a", 8),), 3, 16)),  # 1/N per worker, rounded up
         (None, 1, True, PoolSpec("a", 0)),  # the adaptive limit sets it
         (None, 1, False, None),  # no limit: never queues
     ],
@@ -48,7 +48,7 @@ def test_a_split_route_queues_at_its_backends_together() -> None:
     bs = [{"name": n, "endpoints": TWO[:1], "max_in_flight": 4} for n in ("a", "b")]
     routes = [{"name": "r", "backends": [{"backend": "a", "weight": 90},
                                          {"backend": "b", "weight": 10}]}]  # fmt: skip
-    assert specs(bs, routes=routes)["r"] == PoolSpec("a+b", 8, (("a", 4), ("b", 4)), 1)
+    assert specs(bs, routes=routes)["r"] == PoolSpec("a+b", 8, (("a", 4), ("b", 4)), 1, 8)
 
 
 @pytest.mark.parametrize(

@@ -41,12 +41,13 @@ def start_backend(tmp: Path, slots: int, ttft_ms: float, token_ms: float) -> Bac
     return Backend(proc, http, grpc, admin)
 
 
-def admission(max_wait_ms: float = 5000, anticipate_ms: float = 0.0,
+def admission(max_wait_ms: float = 5000, anticipate_ms: float | None = None,
               reserve: float = 0.0) -> str:  # fmt: skip
-    """The `admission:` section (optional fields written only when set)."""
+    """The `admission:` section (optional fields written only when set; `anticipate_ms` None
+    leaves the default)."""
     return ADMISSION.format(
         max_wait_ms=max_wait_ms,
-        anticipate=f", anticipate_ms: {anticipate_ms:g}" if anticipate_ms else "",
+        anticipate=f", anticipate_ms: {anticipate_ms:g}" if anticipate_ms is not None else "",
         reserve=f"\n    reserve: {{share: {reserve:g}, rank: gold}}" if reserve else "",
     )
 

@@ -45,7 +45,7 @@ def test_an_empty_section_takes_the_documented_defaults(tmp_path: Path) -> None:
     a = load_policy(path).admission
     assert a is not None and a.queue.max_wait_ms == 5000 and a.priority is None
     assert a.fairness.weights is None and a.deadline is None
-    assert a.queue.anticipate_ms == 0.0  # a work-conserving queue, as before
+    assert a.queue.anticipate_ms == 20.0  # a light tenant keeps its turn by default
 
 
 CLASSES = "ceiling: {from: claim:tier, classes: {gold: 0, silver: 1, free: 2}, default: 2}"
