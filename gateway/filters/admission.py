@@ -40,6 +40,7 @@ from gateway.core.fairqueue import (
 )
 from gateway.core.keys import compile_key
 from gateway.core.overload import Colour
+from gateway.core.serverload import slots
 from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
 from gateway.policy.admission import Admission
 from gateway.policy.compiled import CompiledPolicy
@@ -224,7 +225,9 @@ class AdmissionFilter:
     def follow(self, pq: PoolQueue, now: float) -> None:
         """A fixed pool's slots follow its members: `max_in_flight` × each backend's members in
         rotation (the balancer's plan: healthy, not ejected, breaker not open), the worker's
-        share; a member that leaves takes its slots with it. Recounted only when a backend's
+        share; a member that leaves takes its slots with it, and a member whose model server
+        reports itself full (`load.metrics`, `gateway.core.serverload.slots`) keeps only the
+        slots this gateway's requests hold on it. Recounted only when a backend's
         plan changed (the plans are cached objects). At least 1: with no member, a request goes
         on to the route's 503 at once rather than waiting."""
         assert self.members is not None
@@ -250,7 +253,11 @@ class AdmissionFilter:
         pq.plans = plans
         n = 0
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
-            n += per * sum(len(lv.members) for lv in plan.levels)
+            for lv in plan.levels:
+                for m in lv.members:
+                    c = m.core
+                    rec = c.scrape
+                    n += per if rec is None else slots(per, rec.full, c.in_flight)
         pq.resize(max(1, -(-n // spec.workers)), now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:

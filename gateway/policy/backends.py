@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.core.serverload import parse_name
 from gateway.policy.base import HostPort, PolicyModel, RedisUrl, UrlPath, fill_unset
 from gateway.policy.llm import Models
 
@@ -214,6 +215,90 @@ class UpstreamTls(PolicyModel):
         self._built = built
 
 
+class MetricNames(PolicyModel):
+    """Metric names of the figures Sluice reads, overriding the preset's (null: the preset's).
+    A name may carry label matchers: `name{key="value"}`."""
+
+    running: str | None = Field(
+        default=None, max_length=256, description="gauge of the requests the server runs now"
+    )
+    waiting: str | None = Field(
+        default=None, max_length=256, description="gauge of the requests waiting in its queue"
+    )
+    kv_cache: str | None = Field(
+        default=None, max_length=256, description="gauge of its KV-cache use, 0-1"
+    )
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> MetricNames:
+        for figure in ("running", "waiting", "kv_cache"):
+            v = getattr(self, figure)
+            if v is not None:
+                parse_name(figure, v)  # ValueError names the bad part
+        return self
+
+
+class LoadWeights(PolicyModel):
+    """Requests in flight one unit of each server figure counts as in the pick (defaults need
+    no tuning: a waiting request counts as two, a full KV cache as four)."""
+
+    running: float = Field(
+        default=1.0, ge=0, le=100, description="per request running that this gateway did not send"
+    )
+    waiting: float = Field(default=2.0, ge=0, le=100, description="per request waiting")
+    kv_cache: float = Field(default=4.0, ge=0, le=1000, description="for a full KV cache")
+
+
+class ServerMetrics(PolicyModel):
+    """The model server's own figures (requests running, waiting, KV-cache use), scraped from
+    its Prometheus page: the pick weighs them and the admission queue counts a member whose
+    server is full as full."""
+
+    preset: Literal["vllm", "sglang", "triton"] = Field(
+        default="vllm", description="the server kind, whose metric names are used"
+    )
+    names: MetricNames = Field(
+        default_factory=MetricNames, description="metric names overriding the preset's"
+    )
+    path: UrlPath = Field(default="/metrics", description="the page scraped")
+    interval_ms: int = Field(
+        default=100, ge=10, le=60_000, description="between scrapes of one member"
+    )
+    timeout_ms: int = Field(
+        default=1000,
+        ge=1,
+        le=60_000,
+        description="deadline of one scrape (default min(1000, 5 × interval_ms))",
+    )
+    max_bytes: int = Field(
+        default=4_000_000, ge=1024, le=64_000_000, description="a larger page fails the scrape"
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="the metrics port on each member's host (gRPC backends serve their metrics "
+        "over HTTP on another port; null: the member's own port)",
+    )
+    address: HostPort | None = Field(
+        default=None,
+        description="one metrics address for every member (a sidecar scraping its own pod); "
+        "overrides `port`",
+    )
+    weights: LoadWeights = Field(default_factory=LoadWeights, description="weights in the pick")
+
+    @model_validator(mode="after")
+    def _derived(self) -> ServerMetrics:
+        fill_unset(self, timeout_ms=min(1000, 5 * self.interval_ms))
+        return self
+
+
+class BackendLoad(PolicyModel):
+    metrics: ServerMetrics | None = Field(
+        default=None, description="scrape the model server's own load figures (off)"
+    )
+
+
 class Backend(PolicyModel):
     name: str = Field(
         min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="referenced by routes"
@@ -257,6 +342,9 @@ class Backend(PolicyModel):
         default=None,
         description="the models and LoRA adapters it serves, for `by_model` routes (null = "
         "any model)",
+    )
+    load: BackendLoad | None = Field(
+        default=None, description="what the members' model servers say of their own load"
     )
     max_in_flight: PositiveInt | None = Field(
         default=None,

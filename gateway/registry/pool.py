@@ -47,6 +47,7 @@ from gateway.core.retry import RetryBudget
 from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.models import MODELS
+from gateway.registry.scrape import Scraper
 from gateway.registry.view import BackendView
 from gateway.services import ServiceKey
 from gateway.upstream.tls import client_tls
@@ -81,6 +82,7 @@ class BackendPool:
         self.healths: dict[tuple[Any, ...], HealthBox] = {}
         self.books: dict[str, PrefixBook] = {}
         self.watchers: dict[tuple[str, str], Watcher] = {}
+        self.scrapers: dict[tuple[str, str], Scraper] = {}
         self.guards: dict[tuple[str, str], CanaryGuard] = {}
         self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
         self.views: dict[tuple[str, str], BackendView] = {}  # reusable by the next build
@@ -134,6 +136,17 @@ class BackendPool:
         if w is None:
             w = self.watchers[key] = Watcher(self.services, self, backend, reg)
         return w
+
+    def scraper(self, cfg: Backend) -> Scraper | None:
+        """The scrapes of the backend's `load.metrics` section (None without one)."""
+        if cfg.load is None or cfg.load.metrics is None:
+            return None
+        key = (cfg.name, f"{cfg.load.metrics.model_dump_json()}|{cfg.max_in_flight}")
+        s = self.scrapers.get(key)
+        if s is None:
+            s = self.scrapers[key] = Scraper(self.services, self, cfg.name, cfg.load.metrics,
+                                             cfg.max_in_flight)  # fmt: skip
+        return s
 
     def view(self, cfg: Backend) -> BackendView:
         # The TLS fingerprint too: a reload that reads changed certificate files gets new views
@@ -217,6 +230,10 @@ class BackendPool:
                 held.add(id(v.watcher))
                 if id(v) in working:
                     checked.add(id(v.watcher))
+            if v.scraper is not None:
+                held.add(id(v.scraper))
+                if id(v) in working:
+                    checked.add(id(v.scraper))
             if v.models is not None:
                 boxes = {id(b) for b in v.models.boxes.values()}
                 held |= boxes
@@ -236,6 +253,11 @@ class BackendPool:
                 w.stop()
             if id(w) not in held:
                 del self.watchers[wk]
+        for sk, s in list(self.scrapers.items()):
+            if id(s) not in checked:
+                s.stop()
+            if id(s) not in held:
+                del self.scrapers[sk]
         book = self.services.peek(MODELS)
         if book is not None:
             book.forget(held, checked)
@@ -280,6 +302,8 @@ class BackendPool:
             h.stop()
         for w in self.watchers.values():
             w.stop()
+        for s in self.scrapers.values():
+            s.stop()
         LIVE_POOLS.discard(self)
 
 

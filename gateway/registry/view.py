@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import Backend
     from gateway.registry.heartbeats import Watcher
+    from gateway.registry.scrape import Scraper
 
 log = logging.getLogger("sluice.backends")
 
@@ -47,6 +48,9 @@ class ViewPool(MemberBooks, Protocol):
         """The views of the policy activated last, by backend name."""
 
     def watcher(self, backend: str, reg: Any) -> Watcher: ...
+
+    def scraper(self, cfg: Backend) -> Scraper | None:
+        """The scrapes of the backend's `load.metrics` section (None without one)."""
 
 
 class BackendView:
@@ -69,6 +73,7 @@ class BackendView:
         self.watcher: Watcher | None = None
         if cfg.discovery is not None:
             self.watcher = pool.watcher(cfg.name, cfg.discovery.registry)
+        self.scraper = pool.scraper(cfg)  # the model servers' own figures (load.metrics)
         self._plan: Plan[Member] | None = None
         self._expires = 0.0
         self._epoch = -1
@@ -321,13 +326,16 @@ class BackendView:
 
     # --- background work and state --------------------------------------------------------------
     def start_work(self) -> None:
-        """Health check loops of its members and its registry poller (idempotent)."""
+        """Health check loops of its members, its registry poller and the scrapes of its
+        members' model servers (idempotent)."""
         services = self.pool.services
         for m in self.members.values():
             if m.hbox is not None and m.hbox.checker is None:
                 start_checker(services, self.pool, m.hbox)
         if self.watcher is not None:
             self.watcher.start()
+        if self.scraper is not None:
+            self.scraper.sync(self.members.values())
         if self.models is not None:
             self.models.start()
 

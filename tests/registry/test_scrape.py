@@ -1,0 +1,193 @@
+"""Scrapes of the members' model servers (`load.metrics`) against the real simulated backend:
+figures reach the pick and the `full` rule, a missing metric is reported, a failed scrape is
+counted and ages out without touching health, and the HTTP client keeps its connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gateway.mockbackend import Knobs, MockBackendHandle, start_mock_backend
+from gateway.policy.model import Backend
+from gateway.registry.pool import BACKENDS, BackendPool
+from gateway.registry.scrape import Conn, ScrapeError
+from gateway.services import Services
+from tests.support import free_port, until
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[list[MockBackendHandle]]:
+    hs = [
+        await start_mock_backend("127.0.0.1:0", None, Knobs(ttft_ms=5000, completion_tokens=1))
+        for _ in range(2)
+    ]
+    yield hs
+    for h in hs:
+        await h.close()
+
+
+def cfg(ports: list[int], **metrics: Any) -> Backend:
+    return Backend.model_validate({
+        "name": "b", "max_in_flight": 2,
+        "endpoints": [{"address": f"127.0.0.1:{p}"} for p in ports],
+        "health": {"interval_s": 0.2},
+        "load": {"metrics": {"interval_ms": 50, **metrics}},
+    })  # fmt: skip
+
+
+def one_member(services: Services, b: MockBackendHandle, **metrics: Any) -> tuple[Any, Any]:
+    """The view of a live one-member backend scraping `b`, and its member."""
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
+    assert b.http_port is not None
+    v = pool.view(cfg([b.http_port], **metrics))
+    pool.activate([v], {})
+    (m,) = v.members.values()
+    return v, m
+
+
+async def test_figures_reach_the_member_and_the_pick(
+    backends: list[MockBackendHandle], services: Services
+) -> None:
+    busy, idle = backends
+    await busy.update_knobs({"slots": 2})
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
+    ports = [h.http_port for h in backends]
+    v = pool.view(cfg([p for p in ports if p is not None]))
+    pool.activate([v], {})
+    mb, mi = v.members.values()
+    await until(lambda: mb.core.figures is not None and mi.core.figures is not None)
+    assert mb.core.server == 0.0 and not mb.core.scrape.full
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{busy.http_port}") as http:
+        calls = [asyncio.ensure_future(http.post(CHAT, json=body)) for _ in range(5)]
+        await until(lambda: mb.core.figures is not None and mb.core.figures.waiting == 3)
+        await until(lambda: mb.core.scrape.full)
+        # 2 running we did not send + 3 waiting × 2 + a full KV cache × 4
+        assert mb.core.server == 12.0 and mi.core.server == 0.0
+        picks = [v.take(time.monotonic(), None) for _ in range(200)]
+        assert all(p is not None and p[0] is mi for p in picks)
+        snap = v.state(time.monotonic())["members"][0]["server"]  # type: ignore[index]
+        assert snap["running"] == 2.0 and snap["waiting"] == 3.0 and snap["full"] is True
+        assert snap["stale"] is False and snap["scrapes_ok"] >= 1
+        for c in calls:
+            c.cancel()
+    await until(lambda: not mb.core.scrape.full and mb.core.server == 0.0)
+
+
+async def test_a_missing_metric_is_reported_within_an_interval(
+    backends: list[MockBackendHandle], services: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "sluice.backends")
+    v, m = one_member(services, backends[0], names={"kv_cache": "vllm:gpu_cache_usage_perc"})
+    t0 = time.monotonic()
+    await until(lambda: m.core.scrape is not None and m.core.scrape.ok >= 1)
+    assert time.monotonic() - t0 < 0.5
+    snap = v.state(time.monotonic())["members"][0]["server"]  # type: ignore[index]
+    assert snap["missing_metrics"] == ["vllm:gpu_cache_usage_perc"] and snap["kv_cache"] is None
+    assert "lacks vllm:gpu_cache_usage_perc" in caplog.text
+
+
+async def test_a_failed_scrape_is_counted_not_a_health_failure(
+    backends: list[MockBackendHandle], services: Services
+) -> None:
+    await backends[0].update_knobs({"waiting": 5})
+    v, m = one_member(services, backends[0], port=free_port())  # a port nobody listens on ...
+    await until(lambda: m.core.scrape is not None and m.core.scrape.failed >= 3)
+    assert m.core.figures is None and m.core.server == 0.0 and not m.core.scrape.full
+    assert m.health is not None and m.health.checks >= 1 and m.health.healthy  # ... still healthy
+    assert "Error" in v.state(time.monotonic())["members"][0]["server"]["last_error"]  # type: ignore[index]
+
+
+async def test_figures_age_out_after_three_intervals(
+    backends: list[MockBackendHandle], services: Services
+) -> None:
+    await backends[0].update_knobs({"waiting": 5})
+    v, m = one_member(services, backends[0])
+    await until(lambda: m.core.server == 10.0 and m.core.scrape.full)
+    await backends[0].close()  # the server goes away: the figures stop coming
+    t0 = time.monotonic()
+    await until(lambda: m.core.server == 0.0 and not m.core.scrape.full)
+    assert time.monotonic() - t0 >= 0.1  # kept while fresh (3 × 50 ms since the last read)
+    assert m.core.figures is not None and m.core.figures.waiting == 5.0  # last known, shown
+
+
+async def test_the_scraper_stops_with_its_view(
+    backends: list[MockBackendHandle], services: Services
+) -> None:
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
+    ports = [h.http_port for h in backends if h.http_port is not None]
+    v = pool.view(cfg(ports))
+    pool.activate([v], {})
+    await until(lambda: all(m.core.scrape is not None for m in v.members.values()))
+    plain = Backend.model_validate(
+        {"name": "b", "endpoints": [{"address": f"127.0.0.1:{ports[0]}"}]}
+    )
+    v2 = pool.view(plain)
+    pool.activate([v2], {})  # the sweep stops the old section's scrapes
+    assert not pool.scrapers or all(not s.loops for s in pool.scrapers.values())
+    assert all(m.core.scrape is None and m.core.server == 0.0 for m in v.members.values())
+
+
+class PageServer:
+    """A raw HTTP/1.1 server answering every request with one canned answer; counts its
+    connections."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while await r.readuntil(b"\r\n\r\n"):
+                w.write(self.answer)
+                await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            w.close()
+
+    async def __aenter__(self) -> int:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def test_conn_keeps_its_connection_and_reads_chunked_pages() -> None:
+    page = b"vllm:num_requests_running 1\n"
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5\r\nvllm:\r\n17\r\nnum_requests_running 1\n\r\n0\r\n\r\n")  # fmt: skip
+    srv = PageServer(chunked)
+    async with srv as port:
+        conn = Conn("127.0.0.1", port, "/metrics")
+        for _ in range(5):
+            assert await conn.get(1024) == page
+        conn.close()
+    assert srv.connections == 1
+
+
+async def test_conn_refuses_a_page_over_max_bytes_and_a_bad_status() -> None:
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000
+    async with PageServer(big) as port:
+        conn = Conn("127.0.0.1", port, "/metrics")
+        with pytest.raises(ScrapeError, match="over max_bytes"):
+            await conn.get(1024)
+        conn.close()
+    bad = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+    async with PageServer(bad) as port:
+        conn = Conn("127.0.0.1", port, "/metrics")
+        with pytest.raises(ScrapeError, match="status 404"):
+            await conn.get(1024)
+        conn.close()
