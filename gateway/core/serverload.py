@@ -9,7 +9,8 @@ and the admission queue use. Pure: the scraper (`gateway.registry.scrape`) passe
   family told apart by a label). Series of one name are summed (several engines, several
   models), except KV-cache use, of which the largest counts.
 - **Scanner**: the page is searched for each name at a line start (`bytes.find`, no full
-  parse): comments, histograms and the hundreds of other series are skipped at memchr speed. A
+  parse) and read from there while its lines last: comments, histograms and the hundreds of
+  other series are skipped at memchr speed. A
   name the page does not have is reported (`missing`), never read as 0: a server that renamed a
   metric must show up in `/admin/state` and the log, not look idle.
 - **Staleness**: figures older than `STALE_INTERVALS` scrape intervals count for nothing; the
@@ -112,7 +113,7 @@ def parse_name(figure: str, text: str) -> Wanted:
     return Wanted(figure, text, name.encode(), labels)
 
 
-def scan(page: bytes, want: tuple[Wanted, ...], now: float) -> Figures:
+def scan(page: bytes | bytearray, want: tuple[Wanted, ...], now: float) -> Figures:
     """The figures of `want` read from a Prometheus text page (see the module docstring)."""
     got: dict[str, float] = {}
     missing: list[str] = []
@@ -126,56 +127,65 @@ def scan(page: bytes, want: tuple[Wanted, ...], now: float) -> Figures:
                    tuple(missing), now)  # fmt: skip
 
 
-def _read(page: bytes, w: Wanted) -> float | None:
+def _read(page: bytes | bytearray, w: Wanted) -> float | None:
+    """The sum (KV cache: the largest) of the values of `w`'s series. The exposition format
+    keeps a metric's lines together, so the search stops at the first line after them: a page of
+    100 KB of histograms costs one `find` up to the first series, not a walk of the page."""
     name = w.name
     n = len(name)
+    size = len(page)
     total: float | None = None
     kv = w.figure == "kv_cache"
-    pos = 0
+    i = page.find(name)
+    while i >= 0 and not (
+        (i == 0 or page[i - 1] == 0x0A) and page[i + n : i + n + 1] in (b"{", b" ")
+    ):
+        i = page.find(name, i + n)  # a comment, or a longer name (..._total, ..._by_reason)
+    if i < 0:
+        return None
     while True:
-        i = page.find(name, pos)
-        if i < 0:
-            return total
         pos = i + n
-        if i > 0 and page[i - 1] != 0x0A:  # not at a line start (a comment, a longer name)
-            continue
         end = page.find(b"\n", pos)
         if end < 0:
-            end = len(page)
-        nxt = page[pos : pos + 1]
-        if nxt == b"{":
-            close = page.rfind(b"}", pos, end)
-            if close < 0:
-                continue
-            if w.labels:
-                block = page[pos + 1 : close]
-                if not all(_has_label(block, lab) for lab in w.labels):
-                    continue
-            rest = page[close + 1 : end]
-        elif nxt == b" ":
-            if w.labels:
-                continue
-            rest = page[pos:end]
-        else:
-            continue  # a longer name (vllm:num_requests_running_total, ...)
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            v = float(fields[0])
-        except ValueError:
-            continue
-        if v != v:  # NaN: says nothing
-            continue
-        if total is None:
-            total = v
-        elif kv:
-            total = max(total, v)
-        else:
-            total += v
+            end = size
+        v = _value(page, pos, end, w.labels)
+        if v is not None:
+            if total is None:
+                total = v
+            elif kv:
+                total = max(total, v)
+            else:
+                total += v
+        i = end + 1  # the next line: still this metric's?
+        if page[i : i + n] != name or page[i + n : i + n + 1] not in (b"{", b" "):
+            return total
 
 
-def _has_label(block: bytes, lab: bytes) -> bool:
+def _value(page: bytes | bytearray, pos: int, end: int, labels: tuple[bytes, ...]) -> float | None:
+    """The value of the sample line `page[pos:end]` (after the name), if its labels match."""
+    if page[pos] == 0x7B:  # "{"
+        close = page.rfind(b"}", pos, end)
+        if close < 0:
+            return None
+        if labels:
+            block = page[pos + 1 : close]
+            for lab in labels:
+                if not _has_label(block, lab):
+                    return None
+        pos = close + 1
+    elif labels:
+        return None
+    fields = page[pos:end].split()
+    if not fields:
+        return None
+    try:
+        v = float(fields[0])
+    except ValueError:
+        return None
+    return None if v != v else v  # NaN says nothing
+
+
+def _has_label(block: bytes | bytearray, lab: bytes) -> bool:
     i = block.find(lab)
     while i >= 0:
         if i == 0 or block[i - 1] in b", {":

@@ -3,13 +3,14 @@ that reads the server's Prometheus page and leaves its figures on the member's s
 (`Core.figures`, `Core.server`), where the pick and the admission queue read them.
 
 Cheap on purpose, since it runs every 100 ms per member:
-- one keep-alive HTTP/1.1 connection per member, on raw asyncio streams (no client library
-  per request, no connection per scrape);
+- one keep-alive HTTP/1.1 connection per member, an asyncio protocol driven by callbacks (no
+  client library, no task or future per scrape, no connection per scrape);
 - the page is scanned for the few names wanted (`gateway.core.serverload.scan`), never parsed;
 - each scrape has a deadline (`timeout_ms`) and a size bound (`max_bytes`): a slow or huge page
   fails it;
-- members are staggered over the interval by a hash of their address, so 100 members at
-  100 ms are one scrape per millisecond, not a burst of 100 every 100 ms.
+- members are staggered over the interval by a hash of their address (one task per backend
+  sends each tick's requests), so 100 members at 100 ms are 10 scrapes every 10 ms, not a burst
+  of 100 every 100 ms.
 
 A failed scrape is counted (`sluice_server_scrapes_total{result="error"}`) and shown in
 `/admin/state`, and is not a failed health check: the figures age, and after 3 intervals the
@@ -23,11 +24,11 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from gateway.core.balancer import hash_key
-from gateway.core.serverload import Figures, Weights, fresh, full, scan, score, wanted
+from gateway.core.serverload import Weights, fresh, full, scan, score, wanted
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -39,92 +40,137 @@ if TYPE_CHECKING:
 log = logging.getLogger("sluice.backends")
 
 MAX_HEAD = 16 * 1024  # status line and headers of the metrics page's answer
+TICK_S = 0.01  # the scrapes of one interval are spread over ticks of about this
 
 
-class ScrapeError(Exception):
-    """One scrape failed (the text says why); the connection is dropped."""
+class PageClient(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to one metrics page, driven by callbacks: `send`
+    writes the request; `data_received` assembles the answer (Content-Length or chunked, at most
+    `limit` bytes) and hands the body to `on_page`, or a reason to `on_error` (which closes)."""
 
+    def __init__(
+        self, request: bytes, limit: int, on_page: Callable[[bytes | bytearray], None],
+        on_error: Callable[[str], None],
+    ) -> None:  # fmt: skip
+        self.request = request
+        self.limit = limit
+        self.on_page = on_page
+        self.on_error = on_error
+        self.transport: asyncio.Transport | None = None
+        self.pending = False  # a request is out, its answer not complete
+        self.buf = bytearray()
+        self.body_at = -1  # where the body starts (-1: head not read yet)
+        self.length = 0  # Content-Length (-1: chunked)
+        self.status = b""
+        self.close_after = False
 
-class Conn:
-    """One keep-alive HTTP/1.1 connection to a metrics page."""
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
 
-    __slots__ = ("host", "port", "tls", "request", "reader", "writer")
-
-    def __init__(self, host: str, port: int, path: str, tls: ClientTls | None = None) -> None:
-        self.host, self.port, self.tls = host, port, tls
-        hosthdr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.request = (f"GET {path} HTTP/1.1\r\nHost: {hosthdr}\r\nUser-Agent: sluice-scrape\r\n"
-                        "Accept: text/plain\r\n\r\n").encode("latin-1")  # fmt: skip
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+    def send(self) -> None:
+        assert self.transport is not None
+        self.pending = True
+        self.buf.clear()
+        self.body_at = -1
+        self.transport.write(self.request)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        self.pending = False
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
 
-    async def get(self, limit: int) -> bytes:
-        """The page's body (ScrapeError when not 200, larger than `limit`, or malformed). The
-        caller bounds the time."""
-        if self.writer is None or self.writer.is_closing():
-            if self.tls is None:
-                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-            else:
-                self.reader, self.writer = await asyncio.open_connection(
-                    self.host, self.port, ssl=self.tls.context,
-                    server_hostname=self.tls.server_hostname(self.host),
-                )  # fmt: skip
-        reader, writer = self.reader, self.writer
-        assert reader is not None
-        writer.write(self.request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        if len(head) > MAX_HEAD:
-            raise ScrapeError("answer head too large")
-        status_line, _, rest = head.partition(b"\r\n")
-        parts = status_line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise ScrapeError("not an HTTP/1.1 answer")
-        length = -1
-        chunked = close = False
-        for line in rest.split(b"\r\n"):
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value.strip())
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = b"close" in value.lower()
-        if chunked:
-            body = await _chunked(reader, limit)
-        elif length >= 0:
-            if length > limit:
-                raise ScrapeError(f"page of {length} bytes is over max_bytes")
-            body = await reader.readexactly(length)
-        else:  # read to the end of the connection
-            body = await reader.read(limit + 1)
-            close = True
-            if len(body) > limit:
-                raise ScrapeError("page is over max_bytes")
-        if close:
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.pending:
+            self.pending = False
+            self.on_error(f"connection closed{f': {exc}' if exc else ''}")
+
+    def data_received(self, data: bytes) -> None:
+        if not self.pending:
+            self.fail("bytes nobody asked for")
+            return
+        buf = self.buf
+        buf += data
+        if self.body_at < 0 and not self._head():
+            return
+        if len(buf) - self.body_at > self.limit + 64:
+            self.fail("page is over max_bytes")
+        elif self.length >= 0:
+            end = self.body_at + self.length
+            if len(buf) == end:  # the common case: scanned in place (the head has no metric)
+                self._done(buf)
+            elif len(buf) > end:
+                self._done(bytes(memoryview(buf)[self.body_at : end]))
+        elif buf.endswith(b"0\r\n\r\n"):
+            body = _dechunk(buf, self.body_at)
+            if body is not None:
+                self._done(body)
+
+    def _head(self) -> bool:
+        buf = self.buf
+        h = buf.find(b"\r\n\r\n")
+        if h < 0:
+            if len(buf) > MAX_HEAD:
+                self.fail("answer head too large")
+            return False
+        head = bytes(buf[: h + 2]).lower()
+        if not head.startswith(b"http/1.") or head[8:9] != b" ":
+            self.fail("not an HTTP/1.1 answer")
+            return False
+        self.status = head[9:12]
+        self.close_after = b"\r\nconnection: close" in head
+        i = head.find(b"\r\ncontent-length:")
+        if i >= 0:
+            v = head[i + 17 : head.find(b"\r\n", i + 17)].strip()
+            if not v.isdigit():
+                self.fail("bad content-length")
+                return False
+            length = int(v)
+        elif b"\r\ntransfer-encoding: chunked" in head:
+            length = -1
+        else:
+            self.fail("answer without a length")
+            return False
+        if length > self.limit:
+            self.fail(f"page of {length} bytes is over max_bytes")
+            return False
+        self.length = length
+        self.body_at = h + 4
+        return True
+
+    def _done(self, body: bytes | bytearray) -> None:
+        self.pending = False
+        status = self.status
+        if self.close_after:
             self.close()
-        if parts[1] != b"200":
-            raise ScrapeError(f"status {parts[1].decode('latin-1')}")
-        return body
+        if status != b"200":
+            self.on_error(f"status {status.decode('latin-1')}")
+            self.close()
+            return
+        self.on_page(body)
+
+    def fail(self, why: str) -> None:
+        self.close()
+        self.on_error(why)
 
 
-async def _chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
+def _dechunk(buf: bytearray, at: int) -> bytes | None:
+    """A chunked body's bytes, or None when malformed."""
     out = bytearray()
     while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        eol = buf.find(b"\r\n", at)
+        if eol < 0:
+            return None
+        try:
+            size = int(bytes(buf[at:eol]).split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            return None
         if size == 0:
-            await reader.readuntil(b"\r\n")  # no trailers expected: the empty line
             return bytes(out)
-        if len(out) + size > limit:
-            raise ScrapeError("page is over max_bytes")
-        out += await reader.readexactly(size)
-        await reader.readexactly(2)
+        out += buf[eol + 2 : eol + 2 + size]
+        at = eol + 2 + size + 2
 
 
 class Record:
@@ -155,9 +201,111 @@ class Record:
         return out
 
 
+class Target:
+    """One member's scrapes: its connection (opened on first use, again after a failure), the
+    request out, and what it leaves on the member's `Core`."""
+
+    __slots__ = ("scraper", "core", "rec", "host", "port", "tls", "client", "connecting",
+                 "sent_at", "request")  # fmt: skip
+
+    def __init__(self, scraper: Scraper, core: Core, host: str, port: int,
+                 tls: ClientTls | None) -> None:  # fmt: skip
+        self.scraper = scraper
+        self.core = core
+        self.rec = core.scrape = Record(scraper.interval)
+        self.host, self.port, self.tls = host, port, tls
+        self.client: PageClient | None = None
+        self.connecting: asyncio.Task[None] | None = None
+        self.sent_at = 0.0
+        hosthdr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.request = (f"GET {scraper.cfg.path} HTTP/1.1\r\nHost: {hosthdr}\r\n"
+                        "User-Agent: sluice-scrape\r\nAccept: text/plain\r\n\r\n"
+                        ).encode("latin-1")  # fmt: skip
+
+    def fire(self, now: float) -> None:
+        """This member's turn: judge its figures' age, then send the next request (unless one
+        is still out within its deadline)."""
+        sc = self.scraper
+        sc.judge(self.core, self.rec, now)
+        c = self.client
+        if c is None or c.transport is None:
+            if self.connecting is None:
+                self.connecting = sc.services.spawn(self._connect(), "scrape:connect")
+            return
+        if c.pending:
+            if now - self.sent_at > sc.timeout:
+                c.close()
+                self.error(f"timeout after {sc.timeout:g}s")
+            return
+        self.sent_at = now
+        c.send()
+
+    async def _connect(self) -> None:
+        sc = self.scraper
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(sc.timeout):
+                if self.tls is None:
+                    _, c = await loop.create_connection(self._client, self.host, self.port)
+                else:
+                    _, c = await loop.create_connection(
+                        self._client, self.host, self.port, ssl=self.tls.context,
+                        server_hostname=self.tls.server_hostname(self.host),
+                    )  # fmt: skip
+        except TimeoutError:
+            self.error(f"connect timeout after {sc.timeout:g}s")
+        except ssl.SSLError as e:
+            self.error(f"TLS {e.reason or e}")
+        except OSError as e:
+            self.error(f"{type(e).__name__}: {e}"[:200])
+        else:
+            self.client = c
+            self.sent_at = loop.time()
+            c.send()
+        finally:
+            self.connecting = None
+
+    def _client(self) -> PageClient:
+        return PageClient(self.request, self.scraper.cfg.max_bytes, self.page, self.error)
+
+    def page(self, body: bytes | bytearray) -> None:
+        sc, rec = self.scraper, self.rec
+        f = scan(body, sc.want, time.monotonic())
+        self.core.figures = f
+        rec.ok += 1
+        sc.ok.inc()
+        if f.missing != rec.missing:
+            if f.missing:
+                log.warning("metrics: backend=%s member=%s:%s page lacks %s (not read as 0)",
+                            sc.backend, self.host, self.port, ", ".join(f.missing))  # fmt: skip
+            rec.missing = f.missing
+        sc.judge(self.core, rec, f.at)
+
+    def error(self, why: str) -> None:
+        sc, rec = self.scraper, self.rec
+        rec.failed += 1
+        sc.failed.inc()
+        if why != rec.last_error:
+            log.info("metrics: backend=%s member=%s:%s scrape failed: %s", sc.backend,
+                     self.host, self.port, why)  # fmt: skip
+        rec.last_error = why
+
+    def stop(self) -> None:
+        if self.connecting is not None:
+            self.connecting.cancel()
+        if self.client is not None:
+            self.client.close()
+        core = self.core
+        core.scrape = None
+        core.figures = None
+        core.server = 0.0
+
+
 class Scraper:
-    """One `load.metrics` section of one backend: the scrape loops of its members (started and
-    stopped by `sync` as members come and go; `stop` ends them all)."""
+    """One `load.metrics` section of one backend: the scrapes of its members (added and removed
+    by `sync` as members come and go; `stop` ends them all). One task drives them all: the
+    interval is cut into ticks of about `TICK_S`, each member has its tick (by a hash of its
+    address), and a tick sends the requests of its members; answers are read by callbacks."""
 
     def __init__(
         self, services: Services, pool: MemberBooks, backend: str, cfg: ServerMetrics,
@@ -173,20 +321,25 @@ class Scraper:
         self.interval = cfg.interval_ms / 1000
         self.timeout = cfg.timeout_ms / 1000
         self.max_in_flight = max_in_flight
-        self.loops: dict[str, tuple[Core, asyncio.Task[None]]] = {}
+        self.ticks = max(1, round(self.interval / TICK_S))
+        self.slots: list[list[Target]] = [[] for _ in range(self.ticks)]
+        self.targets: dict[str, Target] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.ok = metrics.SERVER_SCRAPES.labels(backend, "ok")
+        self.failed = metrics.SERVER_SCRAPES.labels(backend, "error")
 
     def sync(self, members: Iterable[Member]) -> None:
         """Scrape exactly these members (needs a running loop)."""
         seen = set()
         for m in members:
             seen.add(m.address)
-            if m.address not in self.loops:
-                host, port, tls = self._target(m)
-                task = self.services.spawn(self._loop(m.core, host, port, tls),
-                                           f"scrape:{self.backend}:{m.address}")  # fmt: skip
-                self.loops[m.address] = (m.core, task)
-        for address in [a for a in self.loops if a not in seen]:
+            if m.address not in self.targets:
+                t = self.targets[m.address] = Target(self, m.core, *self._target(m))
+                self.slots[hash_key(m.address) % self.ticks].append(t)
+        for address in [a for a in self.targets if a not in seen]:
             self._end(address)
+        if self.targets and (self.task is None or self.task.done()):
+            self.task = self.services.spawn(self._run(), f"scrape:{self.backend}")
 
     def _target(self, m: Member) -> tuple[str, int, ClientTls | None]:
         """Where a member's page is: `address`, `port` on its host (plain HTTP), or the member's
@@ -200,74 +353,36 @@ class Scraper:
         return ep.host, ep.port, ep.tls
 
     def _end(self, address: str) -> None:
-        core, task = self.loops.pop(address)
-        task.cancel()
-        core.scrape = None
-        core.figures = None
-        core.server = 0.0
+        t = self.targets.pop(address)
+        for slot in self.slots:
+            if t in slot:
+                slot.remove(t)
+        t.stop()
 
     def stop(self) -> None:
-        for address in list(self.loops):
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+        for address in list(self.targets):
             self._end(address)
 
-    async def _loop(self, core: Core, host: str, port: int, tls: ClientTls | None) -> None:
+    async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        conn = Conn(host, port, self.cfg.path, tls)
-        rec = core.scrape = Record(self.interval)
-        ok_c = metrics.SERVER_SCRAPES.labels(self.backend, "ok")
-        err_c = metrics.SERVER_SCRAPES.labels(self.backend, "error")
-        # Staggered: each member at its own offset within the interval (by its address).
-        await asyncio.sleep((hash_key(f"{host}:{port}") % 1024) / 1024 * self.interval)
+        step = self.interval / self.ticks
+        k = 0
         next_at = loop.time()
-        try:
-            while True:
-                figures = await self._scrape(conn, rec)
-                if figures is not None:
-                    core.figures = figures
-                    ok_c.inc()
-                else:
-                    err_c.inc()
-                self._judge(core, rec, time.monotonic())
-                next_at += self.interval
-                delay = next_at - loop.time()
-                if delay < 0:  # fell behind (a slow scrape): skip, do not burst
-                    next_at, delay = loop.time(), 0.0
-                await asyncio.sleep(delay)
-        finally:
-            conn.close()
+        while True:
+            now = loop.time()
+            for t in self.slots[k]:
+                t.fire(now)
+            k = k + 1 if k + 1 < self.ticks else 0
+            next_at += step
+            delay = next_at - loop.time()
+            if delay < 0:  # fell behind (a busy loop): go on from now, do not burst
+                next_at, delay = loop.time(), 0.0
+            await asyncio.sleep(delay)
 
-    async def _scrape(self, conn: Conn, rec: Record) -> Figures | None:
-        try:
-            async with asyncio.timeout(self.timeout):
-                body = await conn.get(self.cfg.max_bytes)
-        except TimeoutError:
-            self._failed(conn, rec, f"timeout after {self.timeout:g}s")
-            return None
-        except ssl.SSLError as e:
-            self._failed(conn, rec, f"TLS {e.reason or e}")
-            return None
-        except (OSError, ValueError, ScrapeError, asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError) as e:  # fmt: skip
-            self._failed(conn, rec, f"{type(e).__name__}: {e}"[:200])
-            return None
-        f = scan(body, self.want, time.monotonic())
-        rec.ok += 1
-        if f.missing != rec.missing:
-            if f.missing:
-                log.warning("metrics: backend=%s member=%s:%s page lacks %s (not read as 0)",
-                            self.backend, conn.host, conn.port, ", ".join(f.missing))  # fmt: skip
-            rec.missing = f.missing
-        return f
-
-    def _failed(self, conn: Conn, rec: Record, why: str) -> None:
-        conn.close()
-        rec.failed += 1
-        if why != rec.last_error:
-            log.info("metrics: backend=%s member=%s:%s scrape failed: %s", self.backend,
-                     conn.host, conn.port, why)  # fmt: skip
-        rec.last_error = why
-
-    def _judge(self, core: Core, rec: Record, now: float) -> None:
+    def judge(self, core: Core, rec: Record, now: float) -> None:
         """The pick's `server` term and the admission's `full` from the figures, if fresh."""
         f = core.figures
         is_full = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +17,6 @@ import pytest
 from gateway.mockbackend import Knobs, MockBackendHandle, start_mock_backend
 from gateway.policy.model import Backend
 from gateway.registry.pool import BACKENDS, BackendPool
-from gateway.registry.scrape import Conn, ScrapeError
 from gateway.services import Services
 from tests.support import free_port, until
 
@@ -34,11 +34,11 @@ async def backends() -> AsyncIterator[list[MockBackendHandle]]:
         await h.close()
 
 
-def cfg(ports: list[int], **metrics: Any) -> Backend:
+def cfg(ports: list[int], health: bool = True, **metrics: Any) -> Backend:
     return Backend.model_validate({
         "name": "b", "max_in_flight": 2,
         "endpoints": [{"address": f"127.0.0.1:{p}"} for p in ports],
-        "health": {"interval_s": 0.2},
+        "health": {"interval_s": 0.2} if health else None,
         "load": {"metrics": {"interval_ms": 50, **metrics}},
     })  # fmt: skip
 
@@ -102,7 +102,8 @@ async def test_a_failed_scrape_is_counted_not_a_health_failure(
     v, m = one_member(services, backends[0], port=free_port())  # a port nobody listens on ...
     await until(lambda: m.core.scrape is not None and m.core.scrape.failed >= 3)
     assert m.core.figures is None and m.core.server == 0.0 and not m.core.scrape.full
-    assert m.health is not None and m.health.checks >= 1 and m.health.healthy  # ... still healthy
+    await until(lambda: m.health is not None and m.health.checks >= 2)
+    assert m.health is not None and m.health.healthy  # ... still healthy
     assert "Error" in v.state(time.monotonic())["members"][0]["server"]["last_error"]  # type: ignore[index]
 
 
@@ -132,7 +133,9 @@ async def test_the_scraper_stops_with_its_view(
     )
     v2 = pool.view(plain)
     pool.activate([v2], {})  # the sweep stops the old section's scrapes
-    assert not pool.scrapers or all(not s.loops for s in pool.scrapers.values())
+    assert not pool.scrapers or all(
+        not s.targets and s.task is None for s in pool.scrapers.values()
+    )
     assert all(m.core.scrape is None and m.core.server == 0.0 for m in v.members.values())
 
 
@@ -144,9 +147,15 @@ class PageServer:
         self.answer = answer
         self.connections = 0
         self.server: asyncio.Server | None = None
+        self.handlers: set[asyncio.Task[Any]] = set()
+        self.readers: list[asyncio.StreamReader] = []
 
     async def handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        self.readers.append(r)
         try:
             while await r.readuntil(b"\r\n\r\n"):
                 w.write(self.answer)
@@ -163,31 +172,48 @@ class PageServer:
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
         self.server.close()
+        for r in self.readers:
+            r.feed_eof()  # each handler ends on its own (a cancelled one upsets asyncio 3.11)
+        await asyncio.gather(*self.handlers, return_exceptions=True)
 
 
-async def test_conn_keeps_its_connection_and_reads_chunked_pages() -> None:
-    page = b"vllm:num_requests_running 1\n"
+def page_view(services: Services, port: int, **metrics: Any) -> Any:
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
+    v = pool.view(cfg([port], health=False, **metrics))  # (a check would open a connection)
+    pool.activate([v], {})
+    return next(iter(v.members.values()))
+
+
+async def test_one_connection_and_chunked_pages(services: Services) -> None:
     chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"5\r\nvllm:\r\n17\r\nnum_requests_running 1\n\r\n0\r\n\r\n")  # fmt: skip
+               b"5\r\nvllm:\r\n17\r\nnum_requests_running 3\n\r\n0\r\n\r\n")  # fmt: skip
     srv = PageServer(chunked)
     async with srv as port:
-        conn = Conn("127.0.0.1", port, "/metrics")
-        for _ in range(5):
-            assert await conn.get(1024) == page
-        conn.close()
-    assert srv.connections == 1
+        m = page_view(services, port)
+        await until(lambda: m.core.scrape is not None and m.core.scrape.ok >= 5)
+        assert m.core.figures is not None and m.core.figures.running == 3.0
+        assert m.core.scrape.failed == 0 and srv.connections == 1  # kept alive
 
 
-async def test_conn_refuses_a_page_over_max_bytes_and_a_bad_status() -> None:
-    big = b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000
-    async with PageServer(big) as port:
-        conn = Conn("127.0.0.1", port, "/metrics")
-        with pytest.raises(ScrapeError, match="over max_bytes"):
-            await conn.get(1024)
-        conn.close()
-    bad = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
-    async with PageServer(bad) as port:
-        conn = Conn("127.0.0.1", port, "/metrics")
-        with pytest.raises(ScrapeError, match="status 404"):
-            await conn.get(1024)
-        conn.close()
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000, "over max_bytes"),
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "status 404"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not an HTTP/1.1 answer"),
+    ],
+)
+async def test_bad_pages_fail_the_scrape(services: Services, answer: bytes, error: str) -> None:
+    async with PageServer(answer) as port:
+        m = page_view(services, port, max_bytes=1024)
+        await until(lambda: m.core.scrape is not None and m.core.scrape.failed >= 2)
+        assert error in m.core.scrape.last_error and m.core.figures is None
+
+
+async def test_a_silent_server_times_out(services: Services) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)  # accepts (in the kernel backlog), never answers
+        m = page_view(services, s.getsockname()[1], timeout_ms=100)
+        await until(lambda: m.core.scrape is not None and m.core.scrape.failed >= 1)
+        assert "timeout" in m.core.scrape.last_error
