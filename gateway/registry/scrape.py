@@ -25,7 +25,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gateway.core.balancer import hash_key
 from gateway.core.serverload import Weights, fresh, full, scan, score, wanted
@@ -65,8 +65,7 @@ class PageClient(asyncio.Protocol):
         self.close_after = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
     def send(self) -> None:
         assert self.transport is not None

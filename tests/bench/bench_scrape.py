@@ -2,7 +2,7 @@
 of `make test`):
 
     .venv/bin/python tests/bench/bench_scrape.py [--members 100] [--interval-ms 100]
-        [--seconds 10] [--page mock|vllm] [--engines 1]
+        [--seconds 10] [--page mock|vllm] [--engines 1] [--loop uvloop|asyncio]
 
 A separate process serves a metrics page on `--members` loopback ports (raw asyncio, keep-alive;
 `mock`: the simulated backend's own page, ~0.9 KB; `vllm`: the three gauges among ten
@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--page", choices=["mock", "vllm"], default="vllm")
     ap.add_argument("--engines", type=int, default=1, help="vllm page: engines (data parallel)")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     ap.add_argument("--serve", help=argparse.SUPPRESS)  # the page server's own process
     a = ap.parse_args()
     page = mock_page() if a.page == "mock" else vllm_page(a.engines)
@@ -168,13 +169,19 @@ def main() -> None:
     )  # fmt: skip
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        ok, failed, share = asyncio.run(scrape(ports, a.interval_ms, a.seconds))
+        if a.loop == "uvloop":  # as `sluice serve` runs
+            import uvloop
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                ok, failed, share = runner.run(scrape(ports, a.interval_ms, a.seconds))
+        else:
+            ok, failed, share = asyncio.run(scrape(ports, a.interval_ms, a.seconds))
     finally:
         server.terminate()
         server.wait()
     expected = a.members * a.seconds * 1000 / a.interval_ms
     per = share * a.seconds / max(ok, 1) * 1e6
-    print(f"page: {a.page}, {len(page)} bytes; scan alone: {scan_us:.1f} µs")
+    print(f"page: {a.page}, {len(page)} bytes; scan alone: {scan_us:.1f} µs; loop: {a.loop}")
     print(f"{a.members} members @ {a.interval_ms} ms for {a.seconds:g} s: {ok} scrapes "
           f"({ok / expected:.0%} of {expected:.0f}), {failed} failed")  # fmt: skip
     print(f"CPU per scrape: {per:.0f} µs; share of one core: {share:.1%}")
