@@ -3,6 +3,7 @@ models). Routes are in `gateway.policy.routes`. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -64,8 +65,81 @@ class Registry(PolicyModel):
     )
 
 
+DnsName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9_]([A-Za-z0-9_\-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_\-]{0,62}))*\.?$",
+        description="a DNS name",
+    ),
+]
+
+
+class DnsDiscovery(PolicyModel):
+    """Members from DNS: one per A/AAAA record of `name` (a Kubernetes headless Service answers
+    with one per ready pod), or per SRV record of `srv` (its target's addresses, its port)."""
+
+    name: DnsName | None = Field(
+        default=None,
+        description="name whose A and AAAA records are the members",
+        examples=["vllm.models.svc.cluster.local"],
+    )
+    srv: DnsName | None = Field(
+        default=None,
+        description="SRV name whose records give the members' names and ports (instead of `name`)",
+        examples=["_http._tcp.vllm.models.svc.cluster.local"],
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="the members' port (with `name`)")
+    interval_s: PositiveFloat = Field(
+        default=5.0,
+        ge=0.1,
+        le=3600,
+        description="between lookups at most: a shorter record TTL looks up sooner (at most "
+        "once a second)",
+    )
+    timeout_s: PositiveFloat = Field(default=2.0, le=30, description="deadline of each lookup")
+    resolvers: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="DNS servers as ip or ip:port (empty: the system's resolv.conf)",
+        examples=[["10.96.0.10:53"]],
+    )
+    priority: int = Field(default=0, ge=0, le=7, description="priority level of these members")
+    weight: int = Field(default=1, ge=1, le=10000, description="weight of each member")
+    max_members: PositiveInt = Field(
+        default=256, le=4096, description="members taken from one answer, at most"
+    )
+
+    @model_validator(mode="after")
+    def _one_name(self) -> DnsDiscovery:
+        if (self.name is None) == (self.srv is None):
+            raise ValueError("set one of `name` (A/AAAA records) or `srv` (SRV records)")
+        for r in self.resolvers:
+            host, _, port = r.rpartition(":") if r.count(":") == 1 or r.startswith("[") else (
+                r, "", "")  # fmt: skip
+            try:
+                ipaddress.ip_address(host.strip("[]"))
+            except ValueError:
+                raise ValueError(f"resolver {r!r}: want an IP address, or ip:port") from None
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"resolver {r!r}: bad port")
+        return self
+
+
 class Discovery(PolicyModel):
-    registry: Registry = Field(description="members from Redis heartbeats")
+    """Where members beyond `endpoints` come from: Redis heartbeats or DNS (one of them)."""
+
+    registry: Registry | None = Field(default=None, description="members from Redis heartbeats")
+    dns: DnsDiscovery | None = Field(
+        default=None, description="members from DNS records (a Kubernetes headless Service)"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Discovery:
+        if (self.registry is None) == (self.dns is None):
+            raise ValueError("set one of `registry` or `dns`")
+        return self
 
 
 class HealthCheck(PolicyModel):
@@ -305,7 +379,7 @@ class Backend(PolicyModel):
     )
     protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
     discovery: Discovery | None = Field(
-        default=None, description="members added from a registry (Redis heartbeats)"
+        default=None, description="members added from a registry (Redis heartbeats) or DNS"
     )  # before `endpoints`: its validator looks at it
     endpoints: list[Endpoint] = Field(
         default_factory=list,

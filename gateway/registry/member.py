@@ -182,7 +182,7 @@ class Member:
         self.address = endpoint.address
         self.weight = float(endpoint.weight)
         self.priority = endpoint.priority
-        self.source = source  # "static" (the policy) or "registry" (heartbeats)
+        self.source = source  # "static" (the policy), "registry" (heartbeats) or "dns"
         self.core = core
         self.box = box
         self.breaker = box.breaker if box is not None else None

@@ -7,7 +7,7 @@ State, each kept in the pool under its own key (see `gateway.registry.member`):
   (`gateway.core.placement.PrefixBook`);
 - per backend, address and parameters: the breaker (`breaker` section), the outlier record
   (`outlier`), the health verdict and its check loop (`health`, and the backend's protocol);
-- per backend and `discovery.registry` section: the registry poller and what it found;
+- per backend and `discovery` section: the registry poller or DNS lookups and what they found;
 - per route and canary section + split weights: the canary guard; per route and budget
   parameters: the retry budget.
 
@@ -44,6 +44,7 @@ from gateway.core.health import HealthParams, HealthState
 from gateway.core.outlier import Outlier, OutlierParams
 from gateway.core.placement import PrefixBook
 from gateway.core.retry import RetryBudget
+from gateway.registry.dns import DnsWatcher
 from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.models import MODELS
@@ -81,7 +82,7 @@ class BackendPool:
         self.outliers: dict[tuple[str, str, OutlierParams], Outlier] = {}
         self.healths: dict[tuple[Any, ...], HealthBox] = {}
         self.books: dict[str, PrefixBook] = {}
-        self.watchers: dict[tuple[str, str], Watcher] = {}
+        self.watchers: dict[tuple[str, str], Watcher | DnsWatcher] = {}
         self.scrapers: dict[tuple[str, str], Scraper] = {}
         self.guards: dict[tuple[str, str], CanaryGuard] = {}
         self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
@@ -133,8 +134,17 @@ class BackendPool:
     def watcher(self, backend: str, reg: Any) -> Watcher:
         key = (backend, reg.model_dump_json())
         w = self.watchers.get(key)
-        if w is None:
-            w = self.watchers[key] = Watcher(self.services, self, backend, reg)
+        if not isinstance(w, Watcher):
+            w = Watcher(self.services, self, backend, reg)
+            self.watchers[key] = w
+        return w
+
+    def dns_watcher(self, backend: str, cfg: Any) -> DnsWatcher:
+        key = (backend, "dns:" + cfg.model_dump_json())
+        w = self.watchers.get(key)
+        if not isinstance(w, DnsWatcher):
+            w = DnsWatcher(self.services, self, backend, cfg)
+            self.watchers[key] = w
         return w
 
     def scraper(self, cfg: Backend) -> Scraper | None:
@@ -268,7 +278,7 @@ class BackendPool:
         _forget(self.budgets, {id(p.budget) for p in self.pickers.values()})
 
     def upstream_keys(self, protocol: str) -> set[str]:
-        """`Endpoint.upstream_key` (address and TLS settings) of the members a registry found
+        """`Endpoint.upstream_key` (address and TLS settings) of the members a registry or DNS found
         for the live backends speaking `protocol` (static members are in the policy; an old
         policy's view may linger until swept)."""
         return {
@@ -276,7 +286,7 @@ class BackendPool:
             for v in self._alive
             if v.cfg.protocol == protocol
             for m in v.members.values()
-            if m.source == "registry"
+            if m.source != "static"
         }  # fmt: skip
 
     def readiness(self) -> dict[str, object]:

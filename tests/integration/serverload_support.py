@@ -32,23 +32,30 @@ def start_gateway(members: list[Backend], tmp: Path, metrics: bool,
                   names: str = "") -> Gateway:  # fmt: skip
     """A gateway before `members` (backend `sim`); `metrics`: with `load.metrics` (`names`: its
     `names:` flow mapping)."""
-    http, admin = free_port(), free_port()
-    tmp.mkdir(parents=True, exist_ok=True)
     eps = ", ".join(f'{{address: "127.0.0.1:{m.http_port}"}}' for m in members)
     limit = f"\n    max_in_flight: {max_in_flight}" if max_in_flight else ""
     load = METRICS.format(f", names: {names}" if names else "") if metrics else ""
+    tail = "admission: {queue: {max_wait_ms: 10000, max_queued: 1000}}" if admission else ""
+    return gateway_for(tmp, f"endpoints: [{eps}]{limit}{load}", tail)
+
+
+def gateway_for(tmp: Path, backend: str, tail: str = "") -> Gateway:
+    """A gateway whose route `openai` (/v1/) goes to backend `sim`, described by `backend` (its
+    fields, indented by 4 after the first line), then `tail` (more policy sections)."""
+    http, admin = free_port(), free_port()
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "policy.yaml"
     path.write_text(f"""\
 version: 1
 listeners: {{http: {{host: 127.0.0.1, port: {http}}}, admin: {{host: 127.0.0.1, port: {admin}}}}}
 backends:
   - name: sim
-    endpoints: [{eps}]{limit}{load}
+    {backend}
 routes:
   - name: openai
     match: {{protocol: http, path_prefix: /v1/}}
     backend: sim
-{"admission: {queue: {max_wait_ms: 10000, max_queued: 1000}}" if admission else ""}
+{tail}
 """)
     proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log")
     wait_ready(admin, proc)
@@ -83,9 +90,10 @@ async def outside(member: Backend, clients: int, tokens: int, until: float) -> T
     return run
 
 
-async def through(gws: list[Gateway], clients: int, tokens: int, until: float) -> TenantRun:
-    """`clients` closed-loop clients per gateway, their starts spread."""
-    run = TenantRun("clients")
+async def through(gws: list[Gateway], clients: int, tokens: int, until: float,
+                  run: TenantRun | None = None) -> TenantRun:  # fmt: skip
+    """`clients` closed-loop clients per gateway, their starts spread (recorded in `run`)."""
+    run = run if run is not None else TenantRun("clients")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as http:
         await asyncio.gather(*(
