@@ -82,7 +82,9 @@ class DnsDiscovery(PolicyModel):
 
     name: DnsName | None = Field(
         default=None,
-        description="name whose A and AAAA records are the members",
+        description="name whose A and AAAA records are the members (without `resolvers`, a "
+        "short name goes through resolv.conf's search list: `vllm` in a pod is the Service "
+        "`vllm` of its namespace)",
         examples=["vllm.models.svc.cluster.local"],
     )
     srv: DnsName | None = Field(

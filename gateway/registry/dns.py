@@ -40,9 +40,13 @@ log = logging.getLogger("sluice.registry")
 
 
 def resolver_for(cfg: DnsDiscovery) -> dns.asyncresolver.Resolver:
-    """The section's resolvers (ip or ip:port), or the system's (resolv.conf)."""
+    """The section's resolvers (ip or ip:port; names are then absolute), or the system's
+    (resolv.conf, with its search list)."""
     if not cfg.resolvers:
         r = dns.asyncresolver.Resolver()
+        # resolv.conf's search list and ndots, as the system resolver (and nginx, Envoy) use
+        # them: in a Kubernetes pod, `vllm` is the headless Service of the pod's namespace.
+        r.use_search_by_default = True
     else:
         r = dns.asyncresolver.Resolver(configure=False)
         servers: list[str | dns.nameserver.Nameserver] = []
@@ -70,7 +74,7 @@ async def _records(
 ) -> tuple[list[Any], float | None]:
     """The records of one type (none when the name or the type has none) and their TTL."""
     try:
-        ans = await r.resolve(name, rdtype, raise_on_no_answer=False, search=False)
+        ans = await r.resolve(name, rdtype, raise_on_no_answer=False)
     except dns.resolver.NXDOMAIN:
         return [], None
     except (dns.exception.DNSException, OSError) as e:
