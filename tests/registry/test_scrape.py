@@ -16,6 +16,7 @@ import pytest
 
 from gateway.mockbackend import Knobs, MockBackendHandle, start_mock_backend
 from gateway.policy.model import Backend
+from gateway.registry.collector import BackendsCollector
 from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.services import Services
 from tests.support import free_port, until
@@ -77,6 +78,11 @@ async def test_figures_reach_the_member_and_the_pick(
         snap = v.state(time.monotonic())["members"][0]["server"]  # type: ignore[index]
         assert snap["running"] == 2.0 and snap["waiting"] == 3.0 and snap["full"] is True
         assert snap["stale"] is False and snap["scrapes_ok"] >= 1
+        fam = next(f for f in BackendsCollector().collect()
+                   if f.name == "sluice_backend_member_server")  # fmt: skip
+        got = {(x.labels["member"], x.labels["figure"]): x.value for x in fam.samples}
+        assert got[(mb.address, "waiting")] == 3.0 and got[(mb.address, "full")] == 1.0
+        assert got[(mi.address, "full")] == 0.0
         for c in calls:
             c.cancel()
     await until(lambda: not mb.core.scrape.full and mb.core.server == 0.0)
