@@ -225,7 +225,8 @@ class Target:
         """This member's turn: judge its figures' age, then send the next request (unless one
         is still out within its deadline)."""
         sc = self.scraper
-        sc.judge(self.core, self.rec, now)
+        if self.core.scrape is self.rec:
+            sc.judge(self.core, self.rec, now)
         c = self.client
         if c is None or c.transport is None:
             if self.connecting is None:
@@ -269,6 +270,8 @@ class Target:
 
     def page(self, body: bytes | bytearray) -> None:
         sc, rec = self.scraper, self.rec
+        if self.core.scrape is not rec:
+            return  # a newer section's scrapes own the member (this one stops at the sweep)
         f = scan(body, sc.want, time.monotonic())
         self.core.figures = f
         rec.ok += 1
@@ -295,9 +298,10 @@ class Target:
         if self.client is not None:
             self.client.close()
         core = self.core
-        core.scrape = None
-        core.figures = None
-        core.server = 0.0
+        if core.scrape is self.rec:  # (a newer section's scrapes may own the member already)
+            core.scrape = None
+            core.figures = None
+            core.server = 0.0
 
 
 class Scraper:

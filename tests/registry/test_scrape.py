@@ -223,3 +223,26 @@ async def test_a_silent_server_times_out(services: Services) -> None:
         m = page_view(services, s.getsockname()[1], timeout_ms=100)
         await until(lambda: m.core.scrape is not None and m.core.scrape.failed >= 1)
         assert "timeout" in m.core.scrape.last_error
+
+
+async def test_a_changed_section_takes_the_members_over(
+    backends: list[MockBackendHandle], services: Services
+) -> None:
+    pool = services.get(BACKENDS, lambda: BackendPool(services))
+    port = backends[0].http_port
+    assert port is not None
+    await backends[0].update_knobs({"waiting": 1})
+    old = pool.view(cfg([port]))
+    pool.activate([old], {})
+    (m,) = old.members.values()
+    await until(lambda: m.core.scrape is not None and m.core.scrape.ok >= 1)
+    old.last_pick = time.monotonic()  # still serving requests: its work goes on for IDLE_S
+    new = pool.view(cfg([port], weights={"waiting": 5.0}))
+    pool.activate([new], {})
+    rec = m.core.scrape
+    await until(lambda: m.core.server == 5.0 and rec.ok >= 2)  # the new section's weights
+    old.last_pick = 0.0
+    pool.sweep(time.monotonic())  # the old section's scrapes stop, the new ones keep the member
+    assert m.core.scrape is rec and old.scraper.task is None and not old.scraper.targets
+    n = rec.ok
+    await until(lambda: rec.ok > n and m.core.server == 5.0)
