@@ -246,3 +246,21 @@ async def test_a_changed_section_takes_the_members_over(
     assert m.core.scrape is rec and old.scraper.task is None and not old.scraper.targets
     n = rec.ok
     await until(lambda: rec.ok > n and m.core.server == 5.0)
+
+
+async def test_a_grpc_backend_is_scraped_on_its_metrics_port(services: Services) -> None:
+    h = await start_mock_backend("127.0.0.1:0", "127.0.0.1:0", Knobs())
+    try:
+        await h.update_knobs({"waiting": 2})
+        pool = services.get(BACKENDS, lambda: BackendPool(services))
+        v = pool.view(Backend.model_validate({
+            "name": "g", "protocol": "grpc", "discover_unary": False,
+            "endpoints": [{"address": f"127.0.0.1:{h.grpc_port}"}],
+            "load": {"metrics": {"interval_ms": 50, "port": h.http_port}},
+        }))  # fmt: skip
+        pool.activate([v], {})
+        (m,) = v.members.values()
+        await until(lambda: m.core.figures is not None and m.core.figures.waiting == 2.0)
+        assert m.core.server == 4.0
+    finally:
+        await h.close()
