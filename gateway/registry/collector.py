@@ -56,7 +56,7 @@ class BackendsCollector(Collector):
             "sluice_backend_panic", "1 while the backend is in panic mode.", labels=["backend"]
         )
         reg_up = GaugeMetricFamily(
-            "sluice_registry_up", "1 if the heartbeat registry answered its last read.",
+            "sluice_registry_up", "1 if the heartbeat registry (or DNS) answered its last read.",
             labels=["backend"],
         )  # fmt: skip
         route_w = GaugeMetricFamily(
