@@ -113,12 +113,13 @@ def parse_name(figure: str, text: str) -> Wanted:
     return Wanted(figure, text, name.encode(), labels)
 
 
-def scan(page: bytes | bytearray, want: tuple[Wanted, ...], now: float) -> Figures:
-    """The figures of `want` read from a Prometheus text page (see the module docstring)."""
+def scan(page: bytes | bytearray, want: tuple[Wanted, ...], now: float, start: int = 0) -> Figures:
+    """The figures of `want` read from a Prometheus text page that starts at `start` of `page`
+    (see the module docstring)."""
     got: dict[str, float] = {}
     missing: list[str] = []
     for w in want:
-        v = _read(page, w)
+        v = _read(page, w, start)
         if v is None:
             missing.append(w.text)
         else:
@@ -127,7 +128,7 @@ def scan(page: bytes | bytearray, want: tuple[Wanted, ...], now: float) -> Figur
                    tuple(missing), now)  # fmt: skip
 
 
-def _read(page: bytes | bytearray, w: Wanted) -> float | None:
+def _read(page: bytes | bytearray, w: Wanted, start: int) -> float | None:
     """The sum (KV cache: the largest) of the values of `w`'s series. The exposition format
     keeps a metric's lines together, so the search stops at the first line after them: a page of
     100 KB of histograms costs one `find` up to the first series, not a walk of the page."""
@@ -136,9 +137,9 @@ def _read(page: bytes | bytearray, w: Wanted) -> float | None:
     size = len(page)
     total: float | None = None
     kv = w.figure == "kv_cache"
-    i = page.find(name)
+    i = page.find(name, start)
     while i >= 0 and not (
-        (i == 0 or page[i - 1] == 0x0A) and page[i + n : i + n + 1] in (b"{", b" ")
+        (i == start or page[i - 1] == 0x0A) and page[i + n : i + n + 1] in (b"{", b" ")
     ):
         i = page.find(name, i + n)  # a comment, or a longer name (..._total, ..._by_reason)
     if i < 0:

@@ -46,10 +46,11 @@ TICK_S = 0.01  # the scrapes of one interval are spread over ticks of about this
 class PageClient(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to one metrics page, driven by callbacks: `send`
     writes the request; `data_received` assembles the answer (Content-Length or chunked, at most
-    `limit` bytes) and hands the body to `on_page`, or a reason to `on_error` (which closes)."""
+    `limit` bytes) and hands the body to `on_page` (the bytes and where the body starts in
+    them), or a reason to `on_error` (which closes)."""
 
     def __init__(
-        self, request: bytes, limit: int, on_page: Callable[[bytes | bytearray], None],
+        self, request: bytes, limit: int, on_page: Callable[[bytes | bytearray, int], None],
         on_error: Callable[[str], None],
     ) -> None:  # fmt: skip
         self.request = request
@@ -94,18 +95,20 @@ class PageClient(asyncio.Protocol):
         buf += data
         if self.body_at < 0 and not self._head():
             return
-        if len(buf) - self.body_at > self.limit + 64:
-            self.fail("page is over max_bytes")
+        if len(buf) - self.body_at > (self.limit if self.length >= 0 else 2 * self.limit) + 64:
+            self.fail("page is over max_bytes")  # (chunked: its framing counted loosely)
         elif self.length >= 0:
             end = self.body_at + self.length
-            if len(buf) == end:  # the common case: scanned in place (the head has no metric)
-                self._done(buf)
+            if len(buf) == end:  # the common case: scanned in place, from the body's start
+                self._done(buf, self.body_at)
             elif len(buf) > end:
-                self._done(bytes(memoryview(buf)[self.body_at : end]))
+                self._done(bytes(memoryview(buf)[self.body_at : end]), 0)
         elif buf.endswith(b"0\r\n\r\n"):
             body = _dechunk(buf, self.body_at)
-            if body is not None:
-                self._done(body)
+            if body is not None and len(body) > self.limit:
+                self.fail("page is over max_bytes")
+            elif body is not None:
+                self._done(body, 0)
 
     def _head(self) -> bool:
         buf = self.buf
@@ -139,7 +142,7 @@ class PageClient(asyncio.Protocol):
         self.body_at = h + 4
         return True
 
-    def _done(self, body: bytes | bytearray) -> None:
+    def _done(self, body: bytes | bytearray, start: int) -> None:
         self.pending = False
         status = self.status
         if self.close_after:
@@ -148,7 +151,7 @@ class PageClient(asyncio.Protocol):
             self.on_error(f"status {status.decode('latin-1')}")
             self.close()
             return
-        self.on_page(body)
+        self.on_page(body, start)
 
     def fail(self, why: str) -> None:
         self.close()
@@ -268,11 +271,11 @@ class Target:
     def _client(self) -> PageClient:
         return PageClient(self.request, self.scraper.cfg.max_bytes, self.page, self.error)
 
-    def page(self, body: bytes | bytearray) -> None:
+    def page(self, body: bytes | bytearray, start: int) -> None:
         sc, rec = self.scraper, self.rec
         if self.core.scrape is not rec:
             return  # a newer section's scrapes own the member (this one stops at the sweep)
-        f = scan(body, sc.want, time.monotonic())
+        f = scan(body, sc.want, time.monotonic(), start)
         self.core.figures = f
         rec.ok += 1
         sc.ok.inc()

@@ -103,3 +103,9 @@ def test_full_and_slots() -> None:
     assert not full(Figures(7.0, 0.0, 0.0, (), 0.0), 8)
     assert not full(Figures(99.0, 0.0, 0.0, (), 0.0), None)  # no max_in_flight: only the queue
     assert slots(8, False, 3) == 8 and slots(8, True, 3) == 3 and slots(8, True, 20) == 8
+
+
+def test_scan_reads_from_the_start_it_is_given() -> None:
+    page = b"HTTP/1.1 200 OK\r\nvllm:num_requests_waiting 99\r\n\r\nvllm:num_requests_waiting 1\n"
+    start = page.index(b"\r\n\r\n") + 4
+    assert scan(page, wanted("vllm", {}), 0.0, start).waiting == 1.0  # not the header's 99
