@@ -114,6 +114,19 @@ class Weight:
         return w if 0.0 < w <= 1e6 else self.default
 
 
+def held_back(per: int, plan: Any) -> int:
+    """The slots that a plan's members whose model server reports itself full do not give
+    (`load.metrics`; `gateway.core.serverload.slots`)."""
+    out = 0
+    for lv in plan.levels:
+        for m in lv.members:
+            c = m.core
+            rec = c.scrape
+            if rec is not None and rec.full:
+                out += per - slots(per, True, c.in_flight)
+    return out
+
+
 class AdmissionFilter:
     name = "admission"  # NAME (a literal: mypyc sets only literal defaults)
 
@@ -253,11 +266,8 @@ class AdmissionFilter:
         pq.plans = plans
         n = 0
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
-            for lv in plan.levels:
-                for m in lv.members:
-                    c = m.core
-                    rec = c.scrape
-                    n += per if rec is None else slots(per, rec.full, c.in_flight)
+            n += per * sum(len(lv.members) for lv in plan.levels)
+            n -= held_back(per, plan)
         pq.resize(max(1, -(-n // spec.workers)), now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:
