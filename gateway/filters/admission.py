@@ -253,21 +253,22 @@ class AdmissionFilter:
                 return
         changed = len(seen) != len(spec.per_member)
         plans = []
-        for i, (backend, _) in enumerate(spec.per_member):
+        held = 0  # slots that members whose server is full hold back
+        for i, (backend, per_member) in enumerate(spec.per_member):
             view = latest.get(backend)
             if view is None:  # the route filter has not activated it yet
                 return
             plan = view.plan(now)
             plans.append(plan)
+            held += held_back(per_member, plan)
             if not changed and plan is not seen[i]:
                 changed = True
         if not changed:
             return
         pq.plans = plans
-        n = 0
+        n = -held
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
             n += per * sum(len(lv.members) for lv in plan.levels)
-            n -= held_back(per, plan)
         pq.resize(max(1, -(-n // spec.workers)), now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:
