@@ -102,7 +102,7 @@ def _spread(crc: int, size: int) -> int:
 
 def score(m: Candidate) -> float:
     c = m.core
-    return c.in_flight + c.load * LOAD_GAIN
+    return c.in_flight + c.load * LOAD_GAIN + c.server
 
 
 def _levels(plan: Plan[M], r: float) -> list[Level[M]]:

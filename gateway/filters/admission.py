@@ -40,6 +40,7 @@ from gateway.core.fairqueue import (
 )
 from gateway.core.keys import compile_key
 from gateway.core.overload import Colour
+from gateway.core.serverload import slots
 from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
 from gateway.fleet.slots import slots_for
 from gateway.fleet.store import fleet_for
@@ -114,6 +115,19 @@ class Weight:
         except (TypeError, ValueError):
             return self.default
         return w if 0.0 < w <= 1e6 else self.default
+
+
+def held_back(per: int, plan: Any) -> int:
+    """The slots that a plan's members whose model server reports itself full do not give
+    (`load.metrics`; `gateway.core.serverload.slots`)."""
+    out = 0
+    for lv in plan.levels:
+        for m in lv.members:
+            c = m.core
+            rec = c.scrape
+            if rec is not None and rec.full:
+                out += per - slots(per, True, c.in_flight)
+    return out
 
 
 class AdmissionFilter:
@@ -240,7 +254,9 @@ class AdmissionFilter:
     def follow(self, pq: PoolQueue, now: float) -> None:
         """A fixed pool's slots follow its members: `max_in_flight` × each backend's members in
         rotation (the balancer's plan: healthy, not ejected, breaker not open), the worker's
-        share; a member that leaves takes its slots with it. Recounted only when a backend's
+        share; a member that leaves takes its slots with it, and a member whose model server
+        reports itself full (`load.metrics`, `gateway.core.serverload.slots`) keeps only the
+        slots this gateway's requests hold on it. Recounted only when a backend's
         plan changed (the plans are cached objects). At least 1: with no member, a request goes
         on to the route's 503 at once rather than waiting."""
         assert self.members is not None
@@ -253,18 +269,20 @@ class AdmissionFilter:
                 return
         changed = len(seen) != len(spec.per_member)
         plans = []
-        for i, (backend, _) in enumerate(spec.per_member):
+        held = 0  # slots that members whose server is full hold back
+        for i, (backend, per_member) in enumerate(spec.per_member):
             view = latest.get(backend)
             if view is None:  # the route filter has not activated it yet
                 return
             plan = view.plan(now)
             plans.append(plan)
+            held += held_back(per_member, plan)
             if not changed and plan is not seen[i]:
                 changed = True
         if not changed:
             return
         pq.plans = plans
-        n = 0
+        n = -held
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
             n += per * sum((len(lv.members) for lv in plan.levels), 0)
         pq.size(n, now)
