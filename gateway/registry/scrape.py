@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from gateway.policy.backends import ServerMetrics
     from gateway.registry.member import Core, Member, MemberBooks
     from gateway.services import Services
-    from gateway.upstream.tls import ClientTls
+    from gateway.tls.upstream import ClientTls
 
 log = logging.getLogger("sluice.backends")
 
