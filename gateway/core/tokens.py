@@ -32,8 +32,8 @@ def chunk_tokens(doc: Any) -> int:
         return 0
     choices = doc.get("choices")
     if not isinstance(choices, list):  # a Responses or Messages event
-        c = output_chars(doc)
-        return max(1, c // CHARS_PER_TOKEN) if c else 0
+        chars = output_chars(doc)
+        return max(1, chars // CHARS_PER_TOKEN) if chars else 0
     n = 0
     for c in choices:
         if not isinstance(c, dict):

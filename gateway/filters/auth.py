@@ -174,7 +174,8 @@ class AuthFilter:
         value = headers.get(self._header)
         prefix = self._prefix
         place = 0
-        if len(self._places) > 1:  # the first place it is in; in two with different values: 400
+        if req is not None and len(self._places) > 1:
+            # the first place it is in; in two places with different values: 400
             for i, (h, pre) in enumerate(self._places):
                 v = headers.get(h)
                 if v is None:

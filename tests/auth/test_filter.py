@@ -148,6 +148,19 @@ async def test_the_default_places_cover_both_sdks(services: Services) -> None:
     other = hs(sub="eve").removeprefix("Bearer ")
     two = await call(f, p, "/v1/x", authorization="Bearer " + bare, **{"x-api-key": other})
     assert two.verdict.http_status == 400 and two.detail == "auth ambiguous"
+    # a route without auth passes both on untouched, whatever they hold
+    off = compile_policy(
+        Policy.model_validate(
+            {
+                "backends": [{"name": "b", "endpoints": [{"address": "127.0.0.1:1"}]}],
+                "auth": {"providers": [hs_provider()]},
+                "routes": [{"name": "free", "backend": "b"}],  # auth.default: off
+            }
+        )
+    )
+    g = build(off, services)
+    free = await call(g, off, "/v1/x", authorization="Bearer sk-1", **{"x-api-key": "sk-2"})
+    assert free.verdict.allowed and "x-api-key" not in free.upstream_headers
     # a bare token is read from x-api-key only: `Authorization` still needs its scheme
     assert (await call(f, p, "/v1/x", authorization=bare)).verdict.http_status == 401
     assert (await call(f, p, "/v1/x", authorization=bare)).verdict.http_status == 401
