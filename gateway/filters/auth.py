@@ -174,9 +174,10 @@ class AuthFilter:
         value = headers.get(self._header)
         prefix = self._prefix
         place = 0
-        if req is not None and len(self._places) > 1:
+        if req is not None:
             # the first place it is in; in two places with different values: 400
-            for i, (h, pre) in enumerate(self._places):
+            for i in range(1, len(self._places)):
+                h, pre = self._places[i]
                 v = headers.get(h)
                 if v is None:
                     continue
