@@ -26,7 +26,7 @@ import pytest
 from tests.integration.backends_support import Gw, Sim, Spawn, start_gateway
 from tests.integration.llm_support import pool_policy
 from tests.integration.test_llm_failover import homes
-from tests.support import metric_total, require, until
+from tests.support import metric_total, until
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
@@ -129,7 +129,6 @@ async def calls(oa: Any, an: Any) -> AsyncIterator[tuple[str, int, int]]:
 async def test_each_family_settles_its_reservation_to_its_usage(
     tmp_path: Path, spawn: Spawn, engine: str, h2: bool
 ) -> None:
-    require(engine == "native" or not h2, "h2c is the native engine's")
     sims = spawn(1, "--ttft-ms", "1", "--token-delay-ms", "0")
     gw = start_gateway(tmp_path, pool_policy(sims, 5, "") + TOKEN_RULE, engine=engine)
     used = inputs = outputs = 0
