@@ -151,6 +151,25 @@ async def test_each_family_settles_its_reservation_to_its_usage(
     gw.stop()
 
 
+async def test_time_to_first_token_is_the_first_output_event(tmp_path: Path, spawn: Spawn) -> None:
+    """The backend sends the preamble events at once and its first token after 300 ms: TTFT is
+    taken at the first output event of Responses and Messages streams, not at their preamble."""
+    sims = spawn(1, "--ttft-ms", "300", "--token-delay-ms", "0")
+    gw = start_gateway(tmp_path, pool_policy(sims, 5, ""))
+    async with sdks(gw) as (oa, an):
+        assert text_of(await responses_events(oa, "u")) == ANSWER10
+        assert await messages_text(an, "u") == ANSWER10
+
+    def observed() -> str | None:
+        text = metrics(gw)
+        return text if metric_total(text, "sluice_time_to_first_token_seconds_count") else None
+
+    text = await until(observed, 5, interval=0.1, what="TTFT observed")
+    assert metric_total(text, "sluice_time_to_first_token_seconds_count") == 2
+    assert metric_total(text, "sluice_time_to_first_token_seconds_sum") >= 2 * 0.3
+    gw.stop()
+
+
 def failover_policy(sims: list[Sim]) -> str:
     return pool_policy(
         sims, 1, "    retries: {attempts: 2, before_first_token: true, min_retries: 100}\n"
