@@ -14,6 +14,7 @@ backends reporting exact usage.
 from __future__ import annotations
 
 import asyncio
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -317,3 +318,43 @@ filters: [request_id, auth, route]
     names = {n for seen in sims[0].stats()["seen"] for n in seen["names"]}
     assert "x-api-key" not in names and "authorization" not in names
     assert token not in gw.stop()
+
+
+async def test_no_capacity_is_anthropics_overloaded_529(tmp_path: Path, spawn: Spawn) -> None:
+    """Sluice's 503 (here: no healthy member) is a Messages client's 529 `overloaded_error`
+    (the anthropic SDK's `OverloadedError`), and stays a 503 for the openai SDK."""
+    from tests.integration.llm_support import addresses
+
+    sims = spawn(1, "--ttft-ms", "1", "--token-delay-ms", "0")
+    body = f"""backends:
+  - name: pool
+    endpoints: [{addresses(sims)}]
+    panic_threshold: 0
+    health: {{interval_s: 0.2, failing_interval_s: 0.2, unhealthy_after: 1}}
+routes:
+  - name: openai
+    match: {{protocol: http, path_prefix: /v1/}}
+    backend: pool
+"""
+    gw = start_gateway(tmp_path, body)
+    sims[0].knobs(healthy=False)
+
+    def status() -> int:  # a quick blocking call to the gateway process
+        req = urllib.request.Request(gw.url + "/v1/messages", b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+
+    await until(status, 5, interval=0.1, ok=lambda s: s == 529, what="the member out")
+    async with sdks(gw) as (oa, an):
+        with pytest.raises(anthropic.OverloadedError) as e:
+            await an.messages.create(model="m", max_tokens=1, messages=MESSAGES)
+        assert e.value.status_code == 529
+        assert e.value.body["error"]["type"] == "overloaded_error"
+        assert int(e.value.response.headers["retry-after"]) >= 1
+        with pytest.raises(openai.InternalServerError) as o:
+            await oa.responses.create(model="m", input="hi")
+        assert o.value.status_code == 503
+    gw.stop()
