@@ -77,6 +77,7 @@ MODULES = (
         f"gateway.core.{m}"
         for m in [
             "affinity",
+            "apis",
             "body",
             "breaker",
             "canary",

@@ -28,6 +28,7 @@ class RequestBody:
     dirty: bool = False  # a filter changed `doc`: serialise it again before forwarding
     usage_added: bool = False  # Sluice asked the backend for usage the client did not ask for
     changes: dict[str, Any] | None = None  # the top-level fields `set` rewrote
+    api: str = "chat"  # its API family (`gateway.core.apis`); chat and completions read alike
 
     @property
     def parsed(self) -> bool:

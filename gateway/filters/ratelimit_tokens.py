@@ -5,8 +5,9 @@ nothing there; they go on from the request phase through its public `Steps`.
 
 - `on_body` (HTTP): model-keyed rules (decided here; they do not queue in yellow), then the
   reservation (prompt / 4 + max_tokens, or `default_max_tokens`; nothing for an empty body);
-  a stream is asked for its usage chunk if the client did not ask (`body.usage_added`: the
-  forwarding path hides that chunk from the client).
+  a chat or text-completion stream is asked for its usage chunk if the client did not ask
+  (`body.usage_added`: the forwarding path hides that chunk from the client); Responses and
+  Messages streams report their usage unasked; `/v1/messages/count_tokens` is not counted.
 - `on_event`: the completion tokens of each SSE chunk (an overrun is cut when the rule says
   `on_overrun: cut` and no usage is known yet), the gRPC usage trailer into `ctx.usage`.
 """
@@ -14,6 +15,7 @@ nothing there; they go on from the request phase through its public `Steps`.
 from __future__ import annotations
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.core.apis import CHAT, COMPLETIONS, COUNT_TOKENS
 from gateway.core.body import RequestBody
 from gateway.core.tokens import estimate, usage_from_trailer
 from gateway.filters.ratelimit_steps import RuleStep, Steps, Ticket
@@ -31,9 +33,18 @@ def on_body(f: Steps, ctx: RequestContext, body: RequestBody) -> Status:
             return status
     if not f.c.has_tokens or t.tokens is not None or not body.size:
         return Status.CONTINUE  # no body (GET /v1/models...): nothing to reserve
+    api = body.api
+    if api == COUNT_TOKENS:
+        return Status.CONTINUE  # counts, generates nothing: not counted
     prompt = body.prompt_tokens_estimate
     status = f.reserve(ctx, t, estimate(prompt, body.max_tokens, f.default_max), prompt)
-    if status is Status.CONTINUE and body.stream and body.parsed and not body.wants_usage:
+    if (
+        status is Status.CONTINUE
+        and body.stream
+        and body.parsed
+        and not body.wants_usage
+        and api in (CHAT, COMPLETIONS)  # the others report usage unasked
+    ):
         body.set("stream_options", {**(body.stream_options or {}), "include_usage": True})
         body.usage_added = True
     return status

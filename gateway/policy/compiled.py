@@ -72,6 +72,7 @@ class CompiledRoute:
     load_factor: float = 0.0
     # The route is decided after the body phase (it needs the body's model or prompt).
     needs_body: bool = False
+    api: str | None = None  # its API family (`gateway.core.apis`); None = by path
     _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
 
     def matches(self, info: RequestInfo) -> bool:
@@ -187,6 +188,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         prefix_bytes=prefix.bytes if prefix is not None else 0,
         load_factor=prefix.load_factor if prefix is not None else 0.0,
         needs_body=bool(r.match.model) or r.by_model or prefix is not None,
+        api=None if r.api == "auto" else r.api,
     )
 
 
