@@ -245,7 +245,9 @@ class Limiter:
 
     def state(self) -> dict[str, Any]:
         now = self.now()
-        rules = [_rule_state(rs, now) for rs in self.rules.values()]
+        # The active policy's rules (those of the chain before it are only kept in sync).
+        live = {r.ident for r in self.compiled.rules} if self.compiled is not None else set()
+        rules = [_rule_state(rs, now) for i, rs in self.rules.items() if i in live]
         return {
             "mode": self.mode,
             "workers": self.workers,
