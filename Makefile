@@ -7,6 +7,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 POLICY ?= policies/default.yaml
 PYTEST_ARGS ?=
+# The request-path suites, run a second time interpreted (SLUICE_PURE=1) after the compiled run:
+# the compiled and the interpreted program differ (narrowing across an await, exception state),
+# and a developer who edits a compiled module runs the interpreted one until the next build.
+PURE_SUITES = tests/forward tests/adapters tests/upstream tests/filters tests/core
 # The docs site (mkdocs.yml), built strictly: a broken link or anchor, or a page left out of the
 # navigation, fails. About a second; the site goes to build/site (ignored by git).
 DOCS_BUILD = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
@@ -22,6 +26,7 @@ test: setup system-deps
 	$(BIN)/mypy
 	$(DOCS_BUILD)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	SLUICE_PURE=1 $(BIN)/python -m pytest $(PYTEST_ARGS) $(PURE_SUITES)
 
 setup: $(VENV)/.stamp-deps proto native
 

@@ -6,6 +6,7 @@ set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v dnsmasq >/dev/null || need+=(dnsmasq-base)  # the DNS discovery tests' DNS server
 command -v ip >/dev/null || need+=(iproute2)
 command -v wrk >/dev/null || need+=(wrk)
 command -v h2load >/dev/null || need+=(nghttp2-client)

@@ -1,4 +1,4 @@
-"""The per-request context shared by the engines, the forwarding path, the filters, the
+"""(compiled) The per-request context shared by the engines, the forwarding path, the filters, the
 policy runtime and telemetry: what one request carries from admission to its finish (typed
 slots the filters fill, how it ended, upstream tries and stream timings), and the small
 values that travel with it (the chain's `Status`, response `StreamEvent`s, the
@@ -11,8 +11,7 @@ import enum
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from typing import Protocol as TypingProtocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.core.body import RequestBody, Usage
 from gateway.core.outcome import Outcome
@@ -76,7 +75,7 @@ class StreamEvent:
         return f"StreamEvent({self.kind}, status={self.status})"
 
 
-class ClassOf(TypingProtocol):
+class ClassOf(Protocol):
     """What names a request's priority class (`gateway.ratelimit.compiled.PriorityFn`)."""
 
     def of(self, headers: Mapping[str, str], claims: Mapping[str, Any] | None) -> int: ...

@@ -16,10 +16,10 @@ Not compiled: the modules mypyc cannot run as written (Generic classes, weak ref
 slotted objects, values whose runtime type differs from their stubs'), the gRPC paths and
 everything off the request path.
 
-One rule the compiled modules keep: no `await` inside an `except` or `finally` block. mypyc keeps
-one exception state per thread, not per coroutine; a block that waits restores, when it ends, a
-state saved while an exception was being thrown into the task, and that exception is raised
-again later (`gateway.forward.http.serve`; `tests/test_native_rules.py` checks the rule).
+Each compiled module's docstring begins with `(compiled)`. The compiled modules keep the rules
+of "The compiled request path" in docs/contributing.md (among them: no `await` inside an
+`except` or `finally` block, since mypyc keeps one exception state per thread, not per
+coroutine); `tests/test_native_rules.py` checks them and the marker.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from types import ModuleType
 
 MODULES = (
     "gateway.context",
-    "gateway.adapters.h1",
-    "gateway.adapters.h1_exchange",
-    "gateway.adapters.h1_head",
-    "gateway.adapters.h1_messages",
+    "gateway.adapters.common",
+    "gateway.adapters.native.conn",
+    "gateway.adapters.native.exchange",
+    "gateway.adapters.native.messages",
     "gateway.forward.answers",
     "gateway.forward.body_phase",
     "gateway.forward.deadlines",
@@ -78,6 +78,7 @@ MODULES = (
         f"gateway.core.{m}"
         for m in [
             "affinity",
+            "apis",
             "body",
             "breaker",
             "budgets",

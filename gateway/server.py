@@ -134,14 +134,14 @@ class Server:
             self._stack.push_async_callback(self.admin.close)
             self.ports["admin"] = self.admin.port
         if lst.http is not None:
-            from gateway.adapters.http import start_http
+            from gateway.adapters.engines import start_http
 
             self.http = await start_http(
                 self.gateway, lst.http.host, lst.http.port, reuse_port=self.reuse_port
             )
             self.ports["http"] = self.http.port
         if lst.grpc is not None:
-            from gateway.adapters.grpc import start_grpc
+            from gateway.adapters.engines import start_grpc
 
             self.grpc = await start_grpc(self.gateway, lst.grpc.host, lst.grpc.port)
             self.ports["grpc"] = self.grpc.port

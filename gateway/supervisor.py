@@ -33,6 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gateway.errors import PolicyError
 
@@ -245,9 +246,32 @@ class Supervisor:
     def _forget_metrics(self, pid: int) -> None:
         # A dead worker's gauges are no longer true (its `sluice_ready` 1, its in-flight count):
         # drop them, as prometheus-client's mark_process_dead does for the live* modes only.
-        # Its counters and histograms stay: they are totals that include its work.
+        # Its counters and histograms are totals that include its work: they are added into one
+        # file per kind for all dead workers, so a worker that keeps crashing does not add files
+        # that every scrape reads.
         for f in Path(self.metrics_dir).glob(f"gauge_*_{pid}.db"):
             f.unlink(missing_ok=True)
+        for kind in ("counter", "histogram"):
+            fold_metrics(Path(self.metrics_dir), kind, pid)
+
+
+def fold_metrics(directory: Path, kind: str, pid: int) -> None:
+    """Add a dead process's `kind` values into `<kind>_dead.db` and remove its file: a scrape
+    sums the files of a kind, so the totals are unchanged."""
+    from prometheus_client import mmap_dict
+
+    mmaped: Any = mmap_dict.MmapedDict  # untyped upstream
+    src = directory / f"{kind}_{pid}.db"
+    if not src.exists():
+        return
+    into = mmaped(str(directory / f"{kind}_dead.db"))
+    try:
+        for key, value, timestamp, _ in mmaped.read_all_values_from_file(str(src)):
+            have, _ts = into.read_value(key)
+            into.write_value(key, have + value, timestamp)
+    finally:
+        into.close()
+    src.unlink(missing_ok=True)
 
 
 def run_workers(args: argparse.Namespace) -> int:

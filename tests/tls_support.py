@@ -197,7 +197,7 @@ def peer_serial(host: str, port: int, ca: TestCA, timeout: float = 5.0) -> int:
 
 def peer_identity_of(cert: Path) -> str:
     """The mTLS identity Sluice derives from a certificate file (as the ssl module decodes it)."""
-    from gateway.adapters.tls_material import identity
+    from gateway.tls.material import identity
 
     decoded = ssl._ssl._test_decode_cert(str(cert))  # type: ignore[attr-defined]
     return identity(decoded)

@@ -11,7 +11,7 @@ Rows, each after a 2 s warm-up run of the same command:
 - HTTP backend direct: wrk → nginx returning a fixed `/v1/models` JSON (no nginx on the machine:
   `sluice mock-backend` instead, said in the output).
 - HTTP nginx proxy: wrk → nginx `proxy_pass` with a keep-alive upstream → the same backend: the
-  reference proxy (DESIGN.md, "The hot path": ~16 µs/req).
+  reference proxy (~16 µs/req).
 - HTTP floor: wrk → `gateway.bench.floor`, a bare asyncio.Protocol + httptools proxy on uvloop
   with a task per request (no policy, no logging) → the same backend: the least a Python proxy
   costs here, the ratios' denominator. HTTP bare callbacks proxy: the same without the task, a

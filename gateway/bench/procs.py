@@ -12,7 +12,6 @@ import os
 import random
 import shutil
 import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+
+from gateway.tls.local import probe_context
 
 MODELS_JSON = '{"object":"list","data":[{"id":"m"}]}'
 # The answer to the bench POST: an OpenAI chat completion with usage (~300 B).
@@ -190,9 +191,7 @@ def wait_until(
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     ctx = None
     if url.startswith("https:"):  # a readiness probe of a bench process on a private CA
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+        ctx = probe_context()
     try:
         req = urllib.request.Request(url, headers=headers or {})
         with urllib.request.urlopen(req, timeout=2, context=ctx) as r:

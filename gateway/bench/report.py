@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 # The hot-path targets as multiples of the floor's CPU per request in the same run (POST). The
-# verdicts are all ratios (DESIGN.md, "The hot path"): the absolute µs targets the bench once
-# printed (60 per HTTP request, 300 per gRPC call) were not the design's, and a figure in µs
+# verdicts are all ratios ("Benchmarks" in docs/contributing.md): the absolute µs targets the bench
+# once printed (60 per HTTP request, 300 per gRPC call) were not the design's, and a figure in µs
 # says little from one machine to the next.
 FLOOR_TARGETS = {"native": 3.0, "native, full chain": 4.0, "aiohttp, full chain": 5.0}
-GRPC_H2_TARGET = 0.75  # DESIGN.md: gRPC unary on the h2 engine ≤ 0.75 × grpc.aio's CPU per call
+GRPC_H2_TARGET = 0.75  # gRPC unary on the h2 engine: at most 0.75 × grpc.aio's CPU per call
 WARMUP_S = 2
 
 

@@ -1,5 +1,5 @@
-"""Member choice for LLM routing: among the members that serve the request's model, and toward
-the member whose prefix cache holds the prompt's start, with bounded load.
+"""(compiled) Member choice for LLM routing: among the members that serve the request's model, and
+toward the member whose prefix cache holds the prompt's start, with bounded load.
 
 Pure: plans come from `gateway.core.balancer`, `ok` says which members may take the request
 (they serve its model, an earlier try did not use them), `random` is injected.
@@ -102,7 +102,7 @@ def _spread(crc: int, size: int) -> int:
 
 def score(m: Candidate) -> float:
     c = m.core
-    return c.in_flight + c.load * LOAD_GAIN
+    return c.in_flight + c.load * LOAD_GAIN + c.server
 
 
 def _levels(plan: Plan[M], r: float) -> list[Level[M]]:

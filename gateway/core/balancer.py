@@ -23,7 +23,9 @@ the pool in the services, the members' live in-flight counts and heartbeat load,
   proportion to weight) and the one with the lower `(in_flight + load / 10) ÷ weight` wins, ties
   to the first, so idle members share in proportion to weight and busy ones shed load. `load` is
   the member's heartbeat load (0-100): a full server counts as 10 more requests in flight from
-  this gateway, so the fleet-wide view steers as well as the local one.
+  this gateway, so the fleet-wide view steers as well as the local one. With `load.metrics`,
+  the model server's own figures add `server` requests (`gateway.core.serverload.score`: load
+  this gateway did not send, its waiting queue, its KV-cache use).
 - **Sticky mode**: a key (e.g. a hash of a user-id header) picks the level and, by weighted
   rendezvous hashing, the member: the same key lands on the same member while it is available,
   and a member's loss only moves its own keys.
@@ -90,6 +92,7 @@ class Load(Protocol):
 
     in_flight: int
     load: float  # heartbeat load 0-100 (0 for static members)
+    server: float  # in-flight requests the model server's own figures add (gateway.core.serverload)
 
 
 class Candidate(Protocol):
@@ -257,8 +260,8 @@ def pick(plan: Plan[M], random: Random) -> M | None:
     a = ms[i]
     b = ms[j]
     ca, cb = a.core, b.core
-    sa = (ca.in_flight + ca.load * LOAD_GAIN) / a.weight
-    sb = (cb.in_flight + cb.load * LOAD_GAIN) / b.weight
+    sa = (ca.in_flight + ca.load * LOAD_GAIN + ca.server) / a.weight
+    sb = (cb.in_flight + cb.load * LOAD_GAIN + cb.server) / b.weight
     return a if sa <= sb else b
 
 
@@ -281,8 +284,8 @@ def pick_excluding(plan: Plan[M], random: Random, exclude: Collection[M]) -> M |
             j += 1
         a, b = rest[i], rest[j]
         ca, cb = a.core, b.core
-        sa = (ca.in_flight + ca.load * LOAD_GAIN) / a.weight
-        sb = (cb.in_flight + cb.load * LOAD_GAIN) / b.weight
+        sa = (ca.in_flight + ca.load * LOAD_GAIN + ca.server) / a.weight
+        sb = (cb.in_flight + cb.load * LOAD_GAIN + cb.server) / b.weight
         return a if sa <= sb else b
     return None
 

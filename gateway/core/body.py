@@ -1,4 +1,4 @@
-"""The request body as the chain sees it in the body phase, and LLM token usage.
+"""(compiled) The request body as the chain sees it in the body phase, and LLM token usage.
 
 Pure: the forwarding path reads the body (up to the policy's `body.max_json_bytes`), parses it
 and hands a `RequestBody` to the filters' `on_body`. Bodies that are larger, not JSON or
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-CHARS_PER_TOKEN = 4  # the usual estimate for English text (DESIGN: prompt bytes / 4)
+CHARS_PER_TOKEN = 4  # the usual estimate for English text: prompt bytes / 4
 
 
 @dataclass(slots=True)
@@ -28,6 +28,7 @@ class RequestBody:
     dirty: bool = False  # a filter changed `doc`: serialise it again before forwarding
     usage_added: bool = False  # Sluice asked the backend for usage the client did not ask for
     changes: dict[str, Any] | None = None  # the top-level fields `set` rewrote
+    api: str = "chat"  # its API family (`gateway.core.apis`); chat and completions read alike
 
     @property
     def parsed(self) -> bool:
@@ -100,7 +101,7 @@ def _prompt_chars(doc: dict[str, Any], fallback: int) -> int:
     if isinstance(prompt, str):
         return len(prompt)
     if isinstance(prompt, list):
-        return sum(len(p) for p in prompt if isinstance(p, str))
+        return sum((len(p) for p in prompt if isinstance(p, str)), 0)
     return fallback
 
 

@@ -1,4 +1,5 @@
-"""Circuit breaker of one backend member: closed / open / half-open as a transition table.
+"""(compiled) Circuit breaker of one backend member: closed / open / half-open as a transition
+table.
 
 Pure: every method takes `now`; jitter comes from an injected `random() -> float in [0, 1)`.
 

@@ -1,5 +1,5 @@
-"""Canary guard: compare a canary's p95 latency and error ratio with the stable version's over a
-sliding window; on a breach the canary's weight goes to 0 and stays there.
+"""(compiled) Canary guard: compare a canary's p95 latency and error ratio with the stable version's
+over a sliding window; on a breach the canary's weight goes to 0 and stays there.
 
 Pure: callers pass `now`. Each finished request of the route is recorded with its latency (time
 to first byte: a stream is judged by how soon it starts, not by how long it runs) and whether

@@ -1,4 +1,4 @@
-"""Time as an injected dependency, so decisions are deterministic under test."""
+"""(compiled) Time as an injected dependency, so decisions are deterministic under test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Adaptive concurrency limit of one backend pool: a latency gradient anchored to the SLO. Pure.
+"""(compiled) Adaptive concurrency limit of one backend pool: a latency gradient anchored to the
+SLO. Pure.
 
 Netflix's Gradient limits compare the latency to a measured no-load minimum, which must be
 re-probed (Envoy pins concurrency low for whole windows to re-measure it, and drops traffic

@@ -1,5 +1,6 @@
-"""The fair admission queue of one backend pool: who gets the next free slot. Pure: callers pass
-`now`; the waiting (futures, timers, disconnects) is the edge's (`gateway.filters.admission`).
+"""(compiled) The fair admission queue of one backend pool: who gets the next free slot. Pure:
+callers pass `now`; the waiting (futures, timers, disconnects) is the edge's
+(`gateway.filters.admission`).
 
 Order of dispatch, when a slot frees:
 

@@ -1,5 +1,5 @@
-"""The records of the fair admission queue (`gateway.core.fairqueue`): its parameters, one
-waiting request, one tenant of a class, one class. Plain data, no decisions."""
+"""(compiled) The records of the fair admission queue (`gateway.core.fairqueue`): its parameters,
+one waiting request, one tenant of a class, one class. Plain data, no decisions."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What a streamed answer's events say before its first token: still the preamble (the head,
-a role-only chunk, keep-alive comments), content (the answer has begun: from here on it is
+"""(compiled) What a streamed answer's events say before its first token: still the preamble (the
+head, a role-only chunk, keep-alive comments), content (the answer has begun: from here on it is
 never retried), the end, or an error the backend sent instead of an answer.
 
 Pure: events come from `gateway.core.sse`, their JSON parsed by the caller. Used by the
@@ -40,11 +40,31 @@ def classify(ev: SseEvent) -> Seen:
     return classify_doc(doc)
 
 
+# Responses and Messages stream events by `type` (OpenAI chunks have none). The output events
+# (`response.*.delta`, `content_block_delta`) and the ends are content; anything else of
+# theirs not named here (a `response.*.done`...) is content too.
+_TYPED = {
+    "response.created": Seen.PREAMBLE,
+    "response.in_progress": Seen.PREAMBLE,
+    "response.queued": Seen.PREAMBLE,
+    "response.output_item.added": Seen.PREAMBLE,
+    "response.content_part.added": Seen.PREAMBLE,
+    "response.failed": Seen.ERROR,
+    "message_start": Seen.PREAMBLE,
+    "content_block_start": Seen.PREAMBLE,
+    "ping": Seen.PREAMBLE,
+    "error": Seen.ERROR,
+}
+
+
 def classify_doc(doc: Any) -> Seen:
     if not isinstance(doc, dict):
         return Seen.CONTENT
     if doc.get("error") is not None or doc.get("object") == "error":
         return Seen.ERROR
+    t = doc.get("type")
+    if t is not None and isinstance(t, str):
+        return _TYPED.get(t, Seen.CONTENT)
     choices = doc.get("choices")
     if not isinstance(choices, list):
         return Seen.PREAMBLE if "usage" in doc else Seen.CONTENT

@@ -1,4 +1,4 @@
-"""Health of one backend member from active checks: consecutive-result thresholds.
+"""(compiled) Health of one backend member from active checks: consecutive-result thresholds.
 
 Pure. A member starts healthy (so a new member serves at once; its first check runs right away).
 `unhealthy_after` failed checks in a row make it unhealthy, `healthy_after` passing checks in a

@@ -1,5 +1,5 @@
-"""Fixed-bucket histograms for latencies and sizes: a list increment per observation, quantiles
-and "how many in a range" read back at decision time. Pure, stdlib only.
+"""(compiled) Fixed-bucket histograms for latencies and sizes: a list increment per observation,
+quantiles and "how many in a range" read back at decision time. Pure, stdlib only.
 
 Latency buckets grow by √2 from 100 µs to ~105 s (41 buckets): a p95 read from them is within
 a factor 1.19 of the true value after the log interpolation `quantile` does. Size buckets are
@@ -59,23 +59,27 @@ def size_between(hist: Sequence[int], above: int, at_most: int) -> int:
     """Observations certainly > `above` and certainly ≤ `at_most` bytes (bucket i holds sizes
     up to 2**i - 1)."""
     return sum(
-        n for i, n in enumerate(hist) if n and size_lower(i) > above and (1 << i) - 1 <= at_most
+        (n for i, n in enumerate(hist) if n and size_lower(i) > above and (1 << i) - 1 <= at_most),
+        0,
     )
 
 
 def latency_between(hist: Sequence[int], at_least: float, below: float) -> int:
     """Observations certainly ≥ `at_least` and certainly < `below` seconds."""
     return sum(
-        n
-        for i, n in enumerate(hist)
-        if n and latency_lower(i) >= at_least and latency_upper(i) <= below
+        (
+            n
+            for i, n in enumerate(hist)
+            if n and latency_lower(i) >= at_least and latency_upper(i) <= below
+        ),
+        0,
     )
 
 
 def quantile(hist: Sequence[int], q: float) -> float | None:
     """The q-quantile (0 < q ≤ 1) of a latency histogram, log-interpolated inside its bucket;
     None when empty. The open last bucket reports its lower bound."""
-    total = sum(hist)
+    total = sum(hist, 0)
     if total == 0:
         return None
     rank = q * total

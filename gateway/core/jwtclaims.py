@@ -1,4 +1,5 @@
-"""JWT claim checks (RFC 7519 §4.1, RFC 8725) as pure functions: claims and `now` in, a reason out.
+"""(compiled) JWT claim checks (RFC 7519 §4.1, RFC 8725) as pure functions: claims and `now` in, a
+reason out.
 
 The signature is checked elsewhere (`gateway.auth.jwt`, PyJWT); this module decides whether the
 verified claims are acceptable, whether they satisfy a route's requirement, and how a claim is

@@ -1,5 +1,5 @@
-"""When a cached key set (JWKS) is fetched again, and whether it may still be used. Pure: `now`
-(monotonic seconds) and a uniform random `u` in [0, 1) come in, times and booleans go out.
+"""(compiled) When a cached key set (JWKS) is fetched again, and whether it may still be used. Pure:
+`now` (monotonic seconds) and a uniform random `u` in [0, 1) come in, times and booleans go out.
 
 - After a good fetch the next one is due after `ttl`, 0-10 % early (so replicas that started
   together drift apart instead of fetching in step).

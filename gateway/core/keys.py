@@ -1,4 +1,4 @@
-"""Limit keys, compiled once at policy load into one extractor function per rule. Pure.
+"""(compiled) Limit keys, compiled once at policy load into one extractor function per rule. Pure.
 
 A rule's `key` is a list of parts: `claim:NAME` (a verified JWT claim), `header:NAME` (request
 header or gRPC metadata), `source_ip`, `client_cert` (the verified mTLS client certificate's

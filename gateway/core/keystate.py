@@ -1,4 +1,5 @@
-"""One limit key on this replica: its window and bucket, its leased shares, its colour. Pure.
+"""(compiled) One limit key on this replica: its window and bucket, its leased shares, its colour.
+Pure.
 
 A key decides in one of two ways, always locally and without waiting:
 

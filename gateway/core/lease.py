@@ -1,5 +1,5 @@
-"""Leased shares: what a key reports at a sync, and how the store's answer becomes its new
-share. Pure: the sync loop does the I/O.
+"""(compiled) Leased shares: what a key reports at a sync, and how the store's answer becomes its
+new share. Pure: the sync loop does the I/O.
 
 At each sync every active key reports, in one op: requests it admitted without a lease (a
 charge) or the unused part of its request share (given back), the token balance of its share

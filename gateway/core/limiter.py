@@ -1,4 +1,4 @@
-"""Per-key limiter arithmetic: a sliding-window request counter and an LLM-token bucket.
+"""(compiled) Per-key limiter arithmetic: a sliding-window request counter and an LLM-token bucket.
 
 Pure: callers pass `now` (seconds) and the parameters; nothing here reads a clock or does I/O.
 The state objects are small mutable `__slots__` records rather than frozen values because a

@@ -1,5 +1,5 @@
-"""Which members of a backend serve a model: the OpenAI `/v1/models` listing read into base
-models and LoRA adapters (each with its parent), and the index a backend's router asks.
+"""(compiled) Which members of a backend serve a model: the OpenAI `/v1/models` listing read into
+base models and LoRA adapters (each with its parent), and the index a backend's router asks.
 
 Pure: the listings come in as parsed JSON; the I/O that fetches them is
 `gateway.registry.models`. Rules (`ModelIndex.serving`):

@@ -1,5 +1,5 @@
-"""How a request ended, as one closed set: what metrics, the access log, breakers and the tail
-sampler read instead of a free-form error string."""
+"""(compiled) How a request ended, as one closed set: what metrics, the access log, breakers and the
+tail sampler read instead of a free-form error string."""
 
 from __future__ import annotations
 

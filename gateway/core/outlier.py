@@ -1,4 +1,5 @@
-"""Outlier ejection of one backend member: too many timeouts over a long window takes it out.
+"""(compiled) Outlier ejection of one backend member: too many timeouts over a long window takes it
+out.
 
 Pure: callers pass `now`. A member whose timeout share over `window_s` (golden default: 2 min)
 exceeds `timeout_ratio` (15 %), with at least `min_requests` results in the window, asks to be

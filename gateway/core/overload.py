@@ -1,4 +1,5 @@
-"""The overload colour: green / yellow / red with hysteresis, and whom each colour sheds. Pure.
+"""(compiled) The overload colour: green / yellow / red with hysteresis, and whom each colour sheds.
+Pure.
 
 Two signals in, one colour out. For a limit key: the offered QPS utilisation (every arrival,
 admitted or not, over the limit: the demand) and the token utilisation; a rule with only one of

@@ -1,4 +1,4 @@
-"""Where each prompt prefix is served: sticky placement with bounded load, per backend.
+"""(compiled) Where each prompt prefix is served: sticky placement with bounded load, per backend.
 
 Pure: `now` is passed in; the pool keeps one `PrefixBook` per backend (it outlives reloads).
 
@@ -160,7 +160,7 @@ def rank(key: int, m: Placeable, uniform: bool) -> float:
 
 def _score(m: Placeable) -> float:
     c = m.core
-    return c.in_flight + c.load * LOAD_GAIN
+    return c.in_flight + c.load * LOAD_GAIN + c.server
 
 
 def place(
@@ -189,7 +189,7 @@ def place(
     a = last_dt = 0.0
     for m in members:  # the averages brought up to `now` (one pass: the hot loop)
         c = m.core
-        x = c.in_flight + c.load * LOAD_GAIN
+        x = c.in_flight + c.load * LOAD_GAIN + c.server
         dt = now - c.avg_at
         if c.avg_at < 0.0:
             c.avg, c.avg_at = x, now
@@ -208,7 +208,7 @@ def place(
     after = (total_l + 1.0) / total_w  # the mean after placing, per unit of weight
     c = first.core
     w = first.weight
-    if c.in_flight + c.load * LOAD_GAIN + 1.0 > max(
+    if c.in_flight + c.load * LOAD_GAIN + c.server + 1.0 > max(
         math.ceil(load_factor * after * w), after * w + BURST_SLACK
     ):  # a burst: this request alone goes to the next member with room
         got = next((m for m in _ranked(members, key, uniform, first)

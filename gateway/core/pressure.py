@@ -1,4 +1,4 @@
-"""Pressure: the two limiter signals folded into one admission score. Pure.
+"""(compiled) Pressure: the two limiter signals folded into one admission score. Pure.
 
 pressure = w_q · QPS utilisation + w_t · token utilisation (golden weights 0.6 / 0.4), and a
 request is admitted while pressure < `admit_below` (0.95: a 5 % buffer). A rule with only one

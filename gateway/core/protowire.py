@@ -1,5 +1,5 @@
-"""Reading one string field of a protobuf message from its raw bytes, without its schema: the
-model a KServe v2 / Triton `ModelInferRequest` (field 1, `model_name`) or Sluice's simulated
+"""(compiled) Reading one string field of a protobuf message from its raw bytes, without its schema:
+the model a KServe v2 / Triton `ModelInferRequest` (field 1, `model_name`) or Sluice's simulated
 `InferRequest` (field 1, `model`) names, so that gRPC calls can be routed by model while the
 proxy stays schema-free.
 

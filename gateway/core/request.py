@@ -1,4 +1,5 @@
-"""RequestInfo: the frozen facts an adapter extracts from a request, the same for HTTP and gRPC."""
+"""(compiled) RequestInfo: the frozen facts an adapter extracts from a request, the same for HTTP
+and gRPC."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 
-class Protocol(enum.Enum):
+class Wire(enum.Enum):
+    """The wire a request came in on: the HTTP listener or the gRPC one."""
+
     HTTP = "http"
     GRPC = "grpc"
 
@@ -24,7 +27,7 @@ class RequestInfo(NamedTuple):
     frozen dataclass sets each field through `object.__setattr__`).
     """
 
-    protocol: Protocol
+    protocol: Wire
     method: str
     path: str
     headers: Mapping[str, str] = _NO_HEADERS

@@ -1,4 +1,5 @@
-"""Retries: which failures are safe to retry, and a budget that keeps retries from piling on.
+"""(compiled) Retries: which failures are safe to retry, and a budget that keeps retries from piling
+on.
 
 Pure. A try may be retried only when the request surely did not reach the model or the backend
 refused it outright, and nothing of the answer has reached the client:

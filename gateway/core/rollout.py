@@ -1,4 +1,5 @@
-"""Staged rollout of a policy change: the stage machine and the old-vs-new comparison. Pure.
+"""(compiled) Staged rollout of a policy change: the stage machine and the old-vs-new comparison.
+Pure.
 
 A plan is a list of stages: `SHADOW` (0: the new policy's decisions are computed beside the
 old one's, without effect) then growing percentages of requests served by the new policy, each

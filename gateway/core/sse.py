@@ -1,4 +1,5 @@
-"""Incremental Server-Sent Events parsing (the `text/event-stream` framing) with a bounded line.
+"""(compiled) Incremental Server-Sent Events parsing (the `text/event-stream` framing) with a
+bounded line.
 
 Pure: `feed(chunk)` returns the blocks completed by that chunk, each with its exact bytes
 (`raw`), so a relay can pass them on unchanged, drop one, or end the stream after one. Blocks
@@ -64,7 +65,7 @@ class SseParser:
             elif line.startswith(b"event:"):
                 self._event = line[6:].strip().decode("utf-8", "replace")
         self._buf = buf[start:]
-        if len(self._buf) > self.max_line or sum(len(r) for r in raw) > self.max_line:
+        if len(self._buf) > self.max_line or sum((len(r) for r in raw), 0) > self.max_line:
             self.overflowed = True
         return out
 

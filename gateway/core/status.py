@@ -1,4 +1,5 @@
-"""The gateway's colour: what the status page shows first, decided from the state document.
+"""(compiled) The gateway's colour: what the status page shows first, decided from the state
+document.
 
 Pure: the caller passes the assembled `/admin/state` document (see `gateway.status`), values
 come back. Colours are `green`, `yellow`, `red` (and `grey`: off or unknown, ranked as green);

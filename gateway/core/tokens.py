@@ -1,4 +1,5 @@
-"""LLM-token accounting of one request: reserve an estimate, watch the stream, settle. Pure.
+"""(compiled) LLM-token accounting of one request: reserve an estimate, watch the stream, settle.
+Pure.
 
 - At admission a request reserves `prompt tokens (prompt characters / 4) + max_tokens`, or the
   policy's default completion estimate when the body names no `max_tokens` (and for gRPC,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.core.apis import output_chars
 from gateway.core.body import CHARS_PER_TOKEN, Usage
 
 
@@ -24,13 +26,15 @@ def estimate(prompt_tokens: int, max_tokens: int | None, default_max_tokens: int
 
 
 def chunk_tokens(doc: Any) -> int:
-    """Completion tokens one streamed chunk carries (chat `delta.content` or completion
-    `text`), at least 1 for a chunk with text. 0 for anything else (usage-only chunk, role)."""
+    """Completion tokens one streamed chunk carries (chat `delta.content`, completion `text`,
+    a Responses or Messages event's delta), at least 1 for a chunk with text. 0 for anything
+    else (usage-only chunk, role)."""
     if not isinstance(doc, dict):
         return 0
     choices = doc.get("choices")
-    if not isinstance(choices, list):
-        return 0
+    if not isinstance(choices, list):  # a Responses or Messages event
+        chars = output_chars(doc)
+        return max(1, chars // CHARS_PER_TOKEN) if chars else 0
     n = 0
     for c in choices:
         if not isinstance(c, dict):

@@ -1,4 +1,5 @@
-"""W3C Trace Context (https://www.w3.org/TR/trace-context/): parse and render `traceparent`.
+"""(compiled) W3C Trace Context (https://www.w3.org/TR/trace-context/): parse and render
+`traceparent`.
 
 Pure. `parse` accepts version 00 exactly as the spec fixes it (55 characters) and later
 versions by their first four fields (the spec's forward-compatibility rule); an all-zero trace

@@ -1,4 +1,5 @@
-"""Verdict: what the chain decided about a request; the forwarding path turns it into bytes.
+"""(compiled) Verdict: what the chain decided about a request; the forwarding path turns it into
+bytes.
 
 A rejection carries everything the client sees: HTTP status, gRPC code, the JSON error's `type`
 and message, `Retry-After`, and extra headers (HTTP response headers; gRPC trailing metadata),

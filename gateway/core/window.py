@@ -1,4 +1,5 @@
-"""Sliding-window counters over time: a ring of time buckets, running sums, O(1) per record.
+"""(compiled) Sliding-window counters over time: a ring of time buckets, running sums, O(1) per
+record.
 
 Pure: callers pass `now` (seconds, any monotonic origin). A window of `window_s` is split into
 `buckets` buckets; a bucket older than the window is dropped whole, so the window slides in steps

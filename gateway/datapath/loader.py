@@ -1,7 +1,7 @@
 """Compile the TC classifier with bcc, attach it through pyroute2, detach it, report attachment.
 
 Configuration reaches C only as -D cflags (table sizes) and maps (everything else): the C text
-is never edited (STYLE.md rule 12). Maps are pinned in bpffs under
+is never edited (the eBPF rules in docs/contributing.md). Maps are pinned in bpffs under
 /sys/fs/bpf/sluice/<netns>_<iface>/<layout>/ when bpffs is mounted, so a restarted gateway (or
 `sluice ebpf status`, another process) reopens the same counters, buckets and deny entries; the
 layout directory name encodes the ABI header hash and the table sizes, so a changed layout gets

@@ -1,4 +1,4 @@
-"""Structured access log: one JSON line per request, written through the batched sink.
+"""(compiled) Structured access log: one JSON line per request, written through the batched sink.
 
 Never logs bodies or credentials: only the header names the policy lists, minus a deny list.
 """
@@ -11,7 +11,7 @@ from json.encoder import encode_basestring_ascii
 
 from gateway.context import RequestContext
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.verdict import ALLOW
 from gateway.policy.model import AccessLog
 from gateway.services import Services
@@ -32,7 +32,7 @@ _LINE = (
     '"bytes_in":%d,"bytes_out":%d'
 )
 # By the member's id: an enum's `.value` and its hash are Python-level calls per read.
-_PROTOCOL = {id(p): p.value for p in Protocol}
+_PROTOCOL = {id(p): p.value for p in Wire}
 
 
 class _Timestamps:

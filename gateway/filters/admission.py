@@ -1,5 +1,5 @@
-"""Fair admission on the request path: a request for a full backend pool waits in the pool's
-queue (`gateway.admission.owner`, decisions of `gateway.core.fairqueue`) instead of being
+"""(compiled) Fair admission on the request path: a request for a full backend pool waits in the
+pool's queue (`gateway.admission.owner`, decisions of `gateway.core.fairqueue`) instead of being
 refused, and takes the next free slot in the queue's order. It sits just before `route`, so the
 member is picked only once the request is dispatched, with the members' load then (late
 binding). HTTP and gRPC requests of one pool share its queue.
@@ -40,6 +40,7 @@ from gateway.core.fairqueue import (
 )
 from gateway.core.keys import compile_key
 from gateway.core.overload import Colour
+from gateway.core.serverload import slots
 from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
 from gateway.fleet.slots import slots_for
 from gateway.fleet.store import fleet_for
@@ -82,7 +83,7 @@ def pool_specs(policy: CompiledPolicy, workers: int = 1) -> dict[str, PoolSpec]:
         names = [r.backend] if r.backend else [w.backend for w in r.backends]
         bs = [backends[n] for n in names if n in backends]
         if bs and all(b.max_in_flight for b in bs):
-            fixed = sum((b.max_in_flight or 0) * len(b.endpoints) for b in bs)
+            fixed = sum(((b.max_in_flight or 0) * len(b.endpoints) for b in bs), 0)
             per = tuple((b.name, b.max_in_flight or 0) for b in bs)
             out[r.name] = PoolSpec(pool_name([b.name for b in bs]), -(-fixed // workers), per,
                                    workers, fixed)  # fmt: skip
@@ -116,6 +117,19 @@ class Weight:
         return w if 0.0 < w <= 1e6 else self.default
 
 
+def held_back(per: int, plan: Any) -> int:
+    """The slots that a plan's members whose model server reports itself full do not give
+    (`load.metrics`; `gateway.core.serverload.slots`)."""
+    out = 0
+    for lv in plan.levels:
+        for m in lv.members:
+            c = m.core
+            rec = c.scrape
+            if rec is not None and rec.full:
+                out += per - slots(per, True, c.in_flight)
+    return out
+
+
 class AdmissionFilter:
     name = "admission"  # NAME (a literal: mypyc sets only literal defaults)
 
@@ -134,6 +148,7 @@ class AdmissionFilter:
         share = pr.reserve.share if pr is not None and pr.reserve is not None else 0.0
         rank = pr.reserve_rank() if pr is not None else 0
         self.params = QueueParams(max_queued=q.max_queued, max_wait_s=q.max_wait_ms / 1000,
+                                  max_tenants=section.fairness.max_tenants,
                                   anticipate_s=q.anticipate_ms / 1000, reserve_share=share,
                                   reserve_rank=rank)  # fmt: skip
         specs = pool_specs(policy, Settings.from_env().workers)
@@ -239,7 +254,9 @@ class AdmissionFilter:
     def follow(self, pq: PoolQueue, now: float) -> None:
         """A fixed pool's slots follow its members: `max_in_flight` × each backend's members in
         rotation (the balancer's plan: healthy, not ejected, breaker not open), the worker's
-        share; a member that leaves takes its slots with it. Recounted only when a backend's
+        share; a member that leaves takes its slots with it, and a member whose model server
+        reports itself full (`load.metrics`, `gateway.core.serverload.slots`) keeps only the
+        slots this gateway's requests hold on it. Recounted only when a backend's
         plan changed (the plans are cached objects). At least 1: with no member, a request goes
         on to the route's 503 at once rather than waiting."""
         assert self.members is not None
@@ -252,20 +269,22 @@ class AdmissionFilter:
                 return
         changed = len(seen) != len(spec.per_member)
         plans = []
-        for i, (backend, _) in enumerate(spec.per_member):
+        held = 0  # slots that members whose server is full hold back
+        for i, (backend, per_member) in enumerate(spec.per_member):
             view = latest.get(backend)
             if view is None:  # the route filter has not activated it yet
                 return
             plan = view.plan(now)
             plans.append(plan)
+            held += held_back(per_member, plan)
             if not changed and plan is not seen[i]:
                 changed = True
         if not changed:
             return
         pq.plans = plans
-        n = 0
+        n = -held
         for (_, per), plan in zip(spec.per_member, plans, strict=True):
-            n += per * sum(len(lv.members) for lv in plan.levels)
+            n += per * sum((len(lv.members) for lv in plan.levels), 0)
         pq.size(n, now)
 
     def _dispatched(self, pq: PoolQueue, cls: int, waited: float) -> None:

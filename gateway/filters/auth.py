@@ -1,8 +1,10 @@
-"""JWT authentication filter: who is calling (`ctx.principal`), and whether the route lets them in.
+"""(compiled) JWT authentication filter: who is calling (`ctx.principal`), and whether the route
+lets them in.
 
 Per request: the route (matched here, before routing; the route filter reuses `ctx.route`), its
 requirement (`required`, `optional`, off, claims, providers), the token from the configured
-header (`Authorization: Bearer` by default; gRPC `authorization` metadata), a verified-token
+places (`auth.credentials`; by default `Authorization: Bearer` or `x-api-key`, where the OpenAI
+and Anthropic SDKs put it; gRPC metadata of the same names), a verified-token
 cache hit (no await, no signature check), or verification (`gateway.auth.jwt`) which awaits only
 when the provider's JWKS must be fetched first (never loaded yet, or an unknown `kid`).
 
@@ -10,12 +12,14 @@ Refusals are generic (no detail to the client, never the token): 401 / UNAUTHENT
 `WWW-Authenticate: Bearer error="invalid_token"` (missing or invalid token), 403 /
 PERMISSION_DENIED (a valid token failing the route's claims), 431 / RESOURCE_EXHAUSTED (token
 header over `max_token_bytes`, refused before any decoding), 400 / INVALID_ARGUMENT (two token
-headers). The reason class goes to `ctx.detail` (access log) and `sluice_auth_total`.
+headers, or two places holding different tokens). The reason class goes to `ctx.detail` (access
+log) and `sluice_auth_total`.
 
 Upstream headers: every header a provider forwards a claim in is set on every request that goes
 on, to the verified value or to "" (the upstream builders send nothing for "", and always drop the
 client's copy of a name the filters set): a client can never supply its own `x-sluice-tenant`.
-The token header itself is dropped after verification unless `forward_token` is set.
+The token headers themselves (every configured place) are dropped after verification unless
+`forward_token` is set.
 
 mTLS: a request that carries no JWT on a connection whose client certificate was verified gets
 that certificate's identity as its principal (provider `client_cert`, subject and `sub` claim
@@ -134,12 +138,13 @@ class AuthFilter:
         self._cache = cache
         self._tokens = tokens
         self._jwks = jwks
-        self._header = cfg.header.lower()
-        self._prefix = (cfg.scheme.lower() + " ") if cfg.scheme else ""
+        places = cfg.places()
+        self._places = tuple((h, (sc.lower() + " ") if sc else "") for h, sc in places)
+        self._header, self._prefix = self._places[0]
         self._max = cfg.max_token_bytes
         self._strip = {h: "" for p in providers for _, h in p.forward}
         if not cfg.forward_token:
-            self._after_auth = {**self._strip, self._header: ""}
+            self._after_auth = {**self._strip, **{h: "" for h, _ in places}}
         else:
             self._after_auth = dict(self._strip)
 
@@ -166,7 +171,21 @@ class AuthFilter:
                 return Status.CONTINUE  # the route filter answers 404
             ctx.route = route
         req = self._rules.get(route.name)
-        value = ctx.info.headers.get(self._header)
+        headers = ctx.info.headers
+        value = headers.get(self._header)
+        prefix = self._prefix
+        place = 0
+        if req is not None:
+            # the first place it is in; in two places with different values: 400
+            for i in range(1, len(self._places)):
+                h, pre = self._places[i]
+                v = headers.get(h)
+                if v is None:
+                    continue
+                if value is None:
+                    value, prefix, place = v, pre, i
+                elif _bare(v, pre) != _bare(value, prefix):
+                    return self._fail(ctx, jc.AMBIGUOUS, "")
         if req is None or value is None:
             ctx.upstream_headers.update(self._strip)
             if value is None and ctx.info.client_cert:
@@ -176,15 +195,16 @@ class AuthFilter:
             return Status.CONTINUE
         if len(value) > self._max:
             return self._fail(ctx, jc.TOO_LARGE, "")
-        # Keyed by the whole header value: a hit means this exact value passed every check below.
-        key = _sha256(value.encode("utf-8", "surrogatepass")).digest()
+        # Keyed by the whole header value (and its place after the first): a hit means this exact
+        # value passed every check below.
+        raw = value.encode("utf-8", "surrogatepass")
+        key = _sha256(raw if not place else b"%d\0%s" % (place, raw)).digest()
         entry = self._cache.get(key, _wall())
         if entry is not None:
             entry.tally.n += 1
             return self._admit(ctx, req, entry)
         if "," in value:  # repeated headers arrive joined with ", "; a JWS has no comma
             return self._fail(ctx, jc.AMBIGUOUS, "")
-        prefix = self._prefix
         if prefix and value[: len(prefix)].lower() != prefix:
             if not req.required:  # not a bearer token (Basic, ...): anonymous on optional
                 ctx.upstream_headers.update(self._strip)
@@ -273,6 +293,13 @@ class AuthFilter:
         principal = Principal(p.name, v.subject, v.claims)
         gen = src.generation if src is not None else 0
         return Entry(expires, principal, headers, src, gen, self._tokens.tally(p.name))
+
+
+def _bare(value: str, prefix: str) -> str:
+    """The token of a header value, its scheme prefix (any case) cut."""
+    if prefix and value[: len(prefix)].lower() == prefix:
+        return value[len(prefix) :].strip(" ")
+    return value.strip(" ")
 
 
 class PlainAuthFilter(AuthFilter):

@@ -1,5 +1,5 @@
-"""The filter contract: the hooks a filter may implement (the per-request context they get is
-`gateway.context.RequestContext`).
+"""(compiled) The filter contract: the hooks a filter may implement (the per-request context they
+get is `gateway.context.RequestContext`).
 
 Phases, in order (every hook is optional; the chain is split per phase when it is built, so a
 hook a filter leaves out costs nothing per request):

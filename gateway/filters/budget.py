@@ -30,7 +30,7 @@ from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.budgets import level
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.tokens import chunk_tokens
 from gateway.policy.compiled import CompiledPolicy
 from gateway.services import Services
@@ -38,7 +38,7 @@ from gateway.telemetry import metrics
 
 NAME = "budget"
 _CONTINUE = Status.CONTINUE
-_GRPC = Protocol.GRPC
+_GRPC = Wire.GRPC
 _BODILESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 WARNING_HEADER = "x-sluice-budget-warning"
 
@@ -167,9 +167,9 @@ class BudgetFilter:
             if not lg.reserve(amount):
                 down = book.store is not None and book.down
                 if down and rule.closed and rule.enforce:
-                    return self._refuse(ctx, t, item, amount, "store_down")
+                    return self._refuse(ctx, t, item, amount, "store_down", body.api)
                 if not down and rule.enforce:
-                    return self._refuse(ctx, t, item, amount, "exhausted")
+                    return self._refuse(ctx, t, item, amount, "exhausted", body.api)
                 if not down:
                     rb.counts["shadow_refused"] += 1
                     metrics.BUDGET_REFUSED.labels(rule.name, "shadow_exhausted").inc()
@@ -198,7 +198,9 @@ class BudgetFilter:
             return warnings
         return f"{warnings}{', ' if warnings else ''}{rb.rule.name}={hit:g}"
 
-    def _refuse(self, ctx: RequestContext, t: Ticket, item: Item, amount: int, why: str) -> Status:
+    def _refuse(
+        self, ctx: RequestContext, t: Ticket, item: Item, amount: int, why: str, api: str
+    ) -> Status:
         book = self.book
         for other in t.items:  # what the earlier rules reserved goes back
             if other.amount >= 0:
@@ -212,10 +214,10 @@ class BudgetFilter:
         resets = iso(lg.window.end)
         ctx.decide(NAME, "reject", f"{rule.name}:{why}")
         if why == "store_down":
-            return ctx.stop(store_down(rule.name, left, resets))
+            return ctx.stop(store_down(rule.name, left, resets, api))
         # Left for the period, but not in this replica's share now (the others hold it): soon.
         retry = 1.0 if left >= amount else lg.window.end - book.wall()
-        return ctx.stop(exhausted(rule.name, left, amount, resets, retry))
+        return ctx.stop(exhausted(rule.name, left, amount, resets, retry, api))
 
     # -- response phase -----------------------------------------------------------------------
     def on_event(self, ctx: RequestContext, event: StreamEvent) -> Status:

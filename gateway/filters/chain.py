@@ -1,4 +1,5 @@
-"""The chain runs filters in policy order; `on_response` runs in reverse for those that ran.
+"""(compiled) The chain runs filters in policy order; `on_response` runs in reverse for those that
+ran.
 
 It is split per phase at build time: a filter without a hook is not called in that phase, and
 plain (non-coroutine) hooks are called without an await.

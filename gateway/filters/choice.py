@@ -1,4 +1,4 @@
-"""What a request routed on its body brings to the member choice of its route
+"""(compiled) What a request routed on its body brings to the member choice of its route
 (`gateway.filters.routing.RoutePicker`): who serves its model in each backend of the split,
 who would load it (an adapter's parent's members), and its prompt-prefix key; kept on the
 try (`Attempt.choice`) for its retries."""

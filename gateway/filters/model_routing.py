@@ -1,4 +1,4 @@
-"""Routing on what an LLM request asks for: the route filter of a policy that has a route
+"""(compiled) Routing on what an LLM request asks for: the route filter of a policy that has a route
 needing the body (`match.model`, `by_model`, `affinity`).
 
 Routes still match in order. An HTTP request whose first matching route (by protocol, path,
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from gateway.context import RequestContext, Status
 from gateway.core.affinity import prefix_key
 from gateway.core.body import RequestBody
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.verdict import GRPC_NOT_FOUND, GRPC_OK, NO_ENDPOINT, NO_ROUTE, Verdict, answer
 from gateway.filters.choice import Choice
 from gateway.filters.routing import RouteFilter, RoutePicker
@@ -74,7 +74,7 @@ class ModelRouteFilter(RouteFilter):
 
     def on_request(self, ctx: RequestContext) -> Status:
         info = ctx.info
-        if info.protocol is Protocol.HTTP:
+        if info.protocol is Wire.HTTP:
             route = self.policy.match_head(info)
             if route is None:
                 return ctx.stop(NO_ROUTE)
@@ -91,7 +91,7 @@ class ModelRouteFilter(RouteFilter):
         if ctx.endpoint is not None:
             return Status.CONTINUE  # routed at its head
         info = ctx.info
-        if info.protocol is Protocol.HTTP and (ctx.route is None or not ctx.route.needs_body):
+        if info.protocol is Wire.HTTP and (ctx.route is None or not ctx.route.needs_body):
             return Status.CONTINUE
         model = body.model
         route = ctx.route

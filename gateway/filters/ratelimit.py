@@ -1,5 +1,5 @@
-"""Rate limits on the request path: QPS and colour in `on_request`, LLM tokens in the body and
-response phases. Decisions are `gateway.core`'s; state is the services' `Limiter`.
+"""(compiled) Rate limits on the request path: QPS and colour in `on_request`, LLM tokens in the
+body and response phases. Decisions are `gateway.core`'s; state is the services' `Limiter`.
 
 - `on_request` (plain: it decides against local state and leased shares, never awaiting; only a
   `strict` rule with Redis up, or a request waiting in the yellow queue, hands back an
@@ -26,13 +26,13 @@ from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
 from gateway.core.overload import Colour, sheds
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.tokens import Reservation, estimate
-from gateway.filters.ratelimit_steps import Rule, Ticket
+from gateway.filters.ratelimit_steps import Rule, RuleStep, Ticket
 from gateway.filters.ratelimit_tokens import on_body, on_event
 from gateway.filters.ratelimit_wait import queued, strict
 from gateway.policy.compiled import CompiledPolicy
-from gateway.ratelimit.compiled import CompiledLimits, CompiledRule, compile_limits
+from gateway.ratelimit.compiled import CompiledLimits, compile_limits
 from gateway.ratelimit.owner import Limiter, limiter_for
 from gateway.ratelimit.state import (
     ADMIT,
@@ -85,7 +85,7 @@ class RateLimitFilter:
             rs.min_tokens = float(max(1, self.default_max))
 
     def activate(self) -> None:
-        self.lim.activate(self.c)
+        self.lim.activate(self.c, [rs for _, rs in (*self.early, *self.late)])
         for ps in self.lim.pools.values():
             ps.room = self.c.room
 
@@ -182,31 +182,28 @@ class RateLimitFilter:
                 continue
             if t is None:
                 t = Ticket(ctx.priority or 0, claims, route, done)
-            status = self.judge(ctx, t, rule, rs, ks, code, now, rules, i)
+            status = self.judge(ctx, t, RuleStep(rule, rs, ks, code, now), rules, i)
             if status is not None:
                 return status
         if t is None:
             return _CONTINUE  # every rule admitted it and nothing is held
         if t.strict:
             return strict(self, ctx, t)
-        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not Protocol.GRPC):
+        if t.pool is None and (not self.grpc_tokens or ctx.info.protocol is not Wire.GRPC):
             ctx.reservation = t  # what `admitted` does for it, without the call
             return _CONTINUE
         return self.admitted(ctx, t)
 
+    def resume(
+        self, ctx: RequestContext, t: Ticket, rules: tuple[Rule, ...], start: int
+    ) -> Status | Awaitable[Status]:
+        return self.decide(ctx, t, rules, start, t.claims, t.route)
+
     def judge(
-        self,
-        ctx: RequestContext,
-        t: Ticket,
-        rule: CompiledRule,
-        rs: RuleState,
-        ks: KeyState,
-        code: Code,
-        now: float,
-        rules: tuple[Rule, ...],
-        i: int,
+        self, ctx: RequestContext, t: Ticket, step: RuleStep, rules: tuple[Rule, ...], i: int
     ) -> Status | Awaitable[Status] | None:
         """None: go on with the next rule; else what the request gets now."""
+        rule, rs, ks, code = step.rule, step.rs, step.ks, step.code
         colour = ks.colour
         if colour and sheds(colour, t.prio, self.top, self.lowest):
             if code is Code.ADMIT:
@@ -229,15 +226,15 @@ class RateLimitFilter:
             and self.lim.waiting < self.queue_size
             and rules is self.early
         ):
-            return queued(self, ctx, t, rule, rs, ks, code, rules, i)
-        return self.refuse(ctx, t, rule, rs, ks, code, now)
+            return queued(self, ctx, t, step, rules, i)
+        return self.refuse(ctx, t, step)
 
     def admitted(self, ctx: RequestContext, t: Ticket) -> Status:
         ctx.reservation = t
         if t.pool is not None:
             t.pool.limit.start()
             self._pool_moved(t.pool)
-        if self.grpc_tokens and ctx.info.protocol is Protocol.GRPC:
+        if self.grpc_tokens and ctx.info.protocol is Wire.GRPC:
             # gRPC bodies are not parsed: reserve the default estimate.
             return self.reserve(ctx, t, estimate(0, None, self.default_max), 0)
         return Status.CONTINUE
@@ -253,23 +250,15 @@ class RateLimitFilter:
                 ks.settle(rs.math, rs.scale, float(t.tokens.reserved))
             t.tokens = None
 
-    def refuse(
-        self,
-        ctx: RequestContext,
-        t: Ticket,
-        rule: CompiledRule,
-        rs: RuleState,
-        ks: KeyState,
-        code: Code,
-        now: float,
-    ) -> Status:
+    def refuse(self, ctx: RequestContext, t: Ticket, step: RuleStep) -> Status:
+        rule, rs, code = step.rule, step.rs, step.code
         self._undo(t)
         if ctx.reservation is t:
             self._release(ctx, t)
         rs.counts[_COUNTER[code]] += 1
         self.lim.rejected(rule.name, REASON[code])
         ctx.decide(NAME, "reject", f"{rule.name}:{REASON[code]}")
-        return ctx.stop(refused(rule, ks, code, rs.scale, now))
+        return ctx.stop(refused(rule, step.ks, code, rs.scale, step.now))
 
     def _shed(
         self,
@@ -311,7 +300,7 @@ class RateLimitFilter:
                 rs.counts[SHADOW_REJECT] += 1
                 continue
             rs.counts[ADMIT] -= 1  # counted at the request phase; refused now
-            return self.refuse(ctx, t, rule, rs, ks, Code.TOKENS, now)
+            return self.refuse(ctx, t, RuleStep(rule, rs, ks, Code.TOKENS, now))
         if self.lim.store is not None:
             for rs, k, ks in res.entries:
                 rs.dirty[k] = ks

@@ -1,7 +1,8 @@
-"""What the rate-limit filter's request phase offers its other phases: the `Ticket` one request
-holds, and `Steps`, the narrow public steps that the waiting paths (`ratelimit_wait`) and the
-token phases (`ratelimit_tokens`) take. `gateway.filters.ratelimit.RateLimitFilter` implements
-`Steps`; the other modules see only this, so none of them imports the filter."""
+"""(compiled) What the rate-limit filter's request phase offers its other phases: the `Ticket` one
+request holds, the `RuleStep` one rule's decision is, and `Steps`, the narrow public steps that the
+waiting paths (`ratelimit_wait`) and the token phases (`ratelimit_tokens`) take.
+`gateway.filters.ratelimit.RateLimitFilter` implements `Steps`; the other modules see only
+this, so none of them imports the filter."""
 
 from __future__ import annotations
 
@@ -39,6 +40,22 @@ class Ticket:
         self.strict: list[Rule] | None = None  # strict rules left for Redis to decide
 
 
+class RuleStep:
+    """One rule's decision for one request: the rule, its state, the key's state, the decision
+    (`code`) and when it was made. A request that waits for room decides again on the same step."""
+
+    __slots__ = ("rule", "rs", "ks", "code", "now")
+
+    def __init__(
+        self, rule: CompiledRule, rs: RuleState, ks: KeyState, code: Code, now: float
+    ) -> None:
+        self.rule = rule
+        self.rs = rs
+        self.ks = ks
+        self.code = code
+        self.now = now
+
+
 class Steps(Protocol):
     """The rate-limit filter's request-phase steps, for the phases that continue its work."""
 
@@ -50,46 +67,22 @@ class Steps(Protocol):
     default_max: int  # the completion tokens reserved when the request names none
     trailer: str  # the gRPC trailing metadata that carries the usage
 
-    def decide(
-        self,
-        ctx: RequestContext,
-        t: Ticket | None,
-        rules: tuple[Rule, ...],
-        start: int,
-        claims: Any,
-        route: str | None,
+    def resume(
+        self, ctx: RequestContext, t: Ticket, rules: tuple[Rule, ...], start: int
     ) -> Status | Awaitable[Status]:
-        """The per-rule step for `rules[start:]`, then the request's admission (or refusal);
-        `t` None while the request holds nothing (a Ticket is made once it must)."""
+        """The per-rule steps for `rules[start:]` of a request that holds `t`, then its
+        admission (or refusal)."""
         ...
 
     def judge(
-        self,
-        ctx: RequestContext,
-        t: Ticket,
-        rule: CompiledRule,
-        rs: RuleState,
-        ks: KeyState,
-        code: Code,
-        now: float,
-        rules: tuple[Rule, ...],
-        i: int,
+        self, ctx: RequestContext, t: Ticket, step: RuleStep, rules: tuple[Rule, ...], i: int
     ) -> Status | Awaitable[Status] | None:
-        """What a rule's decision `code` for key `ks` means for the request (shed, shadow,
-        queue, refuse); None: admitted by this rule, go on with the next."""
+        """What a rule's decision `step.code` means for the request (shed, shadow, queue,
+        refuse); None: admitted by this rule, go on with the next (`rules[i + 1]`)."""
         ...
 
-    def refuse(
-        self,
-        ctx: RequestContext,
-        t: Ticket,
-        rule: CompiledRule,
-        rs: RuleState,
-        ks: KeyState,
-        code: Code,
-        now: float,
-    ) -> Status:
-        """Refuse the request for `rule` (what it held is given back, the refusal counted)."""
+    def refuse(self, ctx: RequestContext, t: Ticket, step: RuleStep) -> Status:
+        """Refuse the request for `step.rule` (what it held is given back, the refusal counted)."""
         ...
 
     def admitted(self, ctx: RequestContext, t: Ticket) -> Status:

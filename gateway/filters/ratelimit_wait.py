@@ -1,5 +1,5 @@
-"""The two request-phase paths of the rate-limit filter that wait, for the one request that
-must: the yellow queue (a request the limits would refuse waits, bounded in time and in
+"""(compiled) The two request-phase paths of the rate-limit filter that wait, for the one request
+that must: the yellow queue (a request the limits would refuse waits, bounded in time and in
 number, for room) and `strict` rules (one Redis decision each, within the store's deadline;
 local when Redis fails). The plain request phase hands back one of these coroutines; they
 go on through the filter's public `Steps`."""
@@ -9,28 +9,21 @@ from __future__ import annotations
 import asyncio
 
 from gateway.context import RequestContext, Status
-from gateway.core.keystate import Code, KeyState, strict_seen
-from gateway.core.request import Protocol
+from gateway.core.keystate import Code, strict_seen
+from gateway.core.request import Wire
 from gateway.core.tokens import estimate
 from gateway.errors import StoreUnavailable
-from gateway.filters.ratelimit_steps import Rule, Steps, Ticket
-from gateway.ratelimit.compiled import CompiledRule
-from gateway.ratelimit.state import QUEUED, STRICT_FALLBACK, RuleState
+from gateway.filters.ratelimit_steps import Rule, RuleStep, Steps, Ticket
+from gateway.ratelimit.state import QUEUED, STRICT_FALLBACK
 from gateway.store.base import SyncOp, key_name
 
 
 async def queued(
-    f: Steps,
-    ctx: RequestContext,
-    t: Ticket,
-    rule: CompiledRule,
-    rs: RuleState,
-    ks: KeyState,
-    code: Code,
-    rules: tuple[Rule, ...],
-    i: int,
+    f: Steps, ctx: RequestContext, t: Ticket, step: RuleStep, rules: tuple[Rule, ...], i: int
 ) -> Status:
     """Yellow: wait (bounded) for room instead of refusing at once."""
+    rule, rs, ks = step.rule, step.rs, step.ks
+    code = step.code
     lim = f.lim
     lim.waiting += 1
     rs.counts[QUEUED] += 1
@@ -40,7 +33,8 @@ async def queued(
             now = f.now()
             wait = ks.retry_after(rule.math, rs.scale, now, code)
             if wait > deadline - now:
-                return f.refuse(ctx, t, rule, rs, ks, code, now)
+                step.code, step.now = code, now
+                return f.refuse(ctx, t, step)
             await asyncio.sleep(max(wait, 0.001))
             now = f.now()
             ks.unoffer()
@@ -49,9 +43,10 @@ async def queued(
                 break
     finally:
         lim.waiting -= 1
-    status = f.judge(ctx, t, rule, rs, ks, code, now, rules, i)
+    step.code, step.now = code, now
+    status = f.judge(ctx, t, step, rules, i)
     if status is None:
-        status = f.decide(ctx, t, rules, i + 1, t.claims, t.route)
+        status = f.resume(ctx, t, rules, i + 1)
     if not isinstance(status, Status):
         status = await status
     return status
@@ -62,9 +57,7 @@ async def strict(f: Steps, ctx: RequestContext, t: Ticket) -> Status:
     lim = f.lim
     store, cfg = lim.store, lim.store_cfg
     assert t.strict is not None and store is not None and cfg is not None
-    grpc_cost = (
-        float(estimate(0, None, f.default_max)) if ctx.info.protocol is Protocol.GRPC else 0.0
-    )
+    grpc_cost = float(estimate(0, None, f.default_max)) if ctx.info.protocol is Wire.GRPC else 0.0
     for rule, rs in t.strict:
         now = f.now()
         k = rule.key(ctx.info, t.claims, t.route, None)
@@ -91,7 +84,7 @@ async def strict(f: Steps, ctx: RequestContext, t: Ticket) -> Status:
         if ks.changed is not None:
             f.recoloured(rs, k, ks)
         rs.dirty[k] = ks
-        status = f.judge(ctx, t, rule, rs, ks, code, now, (), 0)
+        status = f.judge(ctx, t, RuleStep(rule, rs, ks, code, now), (), 0)
         if status is not None:
             if not isinstance(status, Status):
                 status = await status

@@ -1,4 +1,4 @@
-"""Filter names in the policy → factories; the chain is built once per policy load.
+"""(compiled) Filter names in the policy → factories; the chain is built once per policy load.
 
 Each filter is built by `factory(section, services)` from its own policy section (what
 `FilterSpec.section` picks out of the compiled policy) and the long-lived services, never from

@@ -1,4 +1,5 @@
-"""Request id: keep a well-formed incoming X-Request-Id, else make one; forward it upstream."""
+"""(compiled) Request id: keep a well-formed incoming X-Request-Id, else make one; forward it
+upstream."""
 
 from __future__ import annotations
 

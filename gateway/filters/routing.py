@@ -1,5 +1,5 @@
-"""Routing: the first matching route, then a member of one of its backends, chosen by the pure
-balancer (`gateway.core.balancer`) over the live member state the services keep
+"""(compiled) Routing: the first matching route, then a member of one of its backends, chosen by the
+pure balancer (`gateway.core.balancer`) over the live member state the services keep
 (`gateway.registry.pool`); each try's result flows back to that state.
 
 The forwarding path calls, for each request:

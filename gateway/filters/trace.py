@@ -1,4 +1,5 @@
-"""Trace filter: W3C trace context in and out, the tail-sampling decision when the request ends.
+"""(compiled) Trace filter: W3C trace context in and out, the tail-sampling decision when the
+request ends.
 
 `on_request` takes the trace id and parent span of a valid incoming `traceparent` (HTTP header
 or gRPC metadata, the same map), else starts a trace, picks the server span id, and sets the

@@ -1,7 +1,7 @@
-"""The answers the HTTP lifecycle (`gateway.forward.http`) writes itself: refusals, failures
-before the upstream answer began, and expired deadlines. Each sets the request's outcome and
-writes one whole JSON error response, or, once a head went out, ends the stream early
-(`relay.end_early`: an SSE error event, never a truncated 200).
+"""(compiled) The answers the HTTP lifecycle (`gateway.forward.http`) writes itself: refusals,
+failures before the upstream answer began, and expired deadlines. Each sets the request's outcome
+and writes one whole JSON error response in the request's API dialect, or, once a head went out,
+ends the stream early (`relay.end_early`: the family's SSE error events, never a truncated 200).
 
 `draining`: the gateway is draining, so the connection closes after the answer.
 """
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.core import apis
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import BODY_TIMEOUT, BODY_TOO_LARGE, Verdict
 from gateway.forward import relay
+from gateway.forward.body_phase import api_of
 from gateway.forward.deadlines import BODY, STALL, TOTAL
 from gateway.forward.exchange import BodyTooLarge, Exchange
 from gateway.forward.failures import failure_for
@@ -92,9 +94,15 @@ async def answer(
     close: bool = False,
     body: bytes = b"",
 ) -> None:
-    """A JSON error response (or `body`), whole, in one write."""
+    """A JSON error response (or `body`), whole, in one write; in the dialect of the request's
+    API family (Anthropic's shape and statuses for Messages, `gateway.core.apis`)."""
+    if not body:
+        api = api_of(ctx)
+        if api in apis.ANTHROPIC:
+            status, body = apis.error_answer(api, status, error_type, message)
+        else:
+            body = error_body(error_type or "error", message)
     ctx.http_status = status
-    body = body or error_body(error_type or "error", message)
     lines = response_lines(ctx, retry_after, extra)
     if close or draining:
         ex.close_after = True

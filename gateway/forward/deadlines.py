@@ -1,4 +1,5 @@
-"""Deadlines of the requests in flight (total, body read, client stall), one coarse ticker.
+"""(compiled) Deadlines of the requests in flight (total, body read, client stall), one coarse
+ticker.
 
 `asyncio.timeout` costs ~4.6 µs per request here (a `call_at` alone ~2.9 µs); these deadlines
 are seconds to minutes, so a `TICK_S` ticker that runs only while requests are in flight, and

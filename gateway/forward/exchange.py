@@ -1,4 +1,5 @@
-"""`Exchange`: what an HTTP engine offers the forwarding path for one request, nothing more.
+"""(compiled) `Exchange`: what an HTTP engine offers the forwarding path for one request, nothing
+more.
 
 Both engines (native asyncio.Protocol + httptools, aiohttp's low-level server) implement it;
 everything that is not moving bytes (admission, deadlines, the failure table, events) lives in

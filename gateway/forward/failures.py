@@ -1,4 +1,4 @@
-"""The one table from an upstream failure to what the client sees, for both protocols.
+"""(compiled) The one table from an upstream failure to what the client sees, for both protocols.
 
 HTTP status, gRPC code, the JSON error type, the outcome, and the `kind` label of
 `sluice_upstream_errors_total`. Timeouts before the response head are 504 /
@@ -26,7 +26,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamTlsError,
 )
-from gateway.upstream.tls import GRPC_TLS_MARKERS, grpc_tls_reason
+from gateway.tls.upstream import GRPC_TLS_MARKERS, grpc_tls_reason
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext

@@ -1,5 +1,5 @@
-"""Holding a streamed answer until its first token (`retries.before_first_token`), so that a
-backend failing first can be retried on another member and the client sees one clean stream.
+"""(compiled) Holding a streamed answer until its first token (`retries.before_first_token`), so
+that a backend failing first can be retried on another member and the client sees one clean stream.
 
 `hold` reads an SSE response ahead, after its head, until the first event with content
 (`gateway.core.first_token`), the end of the stream, or `HOLD_BYTES` held (then it goes out as

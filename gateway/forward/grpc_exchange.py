@@ -1,6 +1,6 @@
 """`GrpcExchange`: what a gRPC engine offers the call lifecycle for one call, nothing more.
 
-The grpc.aio engine (`gateway.adapters.grpc_exchange`) implements it, and so does any other gRPC
+The grpc.aio engine (`gateway.adapters.grpcio.exchange`) implements it, and so does any other gRPC
 engine (Sluice's own over h2); everything that is not moving messages, metadata and statuses
 (admission, the chain, the upstream call, retries, deadlines, the failure table, events, the
 finish) is `gateway.forward.grpc`, written once.
@@ -21,8 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from gateway.core.request import Protocol as Wire
-from gateway.core.request import RequestInfo
+from gateway.core.request import RequestInfo, Wire
 
 Metadata = Sequence[tuple[str, str | bytes]]
 

@@ -1,5 +1,5 @@
-"""Headers both ways, for both engines: hop-by-hop sets, the upstream request's headers, the
-client response's header lines (from an upstream head or for an error), JSON error bodies.
+"""(compiled) Headers both ways, for both engines: hop-by-hop sets, the upstream request's headers,
+the client response's header lines (from an upstream head or for an error), JSON error bodies.
 
 Upstream response heads are validated before anything reaches the client (a status outside
 100–599, or a header value with control bytes, which the upstream parser refuses, is a 502),

@@ -1,4 +1,4 @@
-"""The HTTP request lifecycle, written once for both engines.
+"""(compiled) The HTTP request lifecycle, written once for both engines.
 
 Per request, in this order: header bounds (431), path safety (400), Expect (417), the chain's
 `on_request` (its verdict; a route and an endpoint, else 404/503), Content-Length bound (413),

@@ -1,7 +1,8 @@
-"""What every request and call shares, whatever its protocol: how it begins (its snapshot, its
-context, the in-flight count the drain waits on), how a failed upstream try is retried, and how
-it finishes (the filters' `on_response` in reverse, metrics, the traffic book, the rollout's
-comparison). `gateway.forward.http` and `gateway.forward.grpc` each call these once per request.
+"""(compiled) What every request and call shares, whatever its protocol: how it begins (its
+snapshot, its context, the in-flight count the drain waits on), how a failed upstream try is
+retried, and how it finishes (the filters' `on_response` in reverse, metrics, the traffic book, the
+rollout's comparison). `gateway.forward.http` and `gateway.forward.grpc` each call these once per
+request.
 
 The finish of a request whose response hooks are all plain (the common case) is not run by the
 request's task but batched: the requests that ended in one turn of the event loop are booked

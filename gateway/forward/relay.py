@@ -1,17 +1,20 @@
-"""The response phase of an HTTP request: upstream head → client, body relayed chunk by chunk.
+"""(compiled) The response phase of an HTTP request: upstream head → client, body relayed chunk by
+chunk.
 
 - The head is validated and rebuilt (`headers.client_head`); an invalid one is a 502.
 - A body that is complete with its head goes out with it in one write.
 - Filters with `on_event` see the HEAD, the JSON body of a non-streaming answer (read whole up to
   `limits.max_event_bytes` before it is sent, so a STOP can still answer with an error), and
   each SSE event, each of the kinds it reads (`event_kinds`: no event is made that no filter
-  reads); `ctx.usage` is taken from OpenAI `usage` wherever it appears. SSE is parsed
-  only when someone listens (a filter, or a usage chunk to hide that Sluice asked for); then
+  reads); `ctx.usage` is taken from the family's usage wherever it appears
+  (`gateway.core.apis`). SSE is parsed only when someone listens (a filter, or a usage chunk
+  to hide that Sluice asked for) or the stream is a Responses or Messages one; then
   whole events are written, so one can be dropped or the stream ended after it.
 - A stream that cannot finish (a filter's STOP, the upstream dying or timing out, the total
-  deadline) ends cleanly when it is SSE: an error event and `data: [DONE]`, then the normal end
-  of the chunked body. Other bodies are cut (no last-chunk marker: the client sees an error,
-  never a complete-looking truncated answer).
+  deadline) ends cleanly when it is SSE, as its API family defines: an error event and
+  `data: [DONE]` (chat, completions), `event: error` (Messages), `error` + `response.failed`
+  (Responses), then the normal end of the chunked body. Other bodies are cut (no last-chunk
+  marker: the client sees an error, never a complete-looking truncated answer).
 - A client that stops reading stalls the writes; past `timeouts.idle_s` without progress the
   request is cut both ways (deadline STALL in `gateway.forward.http`).
 
@@ -28,11 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import jsonfast
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
+from gateway.core import apis
 from gateway.core.body import usage_from
 from gateway.core.outcome import Outcome
 from gateway.core.sse import SseParser, error_event
 from gateway.core.verdict import Verdict
 from gateway.errors import UpstreamError, UpstreamProtocolError
+from gateway.forward.body_phase import api_of
 from gateway.forward.deadlines import STALL, Deadlines
 from gateway.forward.headers import BadUpstreamHead, ClientHead, client_head
 
@@ -152,9 +157,14 @@ async def _relay(
         ctx.first_byte_at = time.monotonic()
         b = ctx.body
         hide_usage = b is not None and b.usage_added
-        if ex.sse and (listen or hide_usage):
-            await _relay_events(ex, ctx, snap, up, task, deadlines, chunk, listen, hide_usage)
-            return None
+        if ex.sse:
+            api = api_of(ctx)  # Responses and Messages streams are always read: their usage
+            typed = api in apis.TYPED_STREAMS  # and first token are in typed events
+            if listen or hide_usage or typed:
+                await _relay_events(
+                    ex, ctx, snap, up, task, deadlines, chunk, listen, hide_usage, typed
+                )
+                return None
         idle = ctx.route.timeouts.idle_s if ctx.route else 60.0
         sse = ex.sse
         while chunk:
@@ -184,7 +194,11 @@ def on_json(ctx: RequestContext, chain: Chain, status: int, chunk: bytes) -> Sta
     """A complete JSON answer: its `usage` into `ctx.usage`, the parsed answer shown to the
     listening filters that read JSON answers."""
     doc = _loads(chunk)
-    u = usage_from(doc)
+    b = ctx.body
+    if b is None or b.api == apis.CHAT:
+        u = usage_from(doc)
+    else:
+        u = usage_from(doc) if b.api == apis.COMPLETIONS else apis.usage_of(b.api, doc, None)
     if u is not None:
         ctx.usage = u
     if not chain.hears_json:
@@ -202,9 +216,12 @@ async def _relay_events(
     chunk: bytes,
     listen: bool,
     hide_usage: bool,
+    typed: bool,
 ) -> None:
     """SSE, parsed: whole events are written; one may be dropped (the usage chunk Sluice asked
-    for) or the stream ended after it (a filter's STOP)."""
+    for) or the stream ended after it (a filter's STOP). `typed`: a Responses or Messages
+    stream (usage and output read from its typed events)."""
+    api = api_of(ctx) if typed else apis.CHAT
     chain = snap.chain
     parser = SseParser(snap.policy.policy.limits.max_event_bytes)
     idle = ctx.route.timeouts.idle_s if ctx.route else 60.0
@@ -218,7 +235,7 @@ async def _relay_events(
                     parts.append(ev.raw)
                     continue
                 doc = _loads(ev.data)
-                u = usage_from(doc)
+                u = apis.usage_of(api, doc, ctx.usage) if typed else usage_from(doc)
                 if u is not None:
                     ctx.usage = u
                 if listen:
@@ -229,7 +246,10 @@ async def _relay_events(
                         ctx.outcome = Outcome.STREAM_CUT
                         await end_early(ex, ctx, v.error_type or "stream_cut", v.reason)
                         return
-                if u is not None and not doc.get("choices"):
+                if typed:
+                    if apis.is_output(doc):
+                        ctx.stream_event(time.monotonic())  # a token (or a tool call's part)
+                elif u is not None and not doc.get("choices"):
                     if hide_usage:
                         continue  # the usage-only chunk the client did not ask for
                 else:
@@ -264,10 +284,13 @@ async def _write(
 
 
 async def end_early(ex: Exchange, ctx: RequestContext, error_type: str, message: str) -> None:
-    """End a response whose head is out: an SSE error event + [DONE] and a clean end when the
-    stream is SSE; otherwise cut the connection."""
+    """End a response whose head is out: when the stream is SSE, the family's error events
+    (`gateway.core.apis.stream_error`; an OpenAI error chunk + [DONE] for chat and text
+    completions) and a clean end; otherwise cut the connection."""
     if ex.sse:
-        data = error_event(error_type, message)
+        data = apis.stream_error(api_of(ctx), error_type, message) or error_event(
+            error_type, message
+        )
         ctx.bytes_out += len(data)
         try:
             await ex.write(data)

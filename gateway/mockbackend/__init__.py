@@ -1,5 +1,6 @@
-"""The simulated inference backend (`sluice mock-backend`): OpenAI-style HTTP with SSE, the
-Inference gRPC service, health, vLLM-style gauges and an admin API to turn its knobs at run time.
+"""The simulated inference backend (`sluice mock-backend`): OpenAI-style HTTP with SSE (chat,
+completions, embeddings, Responses) and Anthropic Messages, the Inference gRPC service, health,
+vLLM-style gauges and an admin API to turn its knobs at run time.
 
     handle = await start_mock_backend("127.0.0.1:0", "127.0.0.1:0", Knobs(ttft_ms=5))
     ...

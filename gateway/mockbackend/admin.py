@@ -1,7 +1,8 @@
 """Health, Prometheus gauges and the admin API of the simulated backend.
 
-On its HTTP listener: `/healthz[?deep=true]` and `/metrics` (vLLM-style gauges, in a registry of
-its own), what a gateway's health checks and load-aware balancing read.
+On its HTTP listener: `/healthz[?deep=true]` and `/metrics` (vLLM's names, telling the truth
+about its slots and queue: `gateway.mockbackend.vllm_metrics`), what a gateway's health checks
+and load-aware balancing read.
 
 On its own admin listener (loopback only, `--admin`, policy `mock_backend.admin`), never on the
 listener a gateway forwards to: `/admin/knobs` (GET, POST partial update), `/admin/stats`,
@@ -14,44 +15,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from gateway.mockbackend.http import MODELS, STATE, error_response
 from gateway.mockbackend.knobs import MockState
+from gateway.mockbackend.vllm_metrics import VllmGauges
 
 METRICS_REGISTRY = web.AppKey("mock_metrics_registry", CollectorRegistry)
-
-
-class VllmGauges(Collector):
-    """The three gauges a load-aware balancer reads from vLLM, computed at scrape time."""
-
-    def __init__(self, state: MockState) -> None:
-        self._state = state
-
-    def collect(self) -> Iterable[Metric]:
-        state, model = self._state, [MODELS[0]]
-        running = GaugeMetricFamily(
-            "vllm:num_requests_running", "Requests being served.", labels=["model_name"]
-        )
-        running.add_metric(model, state.stats.in_flight)
-        waiting = GaugeMetricFamily(
-            "vllm:num_requests_waiting",
-            "Requests queued (the `waiting` knob).",
-            labels=["model_name"],
-        )
-        waiting.add_metric(model, state.knobs.waiting)
-        kv = GaugeMetricFamily(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache use, 0..1 (the `load` knob).",
-            labels=["model_name"],
-        )
-        kv.add_metric(model, state.knobs.load)
-        return [running, waiting, kv]
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -103,7 +75,7 @@ async def post_reset(request: web.Request) -> web.Response:
 def add_health_routes(app: web.Application) -> None:
     """`/healthz` and `/metrics`, on the listener a gateway forwards to."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(VllmGauges(app[STATE]))
+    registry.register(VllmGauges(app[STATE], MODELS[0]))
     app[METRICS_REGISTRY] = registry
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

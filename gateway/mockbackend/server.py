@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gateway.mockbackend.admin import add_health_routes, build_admin_app
+from gateway.mockbackend.families import add_family_routes
 from gateway.mockbackend.http import MAX_BODY, STATE, chat_completions, completions, models
 from gateway.mockbackend.http import echo_request_id as _echo_request_id
 from gateway.mockbackend.knobs import Knobs, MockState, Stats
@@ -27,13 +28,15 @@ SHUTDOWN_GRACE_S = 0.5  # streams in flight get this long at close, then are can
 
 
 def build_app(state: MockState) -> web.Application:
-    """The whole HTTP listener: OpenAI routes, health and metrics (the admin API is apart)."""
+    """The whole HTTP listener: OpenAI and Anthropic routes, health and metrics (the admin API
+    is apart)."""
     app = web.Application(client_max_size=MAX_BODY)
     app[STATE] = state
     app.on_response_prepare.append(_echo_request_id)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    add_family_routes(app)
     add_health_routes(app)
     return app
 

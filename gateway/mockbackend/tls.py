@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from gateway.tls.local import backend_context, backend_grpc_credentials
+
 
 @dataclass(frozen=True)
 class ServerTls:
@@ -19,23 +21,8 @@ class ServerTls:
 
     def context(self) -> ssl.SSLContext:
         """The HTTP listener's context."""
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.cert, self.key)
-        if self.client_ca is not None:
-            ctx.load_verify_locations(self.client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx
+        return backend_context(self.cert, self.key, self.client_ca)
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
         """The gRPC listener's credentials."""
-        ca = _read(self.client_ca) if self.client_ca is not None else None
-        return grpc.ssl_server_credentials(
-            [(_read(self.key), _read(self.cert))],
-            root_certificates=ca,
-            require_client_auth=ca is not None,
-        )
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+        return backend_grpc_credentials(self.cert, self.key, self.client_ca)

@@ -74,6 +74,12 @@ class Fairness(PolicyModel):
         default=None,
         description="a tenant's share is its weight ÷ the active tenants' (null: all 1)",
     )
+    max_tenants: PositiveInt = Field(
+        default=10_000,
+        le=1_000_000,
+        description="tenant records kept per pool and class; past it the idle ones go, oldest "
+        "first, and one that comes back starts at its class's current counter",
+    )
 
 
 class AdmissionPriority(PolicyModel):

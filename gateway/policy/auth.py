@@ -245,6 +245,21 @@ RouteAuthSetting = Annotated[
 ]
 
 
+class CredentialPlace(PolicyModel):
+    """One place a client may put its token: a header, and the prefix before the token."""
+
+    header: HeaderName = Field(description="HTTP header / gRPC metadata name")
+    scheme: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="the value's prefix before one space ('' = the bare token)",
+    )
+
+
+# Where the OpenAI SDKs (`Authorization: Bearer`) and the Anthropic SDKs (`x-api-key`) put it.
+DEFAULT_CREDENTIALS = (("authorization", "Bearer"), ("x-api-key", ""))
+
+
 class Auth(PolicyModel):
     """JWT authentication: providers, and the requirement of routes that set none."""
 
@@ -252,13 +267,24 @@ class Auth(PolicyModel):
     default: RouteAuthSetting = Field(
         default="off", description="the requirement of routes without their own `auth`"
     )
-    header: HeaderName = Field(
-        default="authorization", description="where the token is (HTTP header / gRPC metadata)"
+    header: HeaderName | None = Field(
+        default=None,
+        description="shorthand for one place: the only header the token is read from (with "
+        "`scheme`; null = `authorization` when `scheme` is set)",
     )
-    scheme: str = Field(
-        default="Bearer",
+    scheme: str | None = Field(
+        default=None,
         pattern=r"^[A-Za-z0-9_-]*$",
-        description="the value's prefix before one space ('' = the bare token)",
+        description="the prefix before one space of `header`'s value ('' = the bare token; "
+        "null = Bearer)",
+    )
+    credentials: list[CredentialPlace] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description="the places the token is read from, in order (a request with it in two "
+        "places with different values is refused); null = `header`/`scheme` when set, else "
+        "`Authorization: Bearer` and `x-api-key` (the OpenAI and Anthropic SDKs)",
     )
     max_token_bytes: PositiveInt = Field(
         default=8192,
@@ -274,6 +300,24 @@ class Auth(PolicyModel):
     forward_token: bool = Field(
         default=False, description="pass the verified token header on to the backend"
     )
+
+    @model_validator(mode="after")
+    def _places(self) -> Auth:
+        if self.credentials is not None and (self.header or self.scheme) is not None:
+            raise ValueError("set `credentials`, or the shorthand `header`/`scheme`, not both")
+        names = [c.header.lower() for c in self.credentials or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("`credentials` names a header twice")
+        return self
+
+    def places(self) -> tuple[tuple[str, str], ...]:
+        """(header, scheme) of each place the token is read from, in order."""
+        if self.credentials is not None:
+            return tuple((c.header.lower(), c.scheme) for c in self.credentials)
+        if self.header is not None or self.scheme is not None:
+            scheme = "Bearer" if self.scheme is None else self.scheme
+            return (((self.header or "authorization").lower(), scheme),)
+        return DEFAULT_CREDENTIALS
 
 
 def auth_reference_errors(

@@ -3,6 +3,7 @@ models). Routes are in `gateway.policy.routes`. Nothing here does I/O."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -15,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.core.serverload import parse_name
 from gateway.policy.base import HostPort, PolicyModel, RedisUrl, UrlPath, fill_unset
 from gateway.policy.llm import Models
 
@@ -63,8 +65,83 @@ class Registry(PolicyModel):
     )
 
 
+DnsName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9_]([A-Za-z0-9_\-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_\-]{0,62}))*\.?$",
+        description="a DNS name",
+    ),
+]
+
+
+class DnsDiscovery(PolicyModel):
+    """Members from DNS: one per A/AAAA record of `name` (a Kubernetes headless Service answers
+    with one per ready pod), or per SRV record of `srv` (its target's addresses, its port)."""
+
+    name: DnsName | None = Field(
+        default=None,
+        description="name whose A and AAAA records are the members (without `resolvers`, a "
+        "short name goes through resolv.conf's search list: `vllm` in a pod is the Service "
+        "`vllm` of its namespace)",
+        examples=["vllm.models.svc.cluster.local"],
+    )
+    srv: DnsName | None = Field(
+        default=None,
+        description="SRV name whose records give the members' names and ports (instead of `name`)",
+        examples=["_http._tcp.vllm.models.svc.cluster.local"],
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="the members' port (with `name`)")
+    interval_s: PositiveFloat = Field(
+        default=5.0,
+        ge=0.1,
+        le=3600,
+        description="between lookups at most: a shorter record TTL looks up sooner (at most "
+        "once a second)",
+    )
+    timeout_s: PositiveFloat = Field(default=2.0, le=30, description="deadline of each lookup")
+    resolvers: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="DNS servers as ip or ip:port (empty: the system's resolv.conf)",
+        examples=[["10.96.0.10:53"]],
+    )
+    priority: int = Field(default=0, ge=0, le=7, description="priority level of these members")
+    weight: int = Field(default=1, ge=1, le=10000, description="weight of each member")
+    max_members: PositiveInt = Field(
+        default=256, le=4096, description="members taken from one answer, at most"
+    )
+
+    @model_validator(mode="after")
+    def _one_name(self) -> DnsDiscovery:
+        if (self.name is None) == (self.srv is None):
+            raise ValueError("set one of `name` (A/AAAA records) or `srv` (SRV records)")
+        for r in self.resolvers:
+            host, _, port = r.rpartition(":") if r.count(":") == 1 or r.startswith("[") else (
+                r, "", "")  # fmt: skip
+            try:
+                ipaddress.ip_address(host.strip("[]"))
+            except ValueError:
+                raise ValueError(f"resolver {r!r}: want an IP address, or ip:port") from None
+            if port and not (port.isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"resolver {r!r}: bad port")
+        return self
+
+
 class Discovery(PolicyModel):
-    registry: Registry = Field(description="members from Redis heartbeats")
+    """Where members beyond `endpoints` come from: Redis heartbeats or DNS (one of them)."""
+
+    registry: Registry | None = Field(default=None, description="members from Redis heartbeats")
+    dns: DnsDiscovery | None = Field(
+        default=None, description="members from DNS records (a Kubernetes headless Service)"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Discovery:
+        if (self.registry is None) == (self.dns is None):
+            raise ValueError("set one of `registry` or `dns`")
+        return self
 
 
 class HealthCheck(PolicyModel):
@@ -196,7 +273,7 @@ class UpstreamTls(PolicyModel):
         "only (grpcio cannot skip verification)",
     )
 
-    # The gateway.upstream.tls.ClientTls these settings stand for, once built (by the loader,
+    # The gateway.tls.upstream.ClientTls these settings stand for, once built (by the loader,
     # which reports a bad file at its field, or at compilation for a policy made in code).
     _built: object = PrivateAttr(default=None)
 
@@ -207,11 +284,95 @@ class UpstreamTls(PolicyModel):
         return self
 
     def built(self) -> object:
-        """What `keep` was handed (None before): see `gateway.upstream.tls.client_tls`."""
+        """What `keep` was handed (None before): see `gateway.tls.upstream.client_tls`."""
         return self._built
 
     def keep(self, built: object) -> None:
         self._built = built
+
+
+class MetricNames(PolicyModel):
+    """Metric names of the figures Sluice reads, overriding the preset's (null: the preset's).
+    A name may carry label matchers: `name{key="value"}`."""
+
+    running: str | None = Field(
+        default=None, max_length=256, description="gauge of the requests the server runs now"
+    )
+    waiting: str | None = Field(
+        default=None, max_length=256, description="gauge of the requests waiting in its queue"
+    )
+    kv_cache: str | None = Field(
+        default=None, max_length=256, description="gauge of its KV-cache use, 0-1"
+    )
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> MetricNames:
+        for figure in ("running", "waiting", "kv_cache"):
+            v = getattr(self, figure)
+            if v is not None:
+                parse_name(figure, v)  # ValueError names the bad part
+        return self
+
+
+class LoadWeights(PolicyModel):
+    """Requests in flight one unit of each server figure counts as in the pick (defaults need
+    no tuning: a waiting request counts as two, a full KV cache as four)."""
+
+    running: float = Field(
+        default=1.0, ge=0, le=100, description="per request running that this gateway did not send"
+    )
+    waiting: float = Field(default=2.0, ge=0, le=100, description="per request waiting")
+    kv_cache: float = Field(default=4.0, ge=0, le=1000, description="for a full KV cache")
+
+
+class ServerMetrics(PolicyModel):
+    """The model server's own figures (requests running, waiting, KV-cache use), scraped from
+    its Prometheus page: the pick weighs them and the admission queue counts a member whose
+    server is full as full."""
+
+    preset: Literal["vllm", "sglang", "triton"] = Field(
+        default="vllm", description="the server kind, whose metric names are used"
+    )
+    names: MetricNames = Field(
+        default_factory=MetricNames, description="metric names overriding the preset's"
+    )
+    path: UrlPath = Field(default="/metrics", description="the page scraped")
+    interval_ms: int = Field(
+        default=100, ge=10, le=60_000, description="between scrapes of one member"
+    )
+    timeout_ms: int = Field(
+        default=1000,
+        ge=1,
+        le=60_000,
+        description="deadline of one scrape (default min(1000, 5 × interval_ms))",
+    )
+    max_bytes: int = Field(
+        default=4_000_000, ge=1024, le=64_000_000, description="a larger page fails the scrape"
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="the metrics port on each member's host (gRPC backends serve their metrics "
+        "over HTTP on another port; null: the member's own port)",
+    )
+    address: HostPort | None = Field(
+        default=None,
+        description="one metrics address for every member (a sidecar scraping its own pod); "
+        "overrides `port`",
+    )
+    weights: LoadWeights = Field(default_factory=LoadWeights, description="weights in the pick")
+
+    @model_validator(mode="after")
+    def _derived(self) -> ServerMetrics:
+        fill_unset(self, timeout_ms=min(1000, 5 * self.interval_ms))
+        return self
+
+
+class BackendLoad(PolicyModel):
+    metrics: ServerMetrics | None = Field(
+        default=None, description="scrape the model server's own load figures (off)"
+    )
 
 
 class Backend(PolicyModel):
@@ -220,7 +381,7 @@ class Backend(PolicyModel):
     )
     protocol: Literal["http", "grpc"] = Field(default="http", description="how Sluice talks to it")
     discovery: Discovery | None = Field(
-        default=None, description="members added from a registry (Redis heartbeats)"
+        default=None, description="members added from a registry (Redis heartbeats) or DNS"
     )  # before `endpoints`: its validator looks at it
     endpoints: list[Endpoint] = Field(
         default_factory=list,
@@ -257,6 +418,9 @@ class Backend(PolicyModel):
         default=None,
         description="the models and LoRA adapters it serves, for `by_model` routes (null = "
         "any model)",
+    )
+    load: BackendLoad | None = Field(
+        default=None, description="what the members' model servers say of their own load"
     )
     max_in_flight: PositiveInt | None = Field(
         default=None,

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.core.balancer import SmoothWeightedRoundRobin
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 if TYPE_CHECKING:
-    from gateway.upstream.tls import ClientTls
+    from gateway.tls.upstream import ClientTls
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ def split_host_port(address: str) -> tuple[str, int]:
 @dataclass(slots=True)
 class CompiledRoute:
     name: str
-    protocol: Protocol | None  # None = any listener
+    protocol: Wire | None  # None = any listener
     path_prefix: str
     methods: frozenset[str]
     headers: tuple[tuple[str, str | None], ...]
@@ -72,6 +72,7 @@ class CompiledRoute:
     load_factor: float = 0.0
     # The route is decided after the body phase (it needs the body's model or prompt).
     needs_body: bool = False
+    api: str | None = None  # its API family (`gateway.core.apis`); None = by path
     _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
 
     def matches(self, info: RequestInfo) -> bool:
@@ -138,7 +139,7 @@ def endpoint_of(b: Backend, address: str, weight: int, priority: int) -> Endpoin
     host, port = split_host_port(address)
     tls = None
     if b.tls is not None:
-        from gateway.upstream.tls import client_tls
+        from gateway.tls.upstream import client_tls
 
         tls = client_tls(b.tls)  # built by the loader already: shared, not read again
     return Endpoint(b.name, b.protocol, host, port, weight, priority, tls)
@@ -169,7 +170,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         )
     return CompiledRoute(
         name=r.name,
-        protocol=None if r.match.protocol == "any" else Protocol(r.match.protocol),
+        protocol=None if r.match.protocol == "any" else Wire(r.match.protocol),
         path_prefix=r.match.path_prefix,
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
@@ -187,6 +188,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         prefix_bytes=prefix.bytes if prefix is not None else 0,
         load_factor=prefix.load_factor if prefix is not None else 0.0,
         needs_body=bool(r.match.model) or r.by_model or prefix is not None,
+        api=None if r.api == "auto" else r.api,
     )
 
 

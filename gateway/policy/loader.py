@@ -261,7 +261,7 @@ def checked_policy_text(
 def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
     """Build each backend's TLS contexts now (the files are read once, here: the gateway and
     `sluice policy check` alike), reporting a file that cannot be read or used at its field."""
-    from gateway.upstream.tls import client_tls
+    from gateway.tls.upstream import client_tls
 
     out: list[tuple[Loc, str]] = []
     for j, backend in enumerate(policy.backends):
@@ -277,8 +277,8 @@ def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
 def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
     """Each TLS file of a listener, and each budget amounts file, that does not load, at its
     field."""
-    from gateway.adapters.tls import ALPN
-    from gateway.adapters.tls_material import Changing, load_material
+    from gateway.tls.listener import ALPN
+    from gateway.tls.material import Changing, load_material
 
     out: list[tuple[Loc, str]] = []
     for name in ("http", "grpc"):

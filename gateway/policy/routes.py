@@ -135,6 +135,12 @@ class Route(PolicyModel):
     affinity: Affinity | None = Field(
         default=None, description="requests with the same prompt prefix to the same member"
     )
+    api: Literal["auto", "chat", "completions", "embeddings", "responses", "messages"] = Field(
+        default="auto",
+        description="the API family its requests speak (how bodies, usage and errors are read "
+        "and written); auto = by path: /v1/chat/completions, /v1/completions, /v1/embeddings, "
+        "/v1/responses, /v1/messages (/v1/messages/count_tokens passes through uncounted)",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> Route:

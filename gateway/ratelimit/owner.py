@@ -26,6 +26,7 @@ import secrets
 import socket
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable
 from typing import Any, Final
 
 from gateway.core.clock import MonotonicClock
@@ -55,6 +56,7 @@ class Limiter:
         self.rules: dict[str, RuleState] = {}
         self.pools: dict[str, PoolState] = {}
         self.compiled: CompiledLimits | None = None
+        self.previous: set[str] = set()  # the rules of the chain activated before this one
         self.store: LimitStore | None = None
         self.store_cfg: RedisStoreOptions | None = None
         self.mode = "memory"
@@ -92,10 +94,17 @@ class Limiter:
     def pool(self, name: str) -> PoolState | None:
         return self.pools.get(name)
 
-    def activate(self, compiled: CompiledLimits) -> None:
+    def activate(self, compiled: CompiledLimits, states: Iterable[RuleState] = ()) -> None:
+        """Configure for `compiled`, whose filter holds `states`. The rules of the chain
+        activated before stay synced too: during a staged rollout both policies serve, and a
+        rollback activates the stable chain again, whose states come back here."""
         self.compiled = compiled
+        for rs in states:
+            self.rules[rs.rule.ident] = rs
         live = {r.ident for r in compiled.rules}
-        for ident in [i for i in self.rules if i not in live]:
+        keep = live | self.previous
+        self.previous = live
+        for ident in [i for i in self.rules if i not in keep]:
             del self.rules[ident]
         c = compiled.section.concurrency
         if c is None:
@@ -236,7 +245,9 @@ class Limiter:
 
     def state(self) -> dict[str, Any]:
         now = self.now()
-        rules = [_rule_state(rs, now) for rs in self.rules.values()]
+        # The active policy's rules (those of the chain before it are only kept in sync).
+        live = {r.ident for r in self.compiled.rules} if self.compiled is not None else set()
+        rules = [_rule_state(rs, now) for i, rs in self.rules.items() if i in live]
         return {
             "mode": self.mode,
             "workers": self.workers,

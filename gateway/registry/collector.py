@@ -2,9 +2,10 @@
 
 Per member (`backend`, `member` = host:port; members are bounded by the policy and the registry's
 `max_members`): available, healthy, breaker state (0 closed, 1 half-open, 2 open), ejected,
-weight, heartbeat load, requests in flight. Per backend: panic, registry up, members. Per route:
-the effective split weight per backend (a guarded canary shows 0), canary guard tripped, retry
-budget (limit, in flight, active requests). Under `--workers N` these are the answering
+weight, heartbeat load, requests in flight, the model server's own figures (`load.metrics`).
+Per backend: panic, registry (or DNS) up, members. Per route: the effective split weight per
+backend (a guarded canary shows 0), canary guard tripped, retry budget (limit, in flight,
+active requests). Under `--workers N` these are the answering
 worker's view.
 """
 
@@ -16,6 +17,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gateway.core.breaker import State
+from gateway.core.serverload import fresh
+from gateway.registry.member import Core
 from gateway.registry.pool import LIVE_POOLS
 
 _BREAKER = {State.CLOSED: 0.0, State.HALF_OPEN: 1.0, State.OPEN: 2.0}
@@ -43,11 +46,17 @@ class BackendsCollector(Collector):
         inflight = GaugeMetricFamily(
             "sluice_backend_member_in_flight", "Requests in flight to the member.", labels=ml
         )
+        server = GaugeMetricFamily(
+            "sluice_backend_member_server",
+            "The member's model-server figures (load.metrics) while fresh: running, waiting, "
+            "kv_cache (0-1), full (1/0), adds (requests in flight they add in the pick).",
+            labels=[*ml, "figure"],
+        )  # fmt: skip
         panic = GaugeMetricFamily(
             "sluice_backend_panic", "1 while the backend is in panic mode.", labels=["backend"]
         )
         reg_up = GaugeMetricFamily(
-            "sluice_registry_up", "1 if the heartbeat registry answered its last read.",
+            "sluice_registry_up", "1 if the heartbeat registry (or DNS) answered its last read.",
             labels=["backend"],
         )  # fmt: skip
         route_w = GaugeMetricFamily(
@@ -79,6 +88,7 @@ class BackendsCollector(Collector):
                     weight.add_metric(lv, m.weight)
                     load.add_metric(lv, m.core.load)
                     inflight.add_metric(lv, float(m.core.in_flight))
+                    _server(server, lv, m.core, now)
                 panic.add_metric([name], 1.0 if v.panic else 0.0)
                 if v.watcher is not None and v.watcher.up is not None:
                     reg_up.add_metric([name], 1.0 if v.watcher.up else 0.0)
@@ -94,9 +104,20 @@ class BackendsCollector(Collector):
                     budget.add_metric([rname, "in_flight"], float(b.retrying))
                     budget.add_metric([rname, "active"], float(b.active))
         return [
-            available, healthy, breaker, ejected, weight, load, inflight, panic, reg_up, route_w,
-            guarded, budget,
+            available, healthy, breaker, ejected, weight, load, inflight, server, panic, reg_up,
+            route_w, guarded, budget,
         ]  # fmt: skip
+
+
+def _server(family: GaugeMetricFamily, lv: list[str], core: Core, now: float) -> None:
+    rec, f = core.scrape, core.figures
+    if rec is None or f is None or not fresh(f, now, rec.interval):
+        return
+    for name, v in (("running", f.running), ("waiting", f.waiting), ("kv_cache", f.kv_cache)):
+        if v is not None:
+            family.add_metric([*lv, name], v)
+    family.add_metric([*lv, "full"], 1.0 if rec.full else 0.0)
+    family.add_metric([*lv, "adds"], core.server)
 
 
 COLLECTOR = BackendsCollector()

@@ -22,12 +22,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.telemetry import metrics
-from gateway.upstream.tls import grpc_tls_reason, tls_reason
+from gateway.tls.upstream import grpc_tls_reason, tls_reason
 
 if TYPE_CHECKING:
     from gateway.registry.member import HealthBox, MemberBooks
     from gateway.services import Services
-    from gateway.upstream.tls import ClientTls
+    from gateway.tls.upstream import ClientTls
 
 log = logging.getLogger("sluice.backends")
 

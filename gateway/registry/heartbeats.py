@@ -139,6 +139,8 @@ class Watcher:
     `fresh_until` (address → monotonic deadline) are what the backend's views read. Shared by
     every view with the same `discovery.registry` section."""
 
+    source = "registry"
+
     def __init__(self, services: Services, pool: MemberBooks, backend: str, reg: Registry) -> None:
         self.services = services
         self.pool = pool
@@ -151,6 +153,10 @@ class Watcher:
         self.polled_at: float | None = None
         self._seen: dict[str, int] = {}  # sid → last ts read
         self.task: asyncio.Task[None] | None = None
+
+    def placement(self, address: str) -> tuple[int, int]:
+        """Weight and priority level of a member it found."""
+        return self.reg.weight, self.reg.priority
 
     def _fresh(self, hb: Heartbeat, redis_now_ns: int) -> bool:
         last = self._seen.get(hb.sid)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gateway.core.breaker import BreakerParams
     from gateway.core.health import HealthParams
     from gateway.core.placement import PrefixBook
+    from gateway.core.serverload import Figures
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import HealthCheck
     from gateway.services import Services
@@ -77,7 +78,7 @@ class Core:
 
     __slots__ = (
         "backend", "address", "in_flight", "load", "avg", "avg_at", "version", "sid", "requests",
-        "failures", "timeouts",
+        "failures", "timeouts", "server", "figures", "scrape",
     )  # fmt: skip
 
     def __init__(self, backend: str, address: str) -> None:
@@ -92,6 +93,12 @@ class Core:
         self.requests = 0
         self.failures = 0
         self.timeouts = 0
+        # What the member's model server says (`load.metrics`, gateway.registry.scrape): the
+        # requests in flight its figures add to `in_flight` in the pick (0 when stale or off),
+        # the last figures read, and the scraper's own record (shown in /admin/state).
+        self.server = 0.0
+        self.figures: Figures | None = None
+        self.scrape: Any = None
 
 
 class BreakerBox:
@@ -175,7 +182,7 @@ class Member:
         self.address = endpoint.address
         self.weight = float(endpoint.weight)
         self.priority = endpoint.priority
-        self.source = source  # "static" (the policy) or "registry" (heartbeats)
+        self.source = source  # "static" (the policy), "registry" (heartbeats) or "dns"
         self.core = core
         self.box = box
         self.breaker = box.breaker if box is not None else None
@@ -203,6 +210,8 @@ class Member:
             "failures": c.failures,
             "timeouts": c.timeouts,
         }
+        if c.scrape is not None:
+            out["server"] = c.scrape.snapshot_of(c, now)
         if self.source == "registry":
             out["sid"] = c.sid
             out["version"] = c.version

@@ -7,7 +7,7 @@ State, each kept in the pool under its own key (see `gateway.registry.member`):
   (`gateway.core.placement.PrefixBook`);
 - per backend, address and parameters: the breaker (`breaker` section), the outlier record
   (`outlier`), the health verdict and its check loop (`health`, and the backend's protocol);
-- per backend and `discovery.registry` section: the registry poller and what it found;
+- per backend and `discovery` section: the registry poller or DNS lookups and what they found;
 - per route and canary section + split weights: the canary guard; per route and budget
   parameters: the retry budget.
 
@@ -44,12 +44,14 @@ from gateway.core.health import HealthParams, HealthState
 from gateway.core.outlier import Outlier, OutlierParams
 from gateway.core.placement import PrefixBook
 from gateway.core.retry import RetryBudget
+from gateway.registry.dns import DnsWatcher
 from gateway.registry.heartbeats import Watcher
 from gateway.registry.member import BreakerBox, Core, HealthBox
 from gateway.registry.models import MODELS
+from gateway.registry.scrape import Scraper
 from gateway.registry.view import BackendView
 from gateway.services import ServiceKey
-from gateway.upstream.tls import client_tls
+from gateway.tls.upstream import client_tls
 
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
@@ -80,7 +82,8 @@ class BackendPool:
         self.outliers: dict[tuple[str, str, OutlierParams], Outlier] = {}
         self.healths: dict[tuple[Any, ...], HealthBox] = {}
         self.books: dict[str, PrefixBook] = {}
-        self.watchers: dict[tuple[str, str], Watcher] = {}
+        self.watchers: dict[tuple[str, str], Watcher | DnsWatcher] = {}
+        self.scrapers: dict[tuple[str, str], Scraper] = {}
         self.guards: dict[tuple[str, str], CanaryGuard] = {}
         self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
         self.views: dict[tuple[str, str], BackendView] = {}  # reusable by the next build
@@ -131,9 +134,29 @@ class BackendPool:
     def watcher(self, backend: str, reg: Any) -> Watcher:
         key = (backend, reg.model_dump_json())
         w = self.watchers.get(key)
-        if w is None:
-            w = self.watchers[key] = Watcher(self.services, self, backend, reg)
+        if not isinstance(w, Watcher):
+            w = Watcher(self.services, self, backend, reg)
+            self.watchers[key] = w
         return w
+
+    def dns_watcher(self, backend: str, cfg: Any) -> DnsWatcher:
+        key = (backend, "dns:" + cfg.model_dump_json())
+        w = self.watchers.get(key)
+        if not isinstance(w, DnsWatcher):
+            w = DnsWatcher(self.services, self, backend, cfg)
+            self.watchers[key] = w
+        return w
+
+    def scraper(self, cfg: Backend) -> Scraper | None:
+        """The scrapes of the backend's `load.metrics` section (None without one)."""
+        if cfg.load is None or cfg.load.metrics is None:
+            return None
+        key = (cfg.name, f"{cfg.load.metrics.model_dump_json()}|{cfg.max_in_flight}")
+        s = self.scrapers.get(key)
+        if s is None:
+            s = self.scrapers[key] = Scraper(self.services, self, cfg.name, cfg.load.metrics,
+                                             cfg.max_in_flight)  # fmt: skip
+        return s
 
     def view(self, cfg: Backend) -> BackendView:
         # The TLS fingerprint too: a reload that reads changed certificate files gets new views
@@ -217,6 +240,10 @@ class BackendPool:
                 held.add(id(v.watcher))
                 if id(v) in working:
                     checked.add(id(v.watcher))
+            if v.scraper is not None:
+                held.add(id(v.scraper))
+                if id(v) in working:
+                    checked.add(id(v.scraper))
             if v.models is not None:
                 boxes = {id(b) for b in v.models.boxes.values()}
                 held |= boxes
@@ -236,6 +263,11 @@ class BackendPool:
                 w.stop()
             if id(w) not in held:
                 del self.watchers[wk]
+        for sk, s in list(self.scrapers.items()):
+            if id(s) not in checked:
+                s.stop()
+            if id(s) not in held:
+                del self.scrapers[sk]
         book = self.services.peek(MODELS)
         if book is not None:
             book.forget(held, checked)
@@ -246,7 +278,7 @@ class BackendPool:
         _forget(self.budgets, {id(p.budget) for p in self.pickers.values()})
 
     def upstream_keys(self, protocol: str) -> set[str]:
-        """`Endpoint.upstream_key` (address and TLS settings) of the members a registry found
+        """`Endpoint.upstream_key` (address and TLS settings) of the members a registry or DNS found
         for the live backends speaking `protocol` (static members are in the policy; an old
         policy's view may linger until swept)."""
         return {
@@ -254,7 +286,7 @@ class BackendPool:
             for v in self._alive
             if v.cfg.protocol == protocol
             for m in v.members.values()
-            if m.source == "registry"
+            if m.source != "static"
         }  # fmt: skip
 
     def readiness(self) -> dict[str, object]:
@@ -280,6 +312,8 @@ class BackendPool:
             h.stop()
         for w in self.watchers.values():
             w.stop()
+        for s in self.scrapers.values():
+            s.stop()
         LIVE_POOLS.discard(self)
 
 

@@ -29,7 +29,9 @@ from gateway.telemetry import metrics
 if TYPE_CHECKING:
     from gateway.policy.compiled import Endpoint
     from gateway.policy.model import Backend
+    from gateway.registry.dns import DnsWatcher
     from gateway.registry.heartbeats import Watcher
+    from gateway.registry.scrape import Scraper
 
 log = logging.getLogger("sluice.backends")
 
@@ -47,6 +49,11 @@ class ViewPool(MemberBooks, Protocol):
         """The views of the policy activated last, by backend name."""
 
     def watcher(self, backend: str, reg: Any) -> Watcher: ...
+
+    def dns_watcher(self, backend: str, cfg: Any) -> DnsWatcher: ...
+
+    def scraper(self, cfg: Backend) -> Scraper | None:
+        """The scrapes of the backend's `load.metrics` section (None without one)."""
 
 
 class BackendView:
@@ -66,9 +73,12 @@ class BackendView:
         for e in cfg.endpoints:
             ep = endpoint_of(cfg, e.address, e.weight, e.priority)
             self.members[ep.address] = self._member(ep, "static")
-        self.watcher: Watcher | None = None
-        if cfg.discovery is not None:
-            self.watcher = pool.watcher(cfg.name, cfg.discovery.registry)
+        self.watcher: Watcher | DnsWatcher | None = None
+        d = cfg.discovery
+        if d is not None:
+            self.watcher = (pool.watcher(cfg.name, d.registry) if d.registry is not None
+                            else pool.dns_watcher(cfg.name, d.dns))  # fmt: skip
+        self.scraper = pool.scraper(cfg)  # the model servers' own figures (load.metrics)
         self._plan: Plan[Member] | None = None
         self._expires = 0.0
         self._epoch = -1
@@ -87,16 +97,19 @@ class BackendView:
         return Member(ep, source, pool.core(name, addr), box, outlier, hbox)
 
     def _sync_discovered(self) -> None:
+        """Members found by the registry or DNS join; those no longer found leave (their
+        requests in flight finish: an attempt holds its member)."""
         w = self.watcher
-        if w is None or self.cfg.discovery is None:
+        if w is None:
             return
-        reg = self.cfg.discovery.registry
+        source = w.source
         for address in w.found:
             m = self.members.get(address)
             if m is None:
-                ep = endpoint_of(self.cfg, address, reg.weight, reg.priority)
-                self.members[address] = self._member(ep, "registry")
-        for address in [a for a, m in self.members.items() if m.source == "registry"]:
+                weight, priority = w.placement(address)
+                ep = endpoint_of(self.cfg, address, weight, priority)
+                self.members[address] = self._member(ep, source)
+        for address in [a for a, m in self.members.items() if m.source == source]:
             if address not in w.found:
                 del self.members[address]
                 if self.models is not None:
@@ -321,13 +334,16 @@ class BackendView:
 
     # --- background work and state --------------------------------------------------------------
     def start_work(self) -> None:
-        """Health check loops of its members and its registry poller (idempotent)."""
+        """Health check loops of its members, its registry poller and the scrapes of its
+        members' model servers (idempotent)."""
         services = self.pool.services
         for m in self.members.values():
             if m.hbox is not None and m.hbox.checker is None:
                 start_checker(services, self.pool, m.hbox)
         if self.watcher is not None:
             self.watcher.start()
+        if self.scraper is not None:
+            self.scraper.sync(self.members.values())
         if self.models is not None:
             self.models.start()
 

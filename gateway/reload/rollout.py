@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 from gateway.context import RequestContext, Status
 from gateway.core import rollout as core
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.model import Rollout
 from gateway.reload.guard import usable_routes
@@ -78,7 +78,7 @@ class _Side:
         if route.name not in self.usable:
             return f"no_endpoint:{route.name}", True
         cl = info.content_length
-        if info.protocol is Protocol.HTTP and cl is not None and cl > self.max_body:
+        if info.protocol is Wire.HTTP and cl is not None and cl > self.max_body:
             return "body_too_large", True
         if self.hooks:
             ctx = RequestContext(info, self.policy)
@@ -161,7 +161,7 @@ class RolloutController(Generic[A]):
             side = self.old
         else:
             return  # started before this rollout
-        grpc = ctx.info.protocol is Protocol.GRPC
+        grpc = ctx.info.protocol is Wire.GRPC
         refused = ctx.outcome is Outcome.REJECTED
         failed = core.is_failure(grpc, ctx.http_status, ctx.grpc_status, refused)
         side.add(ctx.elapsed, failed)

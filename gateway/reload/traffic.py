@@ -1,5 +1,5 @@
-"""TrafficBook: what the recent traffic looked like, for the change guard. A services owner
-(`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by
+"""(compiled) TrafficBook: what the recent traffic looked like, for the change guard. A services
+owner (`services.get(TRAFFIC, TrafficBook)`), fed once per finished request by
 `gateway.forward.lifecycle.Lifecycle.finish`.
 
 Requests are counted by *shape*: protocol, method, path, the values of the headers the running
@@ -42,7 +42,7 @@ from gateway.core.histogram import (
     new_size_hist,
     size_bucket,
 )
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.services import ServiceKey
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ SECRET_HEADERS = frozenset(
 REDACTED = "<redacted>"
 
 # By the member's id: an enum's `.value` is two Python-level calls per read.
-_PROTOCOL: Final = {id(p): p.value for p in Protocol}
+_PROTOCOL: Final = {id(p): p.value for p in Wire}
 
 # (protocol, method, path, header values, route, backend)
 ShapeKey = tuple[str, str, str, tuple[tuple[str, str | None], ...], str, str]
@@ -94,7 +94,7 @@ class Shape:
     def info(self) -> RequestInfo:
         """A request of this shape, to replay through a policy's route matcher."""
         hdrs = {k: v for k, v in self.headers if v is not None}
-        return RequestInfo(Protocol(self.protocol), self.method, self.path, hdrs)
+        return RequestInfo(Wire(self.protocol), self.method, self.path, hdrs)
 
     def as_json(self) -> dict[str, Any]:
         s = self.stats
@@ -140,7 +140,7 @@ class TrafficSnapshot:
 
     @property
     def total(self) -> int:
-        return sum(s.stats.count for s in self.shapes)
+        return sum((s.stats.count for s in self.shapes), 0)
 
     def as_json(self) -> dict[str, Any]:
         return {"window_s": self.window_s, "shapes": [s.as_json() for s in self.shapes]}

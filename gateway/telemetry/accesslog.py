@@ -1,4 +1,4 @@
-"""The access log sink: JSON lines to stderr, buffered and written in batches.
+"""(compiled) The access log sink: JSON lines to stderr, buffered and written in batches.
 
 One `write` per request through the `logging` module costs a LogRecord, a handler lock and a
 syscall (~15 µs here); this sink appends the line to a bounded buffer and writes it out at most

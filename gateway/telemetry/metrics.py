@@ -309,6 +309,19 @@ HEALTH_CHECKS = Counter(
     ["backend", "result"],
     registry=REGISTRY,
 )
+SERVER_SCRAPES = Counter(
+    "sluice_server_scrapes_total",
+    "Scrapes of the members' model-server metrics (load.metrics) by backend and result (ok, "
+    "error).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
+DNS_LOOKUPS = Counter(
+    "sluice_dns_lookups_total",
+    "DNS discovery lookups by backend and result (ok; empty and error keep the last members).",
+    ["backend", "result"],
+    registry=REGISTRY,
+)
 MODEL_LISTINGS = Counter(
     "sluice_model_listings_total",
     "Reads of members' model listings (GET /v1/models) by backend and result (ok, error).",

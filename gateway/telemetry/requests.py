@@ -1,4 +1,4 @@
-"""Recording one finished request: the request, latency, overhead and LLM metrics through
+"""(compiled) Recording one finished request: the request, latency, overhead and LLM metrics through
 tallies (`gateway.telemetry.tally`), once per request from `gateway.forward.lifecycle`.
 
 The metrics themselves are defined in `gateway.telemetry.metrics`; this module owns the caches
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prometheus_client import Counter, Histogram
 
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.core.verdict import ALLOW
 from gateway.telemetry import metrics as m
 from gateway.telemetry.tally import CountTally, HistTally
@@ -71,7 +71,7 @@ def record_request(ctx: RequestContext) -> None:
     route = route_.name if route_ is not None else "none"
     backend = endpoint.backend if endpoint is not None else "none"
     protocol = ctx.info.protocol
-    grpc = protocol is Protocol.GRPC
+    grpc = protocol is Wire.GRPC
     status = ctx.grpc_status if grpc else ctx.http_status
     key = (route, backend, status, grpc)  # not the enum: its hash is a Python-level call
     fin = _finished.get(key)

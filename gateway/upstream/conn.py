@@ -1,4 +1,5 @@
-"""One upstream HTTP/1.1 connection: the asyncio.Protocol, its httptools callbacks, its timer.
+"""(compiled) One upstream HTTP/1.1 connection: the asyncio.Protocol, its httptools callbacks, its
+timer.
 
 `UpstreamConn` owns the transport and the state of the response being read on it (head, body
 chunks, backpressure, the first error); `gateway.upstream.pool` owns the set of connections.

@@ -11,8 +11,8 @@ import ssl
 from collections.abc import Callable
 
 from gateway.errors import UpstreamConnectError, UpstreamTimeout
+from gateway.tls.upstream import ClientTls, handshake_failed
 from gateway.upstream.conn import UpstreamConn
-from gateway.upstream.tls import ClientTls, handshake_failed
 
 
 async def dial(

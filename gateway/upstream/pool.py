@@ -1,4 +1,4 @@
-"""Upstream HTTP/1.1 keep-alive connection pool: asyncio.Protocol + httptools (llhttp).
+"""(compiled) Upstream HTTP/1.1 keep-alive connection pool: asyncio.Protocol + httptools (llhttp).
 
 One `UpstreamHost` per backend endpoint (host, port, TLS settings) bounds its connections, keeps a
 LIFO list of idle keep-alive connections and queues requests that find every connection busy; it

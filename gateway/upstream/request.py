@@ -1,4 +1,4 @@
-"""Writing one request on an upstream connection and waiting for its response head.
+"""(compiled) Writing one request on an upstream connection and waiting for its response head.
 
 The head is encoded once (`encode_head`); the body goes out as bytes or pulled from a stream
 (`ReplayStream` keeps what was sent, for one stale-connection retry). Every function raises the

@@ -1,4 +1,5 @@
-"""`UpstreamResponse`: the head of an upstream answer and a chunk reader over its connection."""
+"""(compiled) `UpstreamResponse`: the head of an upstream answer and a chunk reader over its
+connection."""
 
 from __future__ import annotations
 

@@ -34,8 +34,9 @@ import httptools
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
-from gateway.adapters.h1_server import NativeListener
-from gateway.adapters.http import HttpListener, start_http
+from gateway.adapters.aiohttp import HttpListener
+from gateway.adapters.engines import start_http
+from gateway.adapters.native import NativeListener
 from gateway.app import Gateway
 from tests.adapters.h1_grammar import stream
 from tests.adapters.test_http import POLICY

@@ -15,7 +15,8 @@ import grpc.aio
 import pytest
 from grpc_reflection.v1alpha import reflection
 
-from gateway.adapters.grpc import GrpcListener, server_options, start_grpc
+from gateway.adapters.engines import GrpcListener, start_grpc
+from gateway.adapters.grpcio import server_options
 from gateway.app import Gateway
 from gateway.policy.model import Limits
 from gateway.proto import load

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.adapters.grpc_calls import CallAccounting
+from gateway.adapters.grpcio.calls import CallAccounting
 from gateway.telemetry import metrics
 
 

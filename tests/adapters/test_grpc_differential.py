@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gateway.adapters.grpc import start_grpc
+from gateway.adapters.engines import start_grpc
 from gateway.app import Gateway
 
 LIMIT = 32 * 1024

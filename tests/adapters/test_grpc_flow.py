@@ -21,7 +21,7 @@ import h2.connection
 import h2.events
 import h2.settings
 
-from gateway.adapters.grpc import start_grpc
+from gateway.adapters.engines import start_grpc
 from gateway.app import Gateway
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.outcome import Outcome

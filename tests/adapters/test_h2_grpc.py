@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.adapters.h2_grpc import grpc_message, metadata_headers, parse_timeout
+from gateway.adapters.h2.grpc import grpc_message, metadata_headers, parse_timeout
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from gateway.adapters import h2_guard as g
+from gateway.adapters.h2 import guard as g
 from gateway.policy.base import Http2Limits
 
 

@@ -16,8 +16,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.adapters.h1_server import NativeListener
-from gateway.adapters.http import HttpListener, start_http
+from gateway.adapters.aiohttp import HttpListener
+from gateway.adapters.engines import start_http
+from gateway.adapters.native import NativeListener
 from gateway.app import Gateway
 from gateway.telemetry.metrics import REGISTRY
 from tests.support import free_port

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.context import RequestContext, Status
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.auth import AuthFilter, PlainAuthFilter, build
 from gateway.filters.chain import Chain
 from gateway.filters.request_id import RequestIdFilter
@@ -67,7 +67,7 @@ async def services() -> AsyncIterator[Services]:
 
 
 async def call(f: Any, policy: CompiledPolicy, path: str, **headers: str) -> RequestContext:
-    ctx = RequestContext(RequestInfo(Protocol.HTTP, "GET", path, headers), policy)
+    ctx = RequestContext(RequestInfo(Wire.HTTP, "GET", path, headers), policy)
     r = f.on_request(ctx)
     if asyncio.iscoroutine(r):
         r = await r
@@ -119,7 +119,8 @@ async def test_headers_set_and_stripped(services: Services) -> None:
     p = compiled([hs_provider()])
     f = build(p, services)
     ctx = await call(f, p, "/v1/x", authorization=hs(sub="alice"))
-    assert ctx.upstream_headers == {"x-user": "alice", "authorization": ""}
+    # every place a token may be is dropped (the default: Authorization and x-api-key)
+    assert ctx.upstream_headers == {"x-user": "alice", "authorization": "", "x-api-key": ""}
     assert ctx.principal is not None and ctx.principal.subject == "alice"
     assert ctx.principal.provider == "internal" and ctx.principal.claims["sub"] == "alice"
     anon = await call(f, p, "/opt/x")
@@ -132,6 +133,64 @@ async def test_headers_set_and_stripped(services: Services) -> None:
     assert (
         "authorization" not in (await call(g, keep, "/v1/x", authorization=hs())).upstream_headers
     )
+
+
+async def test_the_default_places_cover_both_sdks(services: Services) -> None:
+    p = compiled([hs_provider()])
+    f = build(p, services)
+    bare = hs(sub="bob").removeprefix("Bearer ")
+    ctx = await call(f, p, "/v1/x", **{"x-api-key": bare})  # the Anthropic SDK's header
+    assert ctx.verdict.allowed and ctx.principal is not None
+    assert ctx.principal.subject == "bob"
+    # the same token in both places is one credential; two different ones are refused
+    same = await call(f, p, "/v1/x", authorization="bearer " + bare, **{"x-api-key": bare})
+    assert same.verdict.allowed
+    other = hs(sub="eve").removeprefix("Bearer ")
+    two = await call(f, p, "/v1/x", authorization="Bearer " + bare, **{"x-api-key": other})
+    assert two.verdict.http_status == 400 and two.detail == "auth ambiguous"
+    # a route without auth passes both on untouched, whatever they hold
+    off = compile_policy(
+        Policy.model_validate(
+            {
+                "backends": [{"name": "b", "endpoints": [{"address": "127.0.0.1:1"}]}],
+                "auth": {"providers": [hs_provider()]},
+                "routes": [{"name": "free", "backend": "b"}],  # auth.default: off
+            }
+        )
+    )
+    g = build(off, services)
+    free = await call(g, off, "/v1/x", authorization="Bearer sk-1", **{"x-api-key": "sk-2"})
+    assert free.verdict.allowed and "x-api-key" not in free.upstream_headers
+    # a bare token is read from x-api-key only: `Authorization` still needs its scheme
+    assert (await call(f, p, "/v1/x", authorization=bare)).verdict.http_status == 401
+    assert (await call(f, p, "/v1/x", authorization=bare)).verdict.http_status == 401
+
+
+async def test_header_and_scheme_are_one_place(services: Services) -> None:
+    """The shorthand of earlier policies reads exactly that one header, as before."""
+    p = compiled([hs_provider()], header="x-token", scheme="")
+    f = build(p, services)
+    token = hs().removeprefix("Bearer ")
+    assert (await call(f, p, "/v1/x", **{"x-token": token})).verdict.allowed
+    assert (await call(f, p, "/v1/x", **{"x-api-key": token})).verdict.http_status == 401
+    q = compiled([hs_provider()], header="authorization")
+    g = build(q, services)
+    assert (await call(g, q, "/v1/x", authorization=hs())).verdict.allowed
+    assert (await call(g, q, "/v1/x", **{"x-api-key": token})).verdict.http_status == 401
+    r = compiled(
+        [hs_provider()], credentials=[{"header": "x-key"}, {"header": "x-auth", "scheme": "Token"}]
+    )
+    h = build(r, services)
+    assert (await call(h, r, "/v1/x", **{"x-auth": "Token " + token})).verdict.allowed
+    assert (await call(h, r, "/v1/x", **{"x-key": token})).verdict.allowed
+    assert (await call(h, r, "/v1/x", authorization=hs())).verdict.http_status == 401
+
+
+def test_credentials_and_the_shorthand_do_not_mix() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        compiled([hs_provider()], header="x-token", credentials=[{"header": "x-api-key"}])
+    with pytest.raises(ValueError, match="twice"):
+        compiled([hs_provider()], credentials=[{"header": "X-Key"}, {"header": "x-key"}])
 
 
 async def test_a_reload_with_the_same_auth_keeps_the_cache(services: Services) -> None:
@@ -149,7 +208,7 @@ async def test_client_certificate_is_the_principal_without_a_jwt(services: Servi
     f = build(p, services)
 
     async def with_cert(path: str, **headers: str) -> RequestContext:
-        info = RequestInfo(Protocol.HTTP, "GET", path, headers, client_cert="spiffe://t/a")
+        info = RequestInfo(Wire.HTTP, "GET", path, headers, client_cert="spiffe://t/a")
         ctx = RequestContext(info, p)
         r = f.on_request(ctx)
         assert (r is Status.STOP) == (not ctx.verdict.allowed)

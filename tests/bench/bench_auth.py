@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.context import RequestContext
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.auth import build
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
@@ -68,7 +68,7 @@ def _policy(jwks_file: Path) -> Any:
 
 
 async def _per_call(f: Any, policy: Any, path: str, headers: list[dict[str, str]]) -> float:
-    infos = [RequestInfo(Protocol.HTTP, "GET", path, h) for h in headers]
+    infos = [RequestInfo(Wire.HTTP, "GET", path, h) for h in headers]
     best = float("inf")
     for _ in range(ROUNDS):
         ctxs = [RequestContext(i, policy) for i in infos]

@@ -42,7 +42,7 @@ PY = sys.executable
 def micro(n: int = 200_000) -> list[tuple[str, float, float]]:
     import random
 
-    from gateway.core.request import Protocol, RequestInfo
+    from gateway.core.request import RequestInfo, Wire
     from gateway.filters.routing import RouteFilter
     from gateway.policy.compiled import compile_policy
     from gateway.policy.model import Policy
@@ -65,7 +65,7 @@ def micro(n: int = 200_000) -> list[tuple[str, float, float]]:
             pool = BackendPool(services, random.Random(1).random)
             f = RouteFilter(policy, pool)
             pool.started = True  # no health loops here: we time the request path only
-            info = RequestInfo(Protocol.HTTP, "POST", "/v1/chat", {}, "1.2.3.4")
+            info = RequestInfo(Wire.HTTP, "POST", "/v1/chat", {}, "1.2.3.4")
             _cost(policy, f, info, 20_000)
             # many short runs, the best one: on a shared machine a neighbour only adds time
             runs = [_cost(policy, f, info, n // 10) for _ in range(15)]

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.context import Principal, RequestContext  # noqa: E402
 from gateway.core.body import Usage, from_doc  # noqa: E402
-from gateway.core.request import Protocol, RequestInfo  # noqa: E402
+from gateway.core.request import RequestInfo, Wire  # noqa: E402
 from gateway.filters.budget import build  # noqa: E402
 from gateway.fleet.store import configure_fleet  # noqa: E402
 from gateway.policy.compiled import compile_policy  # noqa: E402
@@ -63,7 +63,7 @@ async def measure(store: str | None, n: int) -> float:
     f = build(cp, services)
     assert f is not None
     f.activate()
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/chat/completions",
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/chat/completions",
                        {"content-type": "application/json"}, "127.0.0.1", "", len(RAW))  # fmt: skip
     who = Principal("p", "s", {"tenant": "t1"})
     body = from_doc(RAW, json.loads(RAW))

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway.context import RequestContext  # noqa: E402
 from gateway.core.fairqueue import FairQueue, QueueParams, Waiter  # noqa: E402
-from gateway.core.request import Protocol, RequestInfo  # noqa: E402
+from gateway.core.request import RequestInfo, Wire  # noqa: E402
 from gateway.filters.registry import build_chain  # noqa: E402
 from gateway.policy.compiled import compile_policy  # noqa: E402
 from gateway.policy.model import Policy  # noqa: E402
@@ -68,7 +68,7 @@ def chain_us(admission: bool, n: int = 100_000, tenants: int = 100, store: bool 
     p = compile_policy(Policy.model_validate(doc))
     chain = build_chain(p, Services())
     chain.activate()
-    infos = [RequestInfo(Protocol.HTTP, "GET", "/v1/models", {"x-tenant": f"t{i}"}, "10.0.0.1")
+    infos = [RequestInfo(Wire.HTTP, "GET", "/v1/models", {"x-tenant": f"t{i}"}, "10.0.0.1")
              for i in range(tenants)]  # fmt: skip
     for i in range(1000):
         ctx = RequestContext(infos[i % tenants], p)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.context import RequestContext  # noqa: E402
 from gateway.core.keystate import KeyState, RuleMath  # noqa: E402
-from gateway.core.request import Protocol, RequestInfo  # noqa: E402
+from gateway.core.request import RequestInfo, Wire  # noqa: E402
 from gateway.filters.registry import build_chain  # noqa: E402
 from gateway.policy.compiled import compile_policy  # noqa: E402
 from gateway.policy.model import Policy  # noqa: E402
@@ -103,7 +103,7 @@ async def bench_filter(
     if rules and store != "memory":
         await asyncio.sleep(1.0)  # let the first leases arrive
     infos = [
-        RequestInfo(Protocol.HTTP, "GET", "/v1/models", {"x-tenant": f"t{i}"}, f"10.0.0.{i % 250}")
+        RequestInfo(Wire.HTTP, "GET", "/v1/models", {"x-tenant": f"t{i}"}, f"10.0.0.{i % 250}")
         for i in range(tenants)
     ]
     for i in range(1000):
@@ -216,7 +216,7 @@ async def bench_phases(limits: dict[str, Any] | None, post: bool, n: int = 100_0
     headers = {"content-type": "application/json"} if post else {}
     if post:
         headers["content-length"] = str(len(CHAT_BODY))
-    info = RequestInfo(Protocol.HTTP, "POST" if post else "GET", CHAT_PATH if post else
+    info = RequestInfo(Wire.HTTP, "POST" if post else "GET", CHAT_PATH if post else
                        "/v1/models", headers, "10.0.0.1")  # fmt: skip
     claims = {"sub": "bench", "tenant": "t1", "tier": "gold"}
     principal = Principal("bench", "bench", claims)

@@ -19,7 +19,7 @@ from typing import Any
 from gateway import jsonfast
 from gateway.context import RequestContext
 from gateway.core import body as bodies
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.model_routing import ModelRouteFilter
 from gateway.filters.routing import RouteFilter
 from gateway.policy.compiled import compile_policy
@@ -52,7 +52,7 @@ def per_call(llm: bool, raws: list[bytes]) -> float:
     pool = BackendPool(Services())
     f = ModelRouteFilter(cp, pool) if llm else RouteFilter(cp, pool)
     f.activate()
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/chat/completions", {})
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/chat/completions", {})
     docs = [bodies.from_doc(r, jsonfast.loads(r)) for r in raws]
     best = float("inf")
     for _ in range(ROUNDS):

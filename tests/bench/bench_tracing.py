@@ -18,7 +18,7 @@ import tracemalloc
 from gateway.context import RequestContext
 from gateway.core.body import Usage, from_doc
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.trace import TraceFilter
 from gateway.policy.compiled import compile_policy
 from gateway.policy.model import Policy
@@ -39,7 +39,7 @@ TP = {**HEADERS, "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba
 
 
 def per_request(f: TraceFilter | None, headers: dict[str, str], status: int = 200) -> float:
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/chat/completions", headers, "10.0.0.1:5")
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/chat/completions", headers, "10.0.0.1:5")
     gc.collect()
     gc.disable()
     t0 = time.process_time()
@@ -59,7 +59,7 @@ def per_request(f: TraceFilter | None, headers: dict[str, str], status: int = 20
 
 
 def kept_ctx(i: int) -> RequestContext:
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/chat/completions", TP, "10.0.0.1:5")
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/chat/completions", TP, "10.0.0.1:5")
     ctx = RequestContext(info, POLICY)
     ctx.trace_id, ctx.span_id, ctx.parent_span_id = (i + 1) << 64 | 7, i + 1, 9
     ctx.route, ctx.endpoint = ROUTE, ROUTE.endpoints[0]

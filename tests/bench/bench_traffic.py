@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.app import Gateway  # noqa: E402
 from gateway.context import RequestContext  # noqa: E402
-from gateway.core.request import Protocol, RequestInfo  # noqa: E402
+from gateway.core.request import RequestInfo, Wire  # noqa: E402
 from gateway.policy.model import Rollout  # noqa: E402
 from tests.reload.traffic_support import BASE  # noqa: E402
 
@@ -50,7 +50,7 @@ def main() -> None:
     path.write_text(BASE)
     gw = Gateway(path)
     info = RequestInfo(
-        Protocol.HTTP,
+        Wire.HTTP,
         "POST",
         "/v1/chat/completions",
         {"x-request-id": "0123456789abcdef0123456789abcdef", "content-type": "application/json"},

@@ -27,6 +27,7 @@ class M:
     weight: float = 1.0
     in_flight: int = 0
     load: float = 0.0
+    server: float = 0.0  # what the model server's figures add (gateway.core.serverload)
     hash_key: int = 0
     avg: float = 0.0  # the placement's time average (gateway.core.placement)
     avg_at: float = -1.0
@@ -148,6 +149,14 @@ def test_heartbeat_load_counts_as_busy() -> None:
     plan = build_plan([status(a), status(b)], 0.5)
     assert shares(plan) == Counter({"b": 4000})
     b.in_flight = 10  # 10 in flight > 90 × 0.1: now a wins
+    assert shares(plan) == Counter({"a": 4000})
+
+
+def test_server_figures_count_as_busy() -> None:
+    a, b = M("a", server=6.0), M("b", in_flight=5)
+    plan = build_plan([status(a), status(b)], 0.5)
+    assert shares(plan) == Counter({"b": 4000})
+    b.in_flight = 7  # 7 of our own in flight > 6 the server's figures add for a
     assert shares(plan) == Counter({"a": 4000})
 
 

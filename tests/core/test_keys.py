@@ -5,10 +5,10 @@ from typing import Any
 import pytest
 
 from gateway.core.keys import compile_key, digest, needs, source_ip
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 
 INFO = RequestInfo(
-    Protocol.HTTP,
+    Wire.HTTP,
     "POST",
     "/v1/x",
     {"x-tenant": "acme", "authorization": "Bearer secret-token", "x-long": "a" * 500},
@@ -65,6 +65,6 @@ def test_needs() -> None:
 
 def test_client_cert_part() -> None:
     key = compile_key(["client_cert", "route"])
-    with_cert = RequestInfo(Protocol.GRPC, "POST", "/a.B/C", client_cert="spiffe://t/a" + "x" * 200)
+    with_cert = RequestInfo(Wire.GRPC, "POST", "/a.B/C", client_cert="spiffe://t/a" + "x" * 200)
     assert key(with_cert, None, "r", None) == "spiffe://t/a" + "x" * 116 + "|r"
     assert key(INFO, None, "r", None) == "-|r"  # no verified certificate: the shared bucket

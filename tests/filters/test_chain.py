@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from gateway.context import RequestContext, Status
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.core.verdict import reject
 from gateway.filters.access_log import AccessLogFilter
 from gateway.filters.chain import Chain
@@ -51,7 +51,7 @@ def ctx_for(
     path: str,
     method: str = "POST",
     headers: dict[str, str] | None = None,
-    protocol: Protocol = Protocol.HTTP,
+    protocol: Wire = Wire.HTTP,
 ) -> RequestContext:
     info = RequestInfo(protocol, method, path, headers or {}, peer="10.0.0.1")
     return RequestContext(info=info, policy=POLICY)
@@ -93,15 +93,15 @@ async def test_one_failing_on_response_does_not_hide_the_others() -> None:
 @pytest.mark.parametrize(
     ("path", "method", "headers", "protocol", "route"),
     [
-        ("/pkg.S/M", "POST", {}, Protocol.GRPC, "grpc"),
-        ("/v1/chat", "POST", {"x-tenant": "b"}, Protocol.HTTP, "tenant"),
-        ("/v1/chat", "POST", {"x-tenant": "c"}, Protocol.HTTP, "split"),
-        ("/v1/chat", "GET", {}, Protocol.HTTP, None),
-        ("/other", "POST", {}, Protocol.HTTP, None),
+        ("/pkg.S/M", "POST", {}, Wire.GRPC, "grpc"),
+        ("/v1/chat", "POST", {"x-tenant": "b"}, Wire.HTTP, "tenant"),
+        ("/v1/chat", "POST", {"x-tenant": "c"}, Wire.HTTP, "split"),
+        ("/v1/chat", "GET", {}, Wire.HTTP, None),
+        ("/other", "POST", {}, Wire.HTTP, None),
     ],
 )
 async def test_route_matching(
-    path: str, method: str, headers: dict[str, str], protocol: Protocol, route: str | None
+    path: str, method: str, headers: dict[str, str], protocol: Wire, route: str | None
 ) -> None:
     ctx = ctx_for(path, method, headers, protocol)
     status = RouteFilter(POLICY).on_request(ctx)

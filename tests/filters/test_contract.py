@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 import gateway.filters.registry as registry
-from gateway.adapters.http import start_http
+from gateway.adapters.engines import start_http
 from gateway.app import Gateway
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import opaque

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core import body as bodies
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
@@ -32,7 +32,7 @@ def policy() -> CompiledPolicy:
 
 
 def request(chain: Chain, pol: CompiledPolicy, method: str, body: bytes) -> RequestContext:
-    info = RequestInfo(Protocol.HTTP, method, "/v1/chat/completions", {"x-tenant": "a"}, "10.0.0.1")
+    info = RequestInfo(Wire.HTTP, method, "/v1/chat/completions", {"x-tenant": "a"}, "10.0.0.1")
     ctx = RequestContext(info, pol)
     assert chain.run_request(ctx) is Status.CONTINUE
     rb = bodies.from_doc(body, json.loads(body)) if body else bodies.opaque(0)
@@ -108,7 +108,7 @@ async def test_a_request_without_a_body_has_no_body_phase_unless_a_filter_reads_
     chain = build_chain(pol, Services())
     chain.activate()
     assert chain.has_body and not chain.body_when_empty  # the token rule: nothing to reserve
-    info = RequestInfo(Protocol.HTTP, "GET", "/v1/models", {"x-tenant": "a"}, "10.0.0.1")
+    info = RequestInfo(Wire.HTTP, "GET", "/v1/models", {"x-tenant": "a"}, "10.0.0.1")
     ctx = RequestContext(info, pol)
     assert chain.run_request(ctx) is Status.CONTINUE
     assert body_phase(ctx, chain, None, None) is None

@@ -12,7 +12,7 @@ from gateway.core.body import Usage, from_doc
 from gateway.core.clock import ManualClock, MonotonicClock
 from gateway.core.lease import IDLE_S
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.chain import Chain
 from gateway.filters.ratelimit import RateLimitFilter, TokenRateLimitFilter, build
 from gateway.filters.ratelimit_steps import Ticket
@@ -57,10 +57,10 @@ class Rig:
         self,
         headers: dict[str, str] | None = None,
         claims: dict[str, Any] | None = None,
-        protocol: Protocol = Protocol.HTTP,
+        protocol: Wire = Wire.HTTP,
         peer: str = "10.0.0.1",
     ) -> RequestContext:
-        path = "/pkg.S/M" if protocol is Protocol.GRPC else "/v1/chat/completions"
+        path = "/pkg.S/M" if protocol is Wire.GRPC else "/v1/chat/completions"
         info = RequestInfo(protocol, "POST", path, headers or {}, peer=peer)
         ctx = RequestContext(info, self.policy)
         if claims is not None:
@@ -284,7 +284,7 @@ async def test_overrunning_stream_is_cut_or_allowed(on_overrun: str, cut: bool) 
 async def test_grpc_reserves_the_default_and_settles_from_the_trailer() -> None:
     rig = Rig({"rules": [TOKENS], "grpc_usage_trailer": "x-mock-usage-tokens",
                "default_max_tokens": 300})  # fmt: skip
-    ctx = rig.ctx(claims={"tenant": "g"}, protocol=Protocol.GRPC)
+    ctx = rig.ctx(claims={"tenant": "g"}, protocol=Wire.GRPC)
     assert await rig.request(ctx) is Status.CONTINUE
     ks = next(iter(next(iter(rig.lim.rules.values())).keys.values()))
     assert ks.bucket.tokens == pytest.approx(700)
@@ -317,6 +317,31 @@ async def test_reload_keeps_unchanged_rules_and_restarts_changed_ones() -> None:
     assert after["per-tenant"] is before["per-tenant"]  # unchanged numbers: same state
     assert after["per-tenant"].keys["a"] is ks_before and not after["per-tenant"].rule.enforce
     assert after["tok"] is not before["tok"] and not after["tok"].keys  # changed: fresh
+
+
+async def test_a_rollout_keeps_both_policies_synced_and_a_rollback_restores_the_stable_one() -> (
+    None
+):
+    rig = Rig({"rules": [{**TOKENS, "name": "tok"}]})
+
+    def chain(burst: int) -> Any:
+        built = build_chain(policy({"rules": [{**TOKENS, "name": "tok", "burst_tokens": burst}]}),
+                            rig.services)  # fmt: skip
+        return next(f for f in built.filters if f.name == "ratelimit")
+
+    def states(f: Any) -> list[Any]:
+        return [rs for _, rs in (*f.early, *f.late)]
+
+    stable, candidate, third = chain(5), chain(6), chain(7)
+    stable.activate()
+    candidate.activate()  # a staged rollout: the candidate serves beside the stable policy
+    assert all(rig.lim.rules.get(rs.rule.ident) is rs for rs in states(stable) + states(candidate))
+    stable.activate()  # rolled back: the stable policy's states are the synced ones again
+    assert all(rig.lim.rules.get(rs.rule.ident) is rs for rs in states(stable))
+    third.activate()  # two activations on, the candidate's changed rule is forgotten
+    assert not {rs.rule.ident for rs in states(candidate)} & set(rig.lim.rules)
+    assert all(rig.lim.rules.get(rs.rule.ident) is rs for rs in states(stable) + states(third))
+    await rig.lim.aclose()
 
 
 async def test_yellow_queue_waits_for_room_instead_of_refusing() -> None:

@@ -15,7 +15,7 @@ from gateway.context import RequestContext, Status
 from gateway.core.breaker import State
 from gateway.core.clock import ManualClock
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.routing import RouteFilter
 from gateway.policy.compiled import Endpoint, compile_policy
 from gateway.policy.model import Policy
@@ -59,7 +59,7 @@ class Rig:
         return self.f
 
     def ctx(self, path: str = "/v1/chat", headers: dict[str, str] | None = None) -> RequestContext:
-        info = RequestInfo(Protocol.HTTP, "POST", path, headers or {}, peer="1.2.3.4")
+        info = RequestInfo(Wire.HTTP, "POST", path, headers or {}, peer="1.2.3.4")
         return RequestContext(info, self.policy)
 
     def send(
@@ -330,7 +330,7 @@ def test_grpc_failure_codes() -> None:
         m = rig.member("10.0.0.5:81", "g")
         m.breaker.state, m.breaker.consecutive = State.CLOSED, 0
         for _ in range(3):
-            ctx = RequestContext(RequestInfo(Protocol.GRPC, "POST", "/p.S/M", {}, "x"), rig.policy)
+            ctx = RequestContext(RequestInfo(Wire.GRPC, "POST", "/p.S/M", {}, "x"), rig.policy)
             rig.f.on_request(ctx)
             ctx.grpc_status = code
             ctx.outcome = Outcome.UPSTREAM_ERROR

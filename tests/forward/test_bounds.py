@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from gateway.adapters.http import start_http
+from gateway.adapters.engines import start_http
 from gateway.app import Gateway
 from tests.support import until
 

@@ -10,7 +10,7 @@ from gateway.core.verdict import GRPC_INTERNAL, GRPC_UNAVAILABLE
 from gateway.errors import UpstreamConnectError, UpstreamTimeout, UpstreamTlsError
 from gateway.forward.failures import CONNECT, TIMEOUT, TLS, failure_for, grpc_failure
 from gateway.registry.member import Result, classify
-from gateway.upstream.tls import grpc_tls_reason
+from gateway.tls.upstream import grpc_tls_reason
 
 # What grpcio 1.85 reports when Sluice's own channel fails its handshake.
 UNKNOWN_CA = (

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.adapters.http import start_http
+from gateway.adapters.engines import start_http
 from gateway.app import Gateway
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody

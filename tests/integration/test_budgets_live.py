@@ -84,6 +84,13 @@ async def test_reserve_settle_refuse_warn_and_operate(
             warned = ["x-sluice-budget-warning" in h for st, h, _ in answers if st == 200]
             assert warned[0] is False and warned[-1] is True
             assert ok[-1][1]["x-sluice-budget-warning"] == "team-30d=0.5"
+            # An Anthropic Messages request gets the refusal in its own dialect.
+            async with s.post(f"{gw.http}/v1/messages", json=BODY,
+                              headers={"x-team": "red"}) as r:  # fmt: skip
+                assert r.status == 429 and r.headers["x-sluice-budget"] == "team-30d"
+                doc = await r.json(content_type=None)
+            assert doc["type"] == "error" and doc["error"]["type"] == "rate_limit_error"
+            assert "token budget team-30d exhausted" in doc["error"]["message"]
             # Another key has its own budget; a stream settles from its usage chunk.
             status, _, text = await chat(s, gw, "blue", stream=True)
             assert status == 200 and "[DONE]" in text and "prompt_tokens" not in text
@@ -113,7 +120,7 @@ async def test_reserve_settle_refuse_warn_and_operate(
         assert st["store"] == "memory" and rule["name"] == "team-30d"
         keys = {k["key"]: k for k in rule["recent_keys"]}
         assert keys["red"]["used"] == 26 and keys["red"]["resets_at"].endswith("T00:00:00Z")
-        assert rule["counts"]["exhausted"] == len(refused)
+        assert rule["counts"]["exhausted"] == len(refused) + 1  # and the Messages request
         assert main(["budget", "show", "nope", "red", "--admin", f"127.0.0.1:{gw.admin_port}"]) == 1
         assert "no budget named 'nope'" in capsys.readouterr().err
     finally:

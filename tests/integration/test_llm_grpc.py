@@ -119,9 +119,14 @@ async def test_streaming_calls_are_routed_by_their_first_message(
         assert await late.code() is grpc.StatusCode.OK
     for sim in (llama, qwen):
         got = sim.stats()["requests"]
-        assert got.get("grpc Generate") == 2 and got.get("grpc Collect") == 2, got
+        assert got.get("grpc Generate") == 2, got
+        # The oversized first message: refused before any member, unless reading it took longer
+        # than FIRST_MESSAGE_S (a loaded machine) and the call was routed on its head first.
+        assert got.get("grpc Collect") in (2, 3), got
         assert got.get("grpc Chat", 0) in (2, 3), got  # the late one: wherever its head went
         assert sim.stats()["failed"] == 0
+    collects = sum(sim.stats()["requests"].get("grpc Collect", 0) for sim in (llama, qwen))
+    assert collects in (4, 5)
     assert (
         llama.stats()["requests"].get("grpc Chat", 0) + qwen.stats()["requests"].get("grpc Chat", 0)
         == 5

@@ -46,6 +46,23 @@ def sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def metrics_dir(pid: int) -> Path:
+    """The multiprocess metrics directory a worker writes to (from its environment)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (found,) = [e for e in env if e.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+    return Path(found.split(b"=", 1)[1].decode())
+
+
+def requests_counted(gw: Gateway) -> float:
+    """Every worker's requests, dead ones included, as a scrape sums them."""
+    text = metrics(gw)
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("sluice_requests_total{")
+    )
+
+
 def ready_pids(gw: Gateway) -> set[int]:
     """Worker pids whose `sluice_ready` is 1 (the gauge keeps one series per process)."""
     found = re.findall(r'^sluice_ready\{pid="(\d+)"\} 1\.0$', metrics(gw), re.MULTILINE)
@@ -75,6 +92,12 @@ def test_a_killed_worker_is_logged_replaced_and_counted(backend: Backend, tmp_pa
         seen |= first
         wait_until(lambda: ready_pids(gw) >= first, 20, what="both workers ready", proc=gw.proc)
         victim, other = sorted(first)
+        served = [get(gw) for _ in range(20)]
+        assert served == [200] * 20
+        before = wait_until(lambda: requests_counted(gw), 10, ok=lambda n: n >= 20,
+                            what="the 20 requests counted", proc=gw.proc)  # fmt: skip
+        files = metrics_dir(victim)
+        assert {f.name for f in files.glob(f"*_{victim}.db")}, list(files.iterdir())
         os.kill(victim, signal.SIGKILL)
         logged = f"(pid {victim}) killed by SIGKILL"
         wait_until(lambda: logged in gw.proc.output(), 20, what=repr(logged), proc=gw.proc)
@@ -84,6 +107,10 @@ def test_a_killed_worker_is_logged_replaced_and_counted(backend: Backend, tmp_pa
         seen.add(new)
         wait_until(lambda: new in ready_pids(gw), 20, what="the new worker ready", proc=gw.proc)
         assert victim not in ready_pids(gw)  # a dead worker's gauges are gone
+        # Its counters are folded into the dead workers' file: no file of its own, no total lost.
+        assert not list(files.glob(f"*_{victim}.db")), list(files.iterdir())
+        assert (files / "counter_dead.db").exists()
+        assert requests_counted(gw) >= before
         # Only the new worker listens while the other one is replaced in turn: all served.
         os.kill(other, signal.SIGKILL)
         wait_until(lambda: not alive(other), 20, what="the second kill", proc=gw.proc)

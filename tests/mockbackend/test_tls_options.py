@@ -1,6 +1,6 @@
 """`sluice mock-backend --tls-cert/--tls-key/--tls-client-ca`: listed in --help, and a key
 without its certificate is refused before anything listens (the TLS listeners themselves are
-exercised in tests/upstream/test_tls.py and tests/integration/test_upstream_tls.py)."""
+exercised in tests/tls/test_upstream.py and tests/integration/test_upstream_tls.py)."""
 
 from __future__ import annotations
 

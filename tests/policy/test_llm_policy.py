@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.policy.compiled import compile_policy
 from gateway.policy.loader import load_policy
 from tests.policy.test_backends_policy import load
@@ -25,7 +25,7 @@ def test_the_issue_policy_validates_and_compiles() -> None:
     llama, qwen = c.policy.backends
     assert llama.models is not None and llama.models.discover and llama.models.interval_s == 30
     assert qwen.models is not None and qwen.models.names == ["qwen-7b", "Qwen/Qwen2.5-7B-Instruct"]
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/chat/completions", {})
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/chat/completions", {})
     for model, route in [
         ("llama-3-8b", "llama-pinned"),
         ("meta-llama/Llama-3.1-8B", "llama-pinned"),

@@ -15,7 +15,7 @@ from gateway.policy.compiled import compile_policy
 from gateway.policy.loader import checked_policy_text, load_policy_text
 from gateway.policy.model import Policy
 from gateway.policyctl.commands import check
-from gateway.upstream.tls import client_tls
+from gateway.tls.upstream import client_tls
 from tests.tls_support import Pki, make_pki
 
 EXAMPLE = """\

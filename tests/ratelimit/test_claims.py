@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.context import RequestContext
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
@@ -51,7 +51,7 @@ def token(**claims: Any) -> str:
 
 
 async def send(chain: Chain, p: CompiledPolicy, auth: str) -> RequestContext:
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/x", {"authorization": auth}, peer="10.0.0.1")
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/x", {"authorization": auth}, peer="10.0.0.1")
     ctx = RequestContext(info, p)
     await chain.on_request(ctx)
     await chain.on_response(ctx)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.context import RequestContext, Status
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.filters.chain import Chain
 from gateway.filters.registry import build_chain
 from gateway.policy.compiled import CompiledPolicy, compile_policy
@@ -49,7 +49,7 @@ async def replica(
 
 
 async def ask(chain: Chain, p: CompiledPolicy) -> int:
-    info = RequestInfo(Protocol.HTTP, "POST", "/v1/x", {"x-key": "k"}, peer="10.0.0.1")
+    info = RequestInfo(Wire.HTTP, "POST", "/v1/x", {"x-key": "k"}, peer="10.0.0.1")
     ctx = RequestContext(info, p)
     status = await chain.on_request(ctx)
     await chain.on_response(ctx)

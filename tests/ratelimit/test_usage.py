@@ -14,8 +14,7 @@ import aiohttp
 import grpc
 import pytest
 
-from gateway.adapters.grpc import start_grpc
-from gateway.adapters.http import start_http
+from gateway.adapters.engines import start_grpc, start_http
 from gateway.app import Gateway
 from gateway.mockbackend import Knobs, start_mock_backend
 from gateway.proto import load

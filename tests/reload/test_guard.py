@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.clock import ManualClock
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.policy.model import Guard
 from gateway.reload.guard import check_change, static_warnings
 from tests.reload.traffic_support import BASE, add, book_with, compiled, served
@@ -24,7 +24,7 @@ def traffic(n_http: int = 90, n_grpc: int = 10):  # type: ignore[no-untyped-def]
     p = compiled()
     clock = ManualClock(1000.0)
     book = book_with(p, clock, n_http, body=300, first_byte=0.02, duration=0.4)
-    add(book, p, clock, n_grpc, path="/pkg.Svc/Call", protocol=Protocol.GRPC, body=50)
+    add(book, p, clock, n_grpc, path="/pkg.Svc/Call", protocol=Wire.GRPC, body=50)
     return p, book.snapshot()
 
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gateway.core.clock import ManualClock
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.policy.compiled import CompiledPolicy
 from gateway.policy.model import Rollout
 from gateway.reload.holder import PolicyHolder
@@ -37,9 +37,7 @@ def drive(
     served_by: dict[str, int] = {}
     for i in range(n):
         ro = holder.rollout
-        info = RequestInfo(
-            Protocol.HTTP, "POST", "/v1/chat/completions", {"x-request-id": f"req-{i}"}
-        )
+        info = RequestInfo(Wire.HTTP, "POST", "/v1/chat/completions", {"x-request-id": f"req-{i}"})
         snap = holder.active if ro is None else ro.choose(info)
         bad = new_fails and ro is not None and snap is ro.candidate
         ctx = served(snap, status=502 if bad else 200, started=time.monotonic() - 0.02)
@@ -121,7 +119,7 @@ def test_one_request_id_sees_one_version_and_stays_on_new(tmp_path: Path) -> Non
     ro = holder.rollout
     assert ro is not None
     infos = [
-        RequestInfo(Protocol.HTTP, "GET", "/v1/models", {"x-request-id": f"id-{i}"})
+        RequestInfo(Wire.HTTP, "GET", "/v1/models", {"x-request-id": f"id-{i}"})
         for i in range(2000)
     ]
     first = [ro.choose(i) is ro.candidate for i in infos]
@@ -133,7 +131,7 @@ def test_one_request_id_sees_one_version_and_stays_on_new(tmp_path: Path) -> Non
     assert all(b for a, b in zip(first, second, strict=True) if a)  # never back to old
     assert 900 < sum(second) < 1100
     # Without an id, a counter spreads requests over the share evenly.
-    anon = RequestInfo(Protocol.HTTP, "GET", "/v1/models")
+    anon = RequestInfo(Wire.HTTP, "GET", "/v1/models")
     assert sum(ro.choose(anon) is ro.candidate for _ in range(10_000)) == 5000
 
 
@@ -168,7 +166,7 @@ def test_abort_supersede_and_revert(tmp_path: Path) -> None:
 def test_guard_holds_then_force_applies(tmp_path: Path) -> None:
     holder, path, clock = make(tmp_path)
     book = book_with(holder.compiled, clock, 50)
-    add(book, holder.compiled, clock, 10, path="/pkg.Svc/Call", protocol=Protocol.GRPC)
+    add(book, holder.compiled, clock, 10, path="/pkg.Svc/Call", protocol=Wire.GRPC)
     holder.traffic = book.snapshot
     old = holder.version
     path.write_text(NO_ROUTES)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gateway.core.clock import ManualClock
 from gateway.core.histogram import latency_bucket, size_bucket
-from gateway.core.request import Protocol
+from gateway.core.request import Wire
 from gateway.policy.compiled import CompiledPolicy
 from gateway.reload.traffic import (
     BUCKET_S,
@@ -25,7 +25,7 @@ def test_requests_are_counted_by_shape_route_and_backend() -> None:
     clock = ManualClock(100.0)
     book = book_with(p, clock, 30, body=300, first_byte=0.02, duration=0.5)
     add(book, p, clock, 10, path="/v1/models", body=0)
-    add(book, p, clock, 5, path="/pkg.Svc/Call", protocol=Protocol.GRPC)
+    add(book, p, clock, 5, path="/pkg.Svc/Call", protocol=Wire.GRPC)
     snap = book.snapshot()
     assert snap.total == 45
     by = {(s.path, s.route, s.backend): s.stats for s in snap.shapes}

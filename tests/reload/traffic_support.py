@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.context import RequestContext
 from gateway.core.clock import ManualClock
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.policy.compiled import CompiledPolicy, compile_policy
 from gateway.policy.loader import load_policy_text
 from gateway.reload.traffic import TrafficBook
@@ -34,7 +34,7 @@ def served(
     policy: CompiledPolicy,
     path: str = "/v1/chat/completions",
     *,
-    protocol: Protocol = Protocol.HTTP,
+    protocol: Wire = Wire.HTTP,
     body: int = 300,
     first_byte: float = 0.02,
     duration: float = 0.5,
@@ -52,7 +52,7 @@ def served(
     ctx.bytes_in = body if answered else 0  # a refused request's body is never read
     ctx.first_byte_at = started + first_byte if answered else None
     ctx.http_status = status
-    ctx.grpc_status = 0 if protocol is Protocol.GRPC else None
+    ctx.grpc_status = 0 if protocol is Wire.GRPC else None
     return ctx
 
 

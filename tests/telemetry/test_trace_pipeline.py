@@ -14,7 +14,7 @@ import pytest
 from gateway.context import RequestContext
 from gateway.core.body import Usage, from_doc
 from gateway.core.outcome import Outcome
-from gateway.core.request import Protocol, RequestInfo
+from gateway.core.request import RequestInfo, Wire
 from gateway.core.sampler import ONE
 from gateway.core.traceparent import client_span_id, parse
 from gateway.filters.registry import build_chain
@@ -71,7 +71,7 @@ PARENT = 0x00F067AA0BA902B7
 TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736  # low 64 bits far above any small ratio
 
 
-def request(path: str, proto: Protocol = Protocol.HTTP, trace: int = TRACE) -> RequestInfo:
+def request(path: str, proto: Wire = Wire.HTTP, trace: int = TRACE) -> RequestInfo:
     headers = {"traceparent": f"00-{trace:032x}-{PARENT:016x}-01", "tracestate": "vendor=x"}
     return RequestInfo(proto, "POST", path, headers, peer="10.0.0.7:51234", authority="edge:8080")
 
@@ -149,7 +149,7 @@ async def test_grpc_rejection_and_ratio_keep(receiver: Receiver) -> None:
     try:
         # A gRPC call refused by Sluice (as a limiter would shed it): kept, one server span.
         shed = TRACE ^ 1
-        ctx = RequestContext(request("/pkg.Svc/Infer", Protocol.GRPC, shed), compiled)
+        ctx = RequestContext(request("/pkg.Svc/Infer", Wire.GRPC, shed), compiled)
         await chain.on_request(ctx)
         from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, reject
 
@@ -158,7 +158,7 @@ async def test_grpc_rejection_and_ratio_keep(receiver: Receiver) -> None:
         await chain.on_response(ctx)
         # An OK call whose trace id falls under the ratio: kept with its adjusted count.
         lucky = (0xABC << 64) | 1
-        ok = RequestContext(request("/pkg.Svc/Infer", Protocol.GRPC, lucky), compiled)
+        ok = RequestContext(request("/pkg.Svc/Infer", Wire.GRPC, lucky), compiled)
         await chain.on_request(ok)
         assert ok.upstream_headers["traceparent"].endswith("-01")  # sampled flag: the ratio
         ok.begin_try("triton", "127.0.0.1:10", time.monotonic())

@@ -1,0 +1,279 @@
+"""The frame guard of the HTTP/2 engine: reads frame headers ahead of python-hyper `h2` and
+counts them against `limits.http2`, so a flood ends the connection before h2 buffers or answers
+it.
+
+python-hyper `h2` bounds the decoded header list, its CONTINUATION backlog (64) and the flow
+windows, but buffers a frame whose header declares a huge length until the whole payload arrives,
+ACKs every PING and SETTINGS into an unbounded buffer, and counts no PRIORITY, WINDOW_UPDATE or
+empty DATA frame (h2 4.4: `h2/frame_buffer.py`, `h2/connection.py`). The guard reads only the 9-byte
+headers (payloads are skipped, never copied) and keeps per connection: the declared length against
+SETTINGS_MAX_FRAME_SIZE, CONTINUATION frames and bytes per header block, PING and SETTINGS per
+second, consecutive empty DATA frames, PRIORITY frames per stream (Envoy), WINDOW_UPDATE frames
+against the DATA frames sent (Envoy), and new streams per read (nginx).
+Pure: callers pass the bytes and `now`; a breach is returned, never raised. `server_h2` and
+`start_h2` apply the same limits to h2's own state (the SETTINGS advertised, the windows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.exceptions import ProtocolError
+from h2.settings import SettingCodes, Settings
+from h2.utilities import HeaderValidationFlags, validate_headers
+
+from gateway.policy.base import Http2Limits
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MAX_STREAM_ID = 2**31 - 1
+
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
+WINDOW_UPDATE, CONTINUATION = 8, 9
+END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+
+
+@dataclass(frozen=True, slots=True)
+class Breach:
+    """A limit the client went past: the connection ends with GOAWAY `code`."""
+
+    code: ErrorCodes
+    reason: str  # the metric label (sluice_rejected_total{reason="h2_<reason>"})
+
+
+_CALM = ErrorCodes.ENHANCE_YOUR_CALM
+FRAME_TOO_LARGE = Breach(ErrorCodes.FRAME_SIZE_ERROR, "frame_too_large")
+CONTINUATION_FLOOD = Breach(_CALM, "continuation_flood")
+HEADER_BLOCK_TOO_LARGE = Breach(_CALM, "header_block_too_large")
+PING_FLOOD = Breach(_CALM, "ping_flood")
+SETTINGS_FLOOD = Breach(_CALM, "settings_flood")
+EMPTY_FRAMES = Breach(_CALM, "empty_frames")
+PRIORITY_FLOOD = Breach(_CALM, "priority_flood")
+WINDOW_UPDATE_FLOOD = Breach(_CALM, "window_update_flood")
+NEW_STREAMS_FLOOD = Breach(_CALM, "new_streams_per_read")
+RAPID_RESET = Breach(_CALM, "rapid_reset")
+CONTROL_QUEUE = Breach(_CALM, "control_queue")
+BAD_PREFACE = Breach(ErrorCodes.PROTOCOL_ERROR, "bad_preface")
+
+
+class FrameGuard:
+    """Frame headers of one connection's inbound bytes, counted against `Http2Limits`."""
+
+    __slots__ = (
+        "limits", "preface_left", "skip", "head", "highest", "streams_opened", "block_open",
+        "block_frames", "block_bytes", "empty", "priority", "window_updates", "data_sent",
+        "window_end", "pings", "settings", "new_streams", "acks",
+    )  # fmt: skip
+
+    def __init__(self, limits: Http2Limits) -> None:
+        self.limits = limits
+        self.preface_left = len(PREFACE)  # the client's preface comes first, before any frame
+        self.skip = 0  # payload bytes of the current frame still to come
+        self.head = bytearray()  # a frame header split across reads
+        self.highest = 0  # highest client stream id seen
+        self.streams_opened = 0
+        self.block_open = False  # a header block waits for its CONTINUATION frames
+        self.block_frames = 0
+        self.block_bytes = 0
+        self.empty = 0
+        self.priority = 0
+        self.window_updates = 0
+        self.data_sent = 0  # DATA frames sent: raised by the connection
+        self.window_end = 0.0
+        self.pings = 0
+        self.settings = 0
+        self.new_streams = 0  # in the current read
+        self.acks = 0  # PING and SETTINGS frames in the current read (each is answered)
+
+    def feed(self, data: bytes, now: float) -> Breach | None:
+        """Count the frames whose headers are in `data` (the next bytes of the connection)."""
+        n = len(data)
+        pos = 0
+        self.new_streams = self.acks = 0
+        if now >= self.window_end:
+            self.window_end = now + 1.0
+            self.pings = self.settings = 0
+        if self.preface_left:
+            take = min(self.preface_left, n)
+            start = len(PREFACE) - self.preface_left
+            if data[:take] != PREFACE[start : start + take]:
+                return BAD_PREFACE
+            self.preface_left -= take
+            pos = take
+        if self.skip:
+            if self.skip >= n - pos:
+                self.skip -= n - pos
+                return None
+            pos += self.skip
+            self.skip = 0
+        head = self.head
+        while pos < n:
+            if head or n - pos < 9:
+                need = 9 - len(head)
+                head += data[pos : pos + need]
+                pos += min(need, n - pos)
+                if len(head) < 9:
+                    break
+                hdr, off = bytes(head), 0
+                head.clear()
+            else:
+                hdr, off = data, pos
+                pos += 9
+            length = int.from_bytes(hdr[off : off + 3], "big")
+            breach = self._frame(
+                length,
+                hdr[off + 3],
+                hdr[off + 4],
+                int.from_bytes(hdr[off + 5 : off + 9], "big") & 0x7FFFFFFF,
+            )
+            if breach is not None:
+                return breach
+            pos += length
+        self.skip = pos - n if pos > n else 0
+        return None
+
+    def _frame(self, length: int, ftype: int, flags: int, sid: int) -> Breach | None:
+        lim = self.limits
+        if length > lim.max_frame_bytes:
+            return FRAME_TOO_LARGE
+        if ftype == DATA:
+            if length == 0 and not flags & END_STREAM:
+                self.empty += 1
+                if self.empty > lim.max_consecutive_empty_frames:
+                    return EMPTY_FRAMES
+            else:
+                self.empty = 0
+        elif ftype == HEADERS:
+            if length:
+                self.empty = 0
+            if sid & 1 and sid > self.highest:
+                self.highest = sid
+                self.streams_opened += 1
+                self.new_streams += 1
+                if self.new_streams > lim.max_new_streams_per_read:
+                    return NEW_STREAMS_FLOOD
+            self.block_open = not flags & END_HEADERS
+            self.block_frames = 0
+            self.block_bytes = length
+            if length > lim.max_header_list_bytes:
+                return HEADER_BLOCK_TOO_LARGE
+        elif ftype == CONTINUATION:
+            self.block_frames += 1
+            self.block_bytes += length
+            if self.block_frames > lim.max_continuation_frames:
+                return CONTINUATION_FLOOD
+            if self.block_bytes > lim.max_header_list_bytes:
+                return HEADER_BLOCK_TOO_LARGE
+            if flags & END_HEADERS:
+                self.block_open = False
+        elif ftype == PING:
+            if not flags & ACK:
+                self.acks += 1
+                self.pings += 1
+                if self.pings > lim.max_pings_per_s:
+                    return PING_FLOOD
+        elif ftype == SETTINGS:
+            if not flags & ACK:
+                self.acks += 1
+                self.settings += 1
+                if self.settings > lim.max_settings_per_s:
+                    return SETTINGS_FLOOD
+        elif ftype == PRIORITY:
+            self.priority += 1
+            if self.priority > lim.max_priority_frames_per_stream * (1 + self.streams_opened):
+                return PRIORITY_FLOOD
+        elif ftype == WINDOW_UPDATE:
+            self.window_updates += 1
+            allowed = 5 + 2 * (
+                self.streams_opened + lim.max_window_updates_per_data_frame * self.data_sent
+            )
+            if self.window_updates > allowed:
+                return WINDOW_UPDATE_FLOOD
+        return None
+
+
+def request_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]] | None:
+    """A request's header block as h2 validates it (RFC 9113 §8.2-8.3: names, values, pseudo
+    headers, connection-specific fields), or None when it is malformed. A value's surrounding
+    spaces and tabs are dropped first, as an HTTP/1.1 parser drops them (grpc core accepts such
+    values too): a client's `Bearer ` is a bad token, not a bad connection.
+
+    h2 checks inbound headers inside `receive_data` and ends the whole connection on a malformed
+    block (GOAWAY PROTOCOL_ERROR, every other stream of it lost); RFC 9113 §8.1.1 makes it a
+    stream error, so the connection turns h2's own check off and runs it here, per stream."""
+    cleaned = [(n, v.strip(b" \t")) if v[:1] in WS or v[-1:] in WS else (n, v) for n, v in raw]
+    try:
+        return list(validate_headers(cleaned, REQUEST_FLAGS))
+    except ProtocolError:
+        return None
+
+
+WS = (b" ", b"\t")
+REQUEST_FLAGS = HeaderValidationFlags(
+    is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False
+)
+
+
+class ServerH2(H2Connection):
+    """h2's connection state with a bound on the closed streams it remembers.
+
+    h2 keeps how each closed stream ended, so that a frame arriving late on it gets the right
+    answer (RST_STREAM for a reset stream, a connection error otherwise). Its default is the last
+    65,536 per connection: a long-lived connection carrying many short streams (gRPC channels)
+    filled that table, and its resizes held tens of MB per connection that the allocator never
+    gave back. A frame can only arrive late by about a round trip, during which a connection
+    closes at most a few times its concurrent streams; older ones are forgotten."""
+
+    def __init__(self, config: H2Configuration, closed_kept: int) -> None:
+        self.MAX_CLOSED_STREAMS = closed_kept  # read by H2Connection.__init__
+        super().__init__(config)
+
+
+def closed_streams_kept(limits: Http2Limits) -> int:
+    """How many closed streams a connection remembers: 4 × SETTINGS_MAX_CONCURRENT_STREAMS, at
+    least 256."""
+    return max(256, 4 * limits.max_concurrent_streams)
+
+
+def server_h2(limits: Http2Limits) -> H2Connection:
+    """h2's server state for one connection, with `limits`' SETTINGS. Inbound request headers
+    are checked per stream (`request_headers`) rather than by h2. Outbound headers come from
+    the lifecycle already checked (`forward.headers`: values, hop-by-hop names dropped) and
+    lower-cased by the exchange: h2's second pass over them is skipped."""
+    h2c = ServerH2(
+        H2Configuration(
+            client_side=False,
+            header_encoding=None,
+            validate_inbound_headers=False,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        ),
+        closed_streams_kept(limits),
+    )
+    h2c.local_settings = Settings(
+        client=False,
+        initial_values={
+            SettingCodes.MAX_CONCURRENT_STREAMS: limits.max_concurrent_streams,
+            SettingCodes.INITIAL_WINDOW_SIZE: limits.initial_stream_window_bytes,
+            SettingCodes.MAX_FRAME_SIZE: limits.max_frame_bytes,
+            SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_list_bytes,
+        },
+    )
+    h2c.max_inbound_frame_size = limits.max_frame_bytes
+    h2c.decoder.max_header_list_size = limits.max_header_list_bytes
+    return h2c
+
+
+def start_h2(h2c: H2Connection, limits: Http2Limits) -> None:
+    """Queue the server preface (SETTINGS) and open the connection window."""
+    h2c.initiate_connection()
+    # h2 would end the connection on the stream past the advertised bound; the connection
+    # refuses it instead (REFUSED_STREAM), so h2's own bound is lifted once the SETTINGS are out.
+    h2c.local_settings.max_concurrent_streams = MAX_STREAM_ID
+    h2c.local_settings.acknowledge()
+    # Only a stream's own window can fill: the connection's holds every stream's.
+    window = min(MAX_STREAM_ID, limits.initial_stream_window_bytes * limits.max_concurrent_streams)
+    if window > 65535:
+        h2c.increment_flow_control_window(window - 65535)
