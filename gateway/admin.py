@@ -18,6 +18,8 @@ GET  /admin/policy/traffic  the recent traffic the guard judges on (`sluice poli
                             --against` reads it)
 GET  /admin/policy/rollout  the running (or last) staged rollout; 404 if there never was one
 POST /admin/policy/rollout/promote|abort   next stage now / back to the old policy now
+GET  /admin/budgets/RULE/KEY  a token budget (POST .../grant?tokens=N, .../reset: loopback;
+                            see gateway.budgets.admin)
 GET  /admin/debug/heap      resident set, live objects by type, and (under tracemalloc) the
                             allocation sites holding most memory; `top=N` types
 (POST, the traffic and the heap are for loopback peers only, wherever the listener is bound)
@@ -212,6 +214,9 @@ def build_admin_app(server: AdminHost) -> web.Application:
     app.router.add_get("/admin/policy/rollout", rollout_status)
     app.router.add_post(r"/admin/policy/rollout/{action:promote|abort}", rollout_action)
     app.router.add_get("/admin/debug/heap", heap)
+    from gateway.budgets.admin import add_routes as budget_routes
+
+    budget_routes(app, gw.services, loopback)
     return app
 
 

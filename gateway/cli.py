@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "host": ("gateway.hosttune", "plan, apply or roll back host TCP tuning"),
     "heartbeat": ("gateway.registry.agent", "publish a model server's heartbeat to Redis"),
     "status": ("gateway.status.terminal", "print a running gateway's state (what /status shows)"),
+    "budget": ("gateway.budgets.commands", "show, grant or reset a token budget of a gateway"),
 }
 
 

@@ -158,6 +158,8 @@ class RequestContext:
     admission: Any = None  # the admission queue's hold on a slot, given back in on_response
     queue_wait: float | None = None  # seconds waited in the admission queue (None: no queue)
     reservation: Any = None  # the limiter's token reservation, reconciled in on_response
+    budget: Any = None  # the budget filter's reservations, settled in on_response
+    budget_warning: str = ""  # budgets past a warn_at fraction (header and access log)
     body: RequestBody | None = None  # the body phase's view of the request body
     usage: Usage | None = None  # what the backend reported (JSON usage, final SSE chunk, trailer)
     # A filter whose on_event runs only when asked (`events_when_asked`) asked for this request's

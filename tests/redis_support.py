@@ -29,8 +29,16 @@ def cluster_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None, *, cluster: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        cluster: bool = False,
+        appendonly: bool = False,
+    ) -> None:
         self.binary = require_binary("redis-server")
+        self.appendonly = appendonly  # every write fsynced to the append-only file
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or (cluster_port() if cluster else free_port())
@@ -44,8 +52,11 @@ class RedisServer:
     def start(self) -> RedisServer:
         args = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(self.workdir), "--protected-mode", "no",
+            "--appendonly", "yes" if self.appendonly else "no", "--dir", str(self.workdir),
+            "--protected-mode", "no",
         ]  # fmt: skip
+        if self.appendonly:
+            args += ["--appendfsync", "always"]
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - lives as long as the process

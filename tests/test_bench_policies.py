@@ -31,7 +31,7 @@ def test_the_full_chain_policy_has_every_feature(tmp_path: Path) -> None:
     assert route.retries is not None
     chain = build_chain(compiled, Services())
     built = [f.name for f in chain.filters]
-    assert {"request_id", "trace", "auth", "ratelimit", "route"} <= set(built)
+    assert {"request_id", "trace", "auth", "ratelimit", "budget", "route"} <= set(built)
     assert chain.has_body and chain.has_events  # the token rule reserves and reconciles
 
 
@@ -42,6 +42,7 @@ def test_each_leave_one_out_policy_lacks_only_its_feature(tmp_path: Path, withou
     present = {
         "auth": "auth" in doc,
         "rate_limits": "rate_limits" in doc,
+        "budgets": "budgets" in doc,
         "tracing": "tracing" in doc,
         "resilience": "breaker" in doc["backends"][0],
     }

@@ -2,7 +2,8 @@
 
 Over the bench policy of the variant: JWT (HS256, one token sent on every request, so a
 verified-token cache hit), two rate-limit rules on the memory store (per tenant from the token's
-claim with an LLM-token budget, per source address by rate), tail-sampled tracing as shipped
+claim with an LLM-token budget, per source address by rate), a monthly token budget per tenant
+(memory), tail-sampled tracing as shipped
 (OK requests are not kept, nothing is exported), and on the HTTP backend a circuit breaker,
 outlier ejection and retries. The limits are far above what the machine can send, so every
 request is admitted and the token rule reserves and reconciles on every POST (the bench backend
@@ -23,9 +24,10 @@ from typing import Any
 ISSUER = "https://bench.sluice/"
 # The features the full chain adds to the default one, and what each may cost per request
 # (µs of gateway CPU; README "Benchmarks"): auth with a cached token, two rate-limit rules (one
-# with tokens, reserved and reconciled), tail-sampled tracing, breaker + outlier + retries.
-FEATURES = ("auth", "rate_limits", "tracing", "resilience")
-BUDGET_US = {"auth": 3.0, "rate_limits": 5.0, "tracing": 5.0, "resilience": 3.0}
+# with tokens, reserved and reconciled), one token budget (reserved and settled), tail-sampled
+# tracing, breaker + outlier + retries.
+FEATURES = ("auth", "rate_limits", "budgets", "tracing", "resilience")
+BUDGET_US = {"auth": 3.0, "rate_limits": 5.0, "budgets": 3.0, "tracing": 5.0, "resilience": 3.0}
 SECRET = "sluice-bench-hs256-secret-of-32-bytes-or-more"  # a bench fixture, not a credential
 
 
@@ -81,6 +83,16 @@ def with_full_chain(
             {"name": "per-ip", "key": ["source_ip"], "qps": 1_000_000},
         ],
     }
+    doc["budgets"] = {
+        "rules": [
+            {
+                "name": "per-tenant-month",
+                "key": ["claim:tenant"],
+                "tokens": 10**15,
+                "period": {"calendar": "month"},
+            }
+        ],
+    }
     doc["tracing"] = {"enabled": True, "sample_ratio": 1e-5, "slow_ms": 2000}
     resilience = without != "resilience"
     for b in doc["backends"]:
@@ -93,6 +105,6 @@ def with_full_chain(
                 r["auth"] = "required"
             if resilience:
                 r["retries"] = {"attempts": 2, "budget_ratio": 0.2}
-    if without in ("auth", "rate_limits", "tracing"):
+    if without in ("auth", "rate_limits", "budgets", "tracing"):
         doc.pop(without)
     return doc

@@ -94,6 +94,7 @@ class AccessLogFilter:
             or ctx.queue_wait is not None
             or ctx.principal is not None
             or ctx.detail
+            or ctx.budget_warning
             or self._headers
         ):
             line += self._more(ctx)
@@ -117,6 +118,8 @@ class AccessLogFilter:
             more += f',"auth":"{principal.provider}"'
         if ctx.detail:  # e.g. the auth reason class: "auth expired (corp)"
             more += f',"detail":{_str(ctx.detail)}'
+        if ctx.budget_warning:  # budgets past a warn_at fraction: "team-month=0.8"
+            more += f',"budget_warning":{_str(ctx.budget_warning)}'
         headers = ctx.info.headers
         for h, key in self._headers:
             value = headers.get(h)

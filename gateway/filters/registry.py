@@ -30,6 +30,7 @@ FILTERS: dict[str, FilterSpec] = {
     "trace": FilterSpec("gateway.filters.trace:build", lambda c: c.policy.tracing),
     "access_log": FilterSpec("gateway.filters.access_log:build", lambda c: c.policy.access_log),
     "ratelimit": FilterSpec("gateway.filters.ratelimit:build", lambda c: c),
+    "budget": FilterSpec("gateway.filters.budget:build", lambda c: c),
     "admission": FilterSpec("gateway.filters.admission:build", lambda c: c),
     "route": FilterSpec("gateway.filters.model_routing:build", lambda c: c),
     # auth reads the routes' own `auth` settings too: its section is the compiled policy.

@@ -275,7 +275,8 @@ def upstream_tls_errors(policy: Policy) -> list[tuple[Loc, str]]:
 
 
 def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
-    """Each TLS file of a listener that does not load, at its field."""
+    """Each TLS file of a listener, and each budget amounts file, that does not load, at its
+    field."""
     from gateway.tls.listener import ALPN
     from gateway.tls.material import Changing, load_material
 
@@ -290,7 +291,9 @@ def file_errors(policy: Policy) -> list[tuple[Loc, str]]:
             out.append((("listeners", name, "tls", e.field), e.message))
         except Changing:  # being replaced right now: its next state is checked at start
             pass
-    return out
+    from gateway.budgets.compiled import amounts_errors
+
+    return out + amounts_errors(policy.budgets)
 
 
 def _unique(errors: list[tuple[Pos, str, str]]) -> list[tuple[Pos, str, str]]:

@@ -36,6 +36,7 @@ from gateway.policy.base import Loc as Loc
 from gateway.policy.base import PolicyModel, fill_unset
 from gateway.policy.base import Timeouts as Timeouts
 from gateway.policy.base import is_loopback as is_loopback
+from gateway.policy.budgets import Budgets, budget_errors, budget_warnings
 from gateway.policy.ratelimits import RateLimits
 from gateway.policy.routes import Canary as Canary
 from gateway.policy.routes import Retries as Retries
@@ -48,13 +49,13 @@ from gateway.policy.sections import MockBackend as MockBackend
 from gateway.policy.sections import Rollout as Rollout
 from gateway.policy.sections import Tracing as Tracing
 from gateway.policy.sections import TracingExporter as TracingExporter
-from gateway.policy.store import SharedStore, store_errors
+from gateway.policy.store import SharedStore, effective_store, store_errors
 
 FilterName = Literal[
-    "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route"
+    "request_id", "trace", "access_log", "auth", "ratelimit", "budget", "admission", "route"
 ]  # fmt: skip
 DEFAULT_FILTERS: tuple[FilterName, ...] = (
-    "request_id", "trace", "access_log", "auth", "ratelimit", "admission", "route",
+    "request_id", "trace", "access_log", "auth", "ratelimit", "budget", "admission", "route",
 )  # fmt: skip
 
 
@@ -111,7 +112,10 @@ class Policy(PolicyModel):
         default=None,
         description="the store shared by every replica (null: each replica on its own, unless "
         "`rate_limits.store` names Redis): with it, backend slots (`max_in_flight`), rate "
-        "limits and fairness counters hold for the fleet",
+        "limits, fairness counters and token budgets hold for the fleet",
+    )
+    budgets: Budgets | None = Field(
+        default=None, description="token budgets per key over days, weeks, months (null = off)"
     )
 
     @field_validator("filters")
@@ -213,6 +217,7 @@ def reference_errors(p: Policy) -> list[tuple[Loc, str]]:
     errors += store_errors(p.store, p.rate_limits)
     if p.rate_limits is not None and "ratelimit" not in p.filters:
         errors.append((("filters",), "rate_limits is configured: list 'ratelimit' in filters"))
+    errors += budget_errors(p.budgets, list(p.filters))
     if p.admission is not None:
         if "admission" not in p.filters:
             errors.append((("filters",), "admission is configured: list 'admission' in filters"))
@@ -254,7 +259,7 @@ def reference_warnings(p: Policy) -> list[tuple[Loc, str]]:
         )
         for j, b in enumerate(p.backends)
         if b.tls is not None and b.tls.insecure_skip_verify
-    ]
+    ] + budget_warnings(p.budgets, effective_store(p.store, p.rate_limits))
 
 
 def _backend_errors(j: int, b: Backend) -> list[tuple[Loc, str]]:

@@ -5,8 +5,8 @@
 "use strict";
 
 const RANK = { grey: 0, green: 0, yellow: 1, red: 2 };
-const ORDER = ["ratelimit", "limits", "admission", "fleet", "backends", "rejections", "rollout", "traffic",
-  "datapath", "policy", "routes"];
+const ORDER = ["ratelimit", "budgets", "limits", "admission", "fleet", "backends", "rejections",
+  "rollout", "traffic", "datapath", "policy", "routes"];
 const SKIP = new Set(["now", "colour", "reasons", "history", "gateway", "series"]);
 const params = new URLSearchParams(location.search);
 const REFRESH_S = Math.max(1, Number(params.get("refresh")) || 2);

@@ -184,6 +184,40 @@ TOKENS = Counter(
     registry=REGISTRY,
 )
 
+# --- token budgets (gateway/filters/budget.py, gateway/budgets/) ---------------------------
+BUDGET_REFUSED = Counter(
+    "sluice_budget_refused_total",
+    "Requests a token budget refused, by rule and reason (exhausted, store_down; shadow_ "
+    "prefix: a rule in shadow mode would have refused).",
+    ["rule", "reason"],
+    registry=REGISTRY,
+)
+BUDGET_WARNINGS = Counter(
+    "sluice_budget_warnings_total",
+    "Keys of a budget that passed a warn_at fraction in their period (once per key, fraction "
+    "and replica).",
+    ["rule", "level"],
+    registry=REGISTRY,
+)
+BUDGET_TOKENS = Counter(
+    "sluice_budget_tokens_total",
+    "Weighted tokens charged to budgets (settled from the backends' usage), by rule.",
+    ["rule"],
+    registry=REGISTRY,
+)
+BUDGET_EXPIRED = Counter(
+    "sluice_budget_expired_tokens_total",
+    "Open reservations of dead replicas that the store counted as spent, by rule.",
+    ["rule"],
+    registry=REGISTRY,
+)
+BUDGET_STORE_UP = Gauge(
+    "sluice_budget_store_up",
+    "1 while the budget store answers, 0 while budgets decide on their local share.",
+    registry=REGISTRY,
+    multiprocess_mode="min",
+)
+
 # --- tracing (tail sampler; gateway/filters/trace.py, gateway/telemetry/tracing.py) --------
 TRACE_DECISIONS = Counter(
     "sluice_trace_decisions_total",

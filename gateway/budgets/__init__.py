@@ -1,0 +1,1 @@
+"""Token budgets: the compiled rules, their one owner in the services, the shared store."""
