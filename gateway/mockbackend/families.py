@@ -25,12 +25,12 @@ from gateway.mockbackend.http import (
     EARLY_FAILURES,
     MODELS,
     STATE,
-    _abort,
-    _BadRequest,
-    _read_json,
+    BadRequest,
     error_response,
     prefill,
+    read_json,
     record_headers,
+    reset_connection,
 )
 from gateway.mockbackend.knobs import (
     Call,
@@ -304,8 +304,8 @@ async def _accept(
     """The request's JSON body and this request's snapshot of the knobs, or the family's error
     (a bad body, a model the backend does not serve)."""
     try:
-        body = await _read_json(request)
-    except _BadRequest as exc:
+        body = await read_json(request)
+    except BadRequest as exc:
         call.fail()
         return fam.error(exc.status, exc.message)
     knobs = dataclasses.replace(request.app[STATE].knobs)
@@ -343,7 +343,7 @@ async def _generate(request: web.Request, fam: _Family) -> web.StreamResponse:
             await prefill(state.cache, prompt, knobs)
             await asyncio.sleep(knobs.token_delay_ms * max(job.n - 1, 0) / 1000)
             if knobs.failure == "reset":
-                _abort(request, call)
+                reset_connection(request, call)
                 return web.Response()
             return web.json_response(fam.full(job))
 
@@ -363,7 +363,7 @@ async def _stream(request: web.Request, fam: _Family, job: _Job, call: Call) -> 
             await resp.write(fam.failed(job))
             await resp.write_eof()
             return resp
-        _abort(request, call)
+        reset_connection(request, call)
         return resp
     await prefill(request.app[STATE].cache, job.prompt, job.knobs)
     for i in range(job.n):
@@ -371,7 +371,7 @@ async def _stream(request: web.Request, fam: _Family, job: _Job, call: Call) -> 
             await asyncio.sleep(job.knobs.token_delay_ms / 1000)
         await resp.write(fam.token(job, i))
         if failure == "reset":  # mid-response: after the first token
-            _abort(request, call)
+            reset_connection(request, call)
             return resp
     await resp.write(b"".join(fam.tail(job)))
     await resp.write_eof()
@@ -392,8 +392,8 @@ async def count_tokens(request: web.Request) -> web.Response:
     record_headers(state, request)
     with state.stats.track("POST /v1/messages/count_tokens") as call:
         try:
-            body = await _read_json(request)
-        except _BadRequest as exc:
+            body = await read_json(request)
+        except BadRequest as exc:
             call.fail()
             return anthropic_error(exc.status, exc.message)
         return web.json_response(

@@ -40,7 +40,7 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
     return web.json_response(body, status=status)
 
 
-class _BadRequest(Exception):
+class BadRequest(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -52,17 +52,17 @@ def record_headers(state: MockState, request: web.BaseRequest) -> None:
     state.stats.seen.append(Seen.of(request.headers.items()))
 
 
-async def _read_json(request: web.Request) -> dict[str, Any]:
+async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise _BadRequest(413, f"request body larger than {MAX_BODY} bytes") from exc
+        raise BadRequest(413, f"request body larger than {MAX_BODY} bytes") from exc
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _BadRequest(400, f"request body is not valid JSON: {exc}") from exc
+        raise BadRequest(400, f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
-        raise _BadRequest(400, "request body must be a JSON object")
+        raise BadRequest(400, "request body must be a JSON object")
     return body
 
 
@@ -74,10 +74,10 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> str:
             return prompt
         if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
             return "".join(prompt)
-        raise _BadRequest(400, "'prompt' must be a string or a list of strings")
+        raise BadRequest(400, "'prompt' must be a string or a list of strings")
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise _BadRequest(400, "'messages' must be a list of objects")
+        raise BadRequest(400, "'messages' must be a list of objects")
     parts: list[str] = []
     for m in messages:
         content = m.get("content")
@@ -197,7 +197,7 @@ async def _inject(state: MockState, job: _Completion, call: Call) -> web.StreamR
     return None
 
 
-def _abort(request: web.Request, call: Call) -> None:
+def reset_connection(request: web.Request, call: Call) -> None:
     """Drop the TCP connection without a proper end (the `reset` failure)."""
     call.fail()
     if request.transport is not None:
@@ -209,9 +209,9 @@ async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
     record_headers(state, request)
     with state.stats.track(f"{request.method} {request.path}") as call:
         try:
-            body = await _read_json(request)
+            body = await read_json(request)
             prompt = _prompt_text(body, chat)
-        except _BadRequest as exc:
+        except BadRequest as exc:
             call.fail()
             return error_response(exc.status, exc.message, "invalid_request_error")
         knobs = dataclasses.replace(state.knobs)  # this request's snapshot
@@ -242,7 +242,7 @@ async def _complete(request: web.Request, chat: bool) -> web.StreamResponse:
             await prefill(state.cache, prompt, knobs)
             await asyncio.sleep(knobs.token_delay_ms * max(job.n - 1, 0) / 1000)
             if knobs.failure == "reset":
-                _abort(request, call)
+                reset_connection(request, call)
                 return web.Response()
             return web.json_response(job.full())
 
@@ -268,7 +268,7 @@ async def _stream(
         if job.knobs.failure == "reset":  # mid-response: after the first token
             break
     if job.knobs.failure == "reset":
-        _abort(request, call)
+        reset_connection(request, call)
         return resp
     await resp.write(_sse(job.chunk(None, include_usage)))
     if include_usage:
@@ -293,7 +293,7 @@ async def _fail_early(
         await resp.write(_sse(err) + _DONE)
         await resp.write_eof()
         return resp
-    _abort(request, call)
+    reset_connection(request, call)
     return resp
 
 

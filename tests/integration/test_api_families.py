@@ -21,16 +21,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.integration.backends_support import Gw, Sim, Spawn, start_gateway
 from tests.integration.llm_support import pool_policy
 from tests.integration.test_llm_failover import homes
 from tests.support import metric_total, until
-
-anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.integration
 
