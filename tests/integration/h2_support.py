@@ -92,7 +92,7 @@ def start_h2_gateway(backend: Backend, tmp: Path, extra: str = "", timeouts: str
 
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-PROTOCOL_ERROR, ENHANCE_YOUR_CALM, REFUSED_STREAM, CANCEL = 1, 11, 7, 8
+PROTOCOL_ERROR, ENHANCE_YOUR_CALM, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 1, 11, 7, 8, 9
 
 
 class RawH2:

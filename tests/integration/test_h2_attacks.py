@@ -23,6 +23,7 @@ from hyperframe.frame import (
 from tests.integration.conftest import Backend
 from tests.integration.h2_support import (
     CHAT,
+    COMPRESSION_ERROR,
     ENHANCE_YOUR_CALM,
     PROTOCOL_ERROR,
     H2Gateway,
@@ -247,6 +248,27 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
         wait_until(lambda: normal.results, what="the normal client served")  # the cut may be quick
     conn.close()
     assert elapsed < CLOSE_WITHIN_S
+
+
+def test_a_table_size_update_after_a_field_gets_goaway_compression_error(gw: H2Gateway) -> None:
+    """A dynamic table size update must open a header block (HPACK); one after a field is a
+    decoding error, and every HPACK decoding error is a connection error of type
+    COMPRESSION_ERROR (RFC 9113 §4.3). The same update at the start of a block is served."""
+    before = gw.metric("sluice_rejected_total", reason="h2_compression_error")
+    conn = RawH2(gw.port)
+    first = [(":method", "GET"), (":scheme", "http")]
+    rest = [(":path", "/v1/models"), (":authority", f"127.0.0.1:{gw.port}")]
+    update = b"\x3f\xe1\x1f"  # table size 4096 (the size it is already)
+    flags = {"END_STREAM", "END_HEADERS"}
+    conn.send(frame(HeadersFrame(1), data=update + conn.enc.encode(first + rest), flags=flags))
+    answer = next((f for f in conn.frames(3.0) if isinstance(f, HeadersFrame | GoAwayFrame)), None)
+    assert isinstance(answer, HeadersFrame) and answer.stream_id == 1, answer
+    block = conn.enc.encode(first) + update + conn.enc.encode(rest)
+    conn.send(frame(HeadersFrame(3), data=block, flags=flags))
+    g = conn.goaway()
+    conn.close()
+    assert isinstance(g, GoAwayFrame) and g.error_code == COMPRESSION_ERROR, g
+    assert gw.metric("sluice_rejected_total", reason="h2_compression_error") == before + 1
 
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> None:

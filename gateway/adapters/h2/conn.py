@@ -18,6 +18,7 @@ What a connection does and refuses:
 - rapid reset: streams the client resets before their answer ended and within 1 s of their
   start, or that were refused, past `rapid_reset_ratio` of the streams opened once
   `rapid_reset_min_streams` were → GOAWAY ENHANCE_YOUR_CALM.
+- a header block HPACK cannot decode: GOAWAY COMPRESSION_ERROR (`guard.ServerH2`).
 - flow control: the connection window is `initial_stream_window_bytes` × max streams, so only a
   stream's own window can fill; a stream's window is returned when its handler takes the bytes.
   Writes wait per stream on the send window, and on the socket (`pause_writing`), during which
@@ -187,7 +188,12 @@ class H2Conn(asyncio.Protocol):
             events = self.h2.receive_data(data)
         except ProtocolError as e:  # h2 has queued its GOAWAY
             log.debug("HTTP/2 protocol error from %s: %s", self.peer, e)
-            metrics.REJECTED.labels("h2_protocol_error", self.server.protocol).inc()
+            reason = (
+                "h2_compression_error"
+                if e.error_code == ErrorCodes.COMPRESSION_ERROR
+                else "h2_protocol_error"
+            )
+            metrics.REJECTED.labels(reason, self.server.protocol).inc()
             self.close()
             return
         for event in events:

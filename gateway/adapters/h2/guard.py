@@ -21,9 +21,12 @@ from dataclasses import dataclass
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
+from h2.events import Event
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
 from h2.utilities import HeaderValidationFlags, validate_headers
+from hpack.exceptions import HPACKError
+from hyperframe.frame import Frame
 
 from gateway.policy.base import Http2Limits
 
@@ -217,7 +220,8 @@ REQUEST_FLAGS = HeaderValidationFlags(
 
 
 class ServerH2(H2Connection):
-    """h2's connection state with a bound on the closed streams it remembers.
+    """h2's connection state with a bound on the closed streams it remembers, and HPACK
+    decoding errors answered with GOAWAY COMPRESSION_ERROR.
 
     h2 keeps how each closed stream ended, so that a frame arriving late on it gets the right
     answer (RST_STREAM for a reset stream, a connection error otherwise). Its default is the last
@@ -229,6 +233,19 @@ class ServerH2(H2Connection):
     def __init__(self, config: H2Configuration, closed_kept: int) -> None:
         self.MAX_CLOSED_STREAMS = closed_kept  # read by H2Connection.__init__
         super().__init__(config)
+
+    def _receive_frame(self, frame: Frame) -> list[Event]:
+        """h2's, except that a header block HPACK cannot decode (a dynamic table size update
+        after a field, a bad index, bad Huffman...) ends the connection with COMPRESSION_ERROR
+        (RFC 9113 §4.3, RFC 7541 §4.2): h2 raises a plain ProtocolError from the HPACKError,
+        whose code its `receive_data` puts in the GOAWAY. An oversized header list stays h2's
+        DenialOfServiceError (ENHANCE_YOUR_CALM): the block decoded, it was too large."""
+        try:
+            return super()._receive_frame(frame)
+        except ProtocolError as e:
+            if type(e) is ProtocolError and isinstance(e.__cause__, HPACKError):
+                e.error_code = ErrorCodes.COMPRESSION_ERROR
+            raise
 
 
 def closed_streams_kept(limits: Http2Limits) -> int:
