@@ -233,9 +233,10 @@ class Http2Limits(PolicyModel):
         default=0.5,
         gt=0.0,
         le=1.0,
-        description="share of streams reset by the client (or refused) before their answer "
-        "ended and within 1 s of their start, past which the connection gets GOAWAY "
-        "ENHANCE_YOUR_CALM (Envoy: 0.5)",
+        description="share of streams reset by the client before their answer ended and "
+        "within 1 s of their start (or refused past max_concurrent_streams beyond an "
+        "allowance of twice max_concurrent_streams, refilled at max_concurrent_streams per "
+        "second), past which the connection gets GOAWAY ENHANCE_YOUR_CALM (Envoy: 0.5)",
     )
     max_new_streams_per_read: PositiveInt = Field(
         default=200, description="new streams in one read from the socket (nginx: 2 × streams)"

@@ -104,3 +104,10 @@ def test_frame_too_large_is_seen_before_its_payload() -> None:
     guard = g.FrameGuard(Http2Limits())
     assert guard.feed(g.PREFACE + b"\xff\xff\xff\x00\x00\x00\x00\x00", 0.0) is None
     assert guard.feed(b"\x01", 0.0) is g.FRAME_TOO_LARGE
+
+
+def test_refusals_are_free_up_to_an_allowance_refilled_per_second() -> None:
+    guard = g.FrameGuard(Http2Limits(max_concurrent_streams=10))
+    assert [guard.refusal_counts(100.0) for _ in range(21)] == [False] * 20 + [True]
+    assert [guard.refusal_counts(100.5) for _ in range(6)] == [False] * 5 + [True]
+    assert [guard.refusal_counts(110.0) for _ in range(21)] == [False] * 20 + [True]  # no more

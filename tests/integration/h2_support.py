@@ -210,14 +210,18 @@ def flood_until_closed(conn: RawH2, payload: bytes, seconds: float = 5.0) -> flo
     return seconds
 
 
-def refused_streams(conn: RawH2, wait_s: float = 1.0) -> tuple[set[int], GoAwayFrame | None]:
-    """The stream ids the server refused with REFUSED_STREAM within `wait_s`, and the GOAWAY it
-    sent meanwhile (None: the connection lives on)."""
+def refused_streams(
+    conn: RawH2, wait_s: float = 1.0, expect: int = 0
+) -> tuple[set[int], GoAwayFrame | None]:
+    """The stream ids the server refused with REFUSED_STREAM within `wait_s` (or as soon as
+    `expect` were), and the GOAWAY it sent meanwhile (None: the connection lives on)."""
     refused: set[int] = set()
     goaway = None
     for f in conn.frames(wait_s):
         if isinstance(f, RstStreamFrame) and f.error_code == REFUSED_STREAM:
             refused.add(f.stream_id)
+            if expect and len(refused) >= expect:
+                break
         elif isinstance(f, GoAwayFrame):
             goaway = f
     return refused, goaway

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from hyperframe.frame import GoAwayFrame
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, wait_ready
@@ -123,6 +124,30 @@ def test_stream_exhaustion_refuses_streams_then_closes(gw: H2Gateway) -> None:
         wait_until(lambda: normal.results, what="the normal client served")  # the cut may be quick
     conn.close()
     assert elapsed < CLOSE_WITHIN_S
+
+
+def test_calls_past_the_limit_are_refused_one_by_one(gw: H2Gateway) -> None:
+    """100 held calls, then 400 more in batches of 50 (500 streams opened: the rapid-reset
+    ratio is judged): each one past the limit gets RST_STREAM REFUSED_STREAM (which gRPC
+    clients retry), and the connection is not ended."""
+    conn = RawH2(gw.port)
+    make = _calls(conn, 50)
+    # Each held call its own rate-limit bucket: the shared one would end some at once.
+    held = [("x-rl-tenant", f"held-{time.monotonic_ns()}-{sid}") for sid in range(1, 200, 2)]
+    conn.send(b"".join(
+        conn.headers(sid, "POST", COLLECT, False, extra=[*GRPC_HEADERS, tenant])
+        for sid, tenant in zip(range(1, 200, 2), held, strict=True)
+    ))  # fmt: skip
+    refused: set[int] = set()
+    for i in range(2, 10):
+        conn.send(make(i))
+        batch, goaway = refused_streams(conn, 3.0, expect=50)
+        assert goaway is None, f"GOAWAY {goaway.error_code} after {len(refused)} refusals"
+        refused |= batch
+    late = next((f for f in conn.frames(0.5) if isinstance(f, GoAwayFrame)), None)
+    conn.close()
+    assert refused == set(range(201, 1001, 2)), len(refused)
+    assert late is None, late
 
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway) -> None:

@@ -271,6 +271,27 @@ def test_a_table_size_update_after_a_field_gets_goaway_compression_error(gw: H2G
     assert gw.metric("sluice_rejected_total", reason="h2_compression_error") == before + 1
 
 
+def test_streams_past_the_limit_are_refused_one_by_one(gw: H2Gateway) -> None:
+    """RFC 9113 §5.1.2: a stream past SETTINGS_MAX_CONCURRENT_STREAMS (100) is refused with
+    RST_STREAM REFUSED_STREAM, alone. 100 held streams, then 400 more in batches of 50 (500
+    streams opened: the rapid-reset ratio is judged): each is refused, no GOAWAY, and a held
+    stream is still answered. (A client that keeps on is ended: the exhaustion test below.)"""
+    conn = RawH2(gw.port)
+    make = _streams(50, body=True, reset=False)(conn)
+    conn.send(make(0) + make(1))  # streams 1..199: held, their bodies never sent
+    refused: set[int] = set()
+    for i in range(2, 10):
+        conn.send(make(i))  # streams 201 + 100·(i-2) ..., all past the limit
+        batch, goaway = refused_streams(conn, 3.0, expect=50)
+        assert goaway is None, f"GOAWAY {goaway.error_code} after {len(refused)} refusals"
+        refused |= batch
+    assert refused == set(range(201, 1001, 2)), len(refused)
+    conn.send(frame(DataFrame(1), data=b"{}", flags={"END_STREAM"}))
+    answer = next((f for f in conn.frames(3.0) if isinstance(f, HeadersFrame | GoAwayFrame)), None)
+    conn.close()
+    assert isinstance(answer, HeadersFrame) and answer.stream_id == 1, answer
+
+
 def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> None:
     rss = gw.rss_kb()
     for _ in range(3):

@@ -16,8 +16,10 @@ What a connection does and refuses:
   with the breach's code, counted in `sluice_rejected_total{reason="h2_…"}`, and the
   connection is closed (cut at once when the client does not read).
 - rapid reset: streams the client resets before their answer ended and within 1 s of their
-  start, or that were refused, past `rapid_reset_ratio` of the streams opened once
-  `rapid_reset_min_streams` were → GOAWAY ENHANCE_YOUR_CALM.
+  start, or that were refused past the refusal allowance (`FrameGuard.refusal_counts`: twice
+  max_concurrent_streams at once, refilled at max_concurrent_streams per second), past
+  `rapid_reset_ratio` of the streams opened once `rapid_reset_min_streams` were → GOAWAY
+  ENHANCE_YOUR_CALM.
 - a header block HPACK cannot decode: GOAWAY COMPRESSION_ERROR (`guard.ServerH2`).
 - flow control: the connection window is `initial_stream_window_bytes` × max streams, so only a
   stream's own window can fill; a stream's window is returned when its handler takes the bytes.
@@ -258,7 +260,8 @@ class H2Conn(asyncio.Protocol):
             or sid > self.last_sid
             or self.goaway == 2
         ):
-            self.early += 1
+            if self.guard.refusal_counts(self.loop.time()):
+                self.early += 1
             metrics.REJECTED.labels("h2_refused_stream", self.server.protocol).inc()
             self.h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return

@@ -9,7 +9,8 @@ empty DATA frame (h2 4.4: `h2/frame_buffer.py`, `h2/connection.py`). The guard r
 headers (payloads are skipped, never copied) and keeps per connection: the declared length against
 SETTINGS_MAX_FRAME_SIZE, CONTINUATION frames and bytes per header block, PING and SETTINGS per
 second, consecutive empty DATA frames, PRIORITY frames per stream (Envoy), WINDOW_UPDATE frames
-against the DATA frames sent (Envoy), and new streams per read (nginx).
+against the DATA frames sent (Envoy), new streams per read (nginx), and the allowance of streams
+refused past SETTINGS_MAX_CONCURRENT_STREAMS that are not counted as early resets.
 Pure: callers pass the bytes and `now`; a breach is returned, never raised. `server_h2` and
 `start_h2` apply the same limits to h2's own state (the SETTINGS advertised, the windows).
 """
@@ -67,7 +68,7 @@ class FrameGuard:
     __slots__ = (
         "limits", "preface_left", "skip", "head", "highest", "streams_opened", "block_open",
         "block_frames", "block_bytes", "empty", "priority", "window_updates", "data_sent",
-        "window_end", "pings", "settings", "new_streams", "acks",
+        "window_end", "pings", "settings", "new_streams", "acks", "refusals", "refusals_at",
     )  # fmt: skip
 
     def __init__(self, limits: Http2Limits) -> None:
@@ -89,6 +90,8 @@ class FrameGuard:
         self.settings = 0
         self.new_streams = 0  # in the current read
         self.acks = 0  # PING and SETTINGS frames in the current read (each is answered)
+        self.refusals = 2.0 * limits.max_concurrent_streams  # refusals not counted, refilled
+        self.refusals_at = 0.0
 
     def feed(self, data: bytes, now: float) -> Breach | None:
         """Count the frames whose headers are in `data` (the next bytes of the connection)."""
@@ -136,6 +139,22 @@ class FrameGuard:
             pos += length
         self.skip = pos - n if pos > n else 0
         return None
+
+    def refusal_counts(self, now: float) -> bool:
+        """A stream is refused (over SETTINGS_MAX_CONCURRENT_STREAMS, or after the last GOAWAY):
+        whether it counts as an early reset. RFC 9113 §5.1.2 makes such a stream a stream error
+        the client may retry: twice max_concurrent_streams refusals at once, refilled at
+        max_concurrent_streams per second, are free (a client opening streams before our
+        SETTINGS reached it, or one stream too many now and then); past them, a client that
+        keeps opening streams it cannot have is judged as a rapid reset."""
+        limit = self.limits.max_concurrent_streams
+        if now > self.refusals_at:
+            self.refusals = min(2.0 * limit, self.refusals + (now - self.refusals_at) * limit)
+            self.refusals_at = now
+        if self.refusals >= 1.0:
+            self.refusals -= 1.0
+            return False
+        return True
 
     def _frame(self, length: int, ftype: int, flags: int, sid: int) -> Breach | None:
         lim = self.limits
