@@ -199,9 +199,12 @@ class Http2Limits(PolicyModel):
         "header, before its payload is buffered (GOAWAY FRAME_SIZE_ERROR)",
     )
     max_header_list_bytes: PositiveInt = Field(
-        default=65536,
+        default=32768,
         description="SETTINGS_MAX_HEADER_LIST_SIZE, and the largest header block (HEADERS + "
-        "CONTINUATION payloads) read; limits.max_header_bytes still answers 431 below it",
+        "CONTINUATION payloads, counted frame by frame as their headers arrive): one more "
+        "byte ends the connection with GOAWAY ENHANCE_YOUR_CALM; limits.max_header_bytes "
+        "still answers 431 below it (default max(32768, twice limits.max_header_bytes and "
+        "twice limits.grpc_max_metadata_bytes))",
     )
     max_continuation_frames: PositiveInt = Field(
         default=8, description="CONTINUATION frames in one header block (nghttp2: 8)"

@@ -133,6 +133,8 @@ class Policy(PolicyModel):
         # Defaults that depend on another section (runs before the reference checks).
         cap = self.limits.grpc_max_metadata_bytes
         fill_unset(self.datapath, max_header_block_bytes=max(65536, 2 * cap))
+        headers = max(self.limits.max_header_bytes, cap)  # HPACK output stays below either
+        fill_unset(self.limits.http2, max_header_list_bytes=max(32768, 2 * headers))
         return self
 
     @model_validator(mode="after")

@@ -51,8 +51,9 @@ SETTINGS = SettingsFrame(0).serialize()
         (headers(1) + EMPTY + LAST, None),
         (headers(1, False) + CONT * 8, None),
         (headers(1, False) + CONT * 9, g.CONTINUATION_FLOOD),
-        (headers(1, False) + CONT_BIG * 4, None),
-        (headers(1, False) + CONT_BIG * 5, g.HEADER_BLOCK_TOO_LARGE),
+        (headers(1, False) + CONT_BIG * 2, None),  # 32,001 bytes: the default cap is 32 KiB
+        (headers(1, False) + CONT_BIG * 2 + CONT, None),  # 32,101 bytes
+        (headers(1, False) + CONT_BIG * 3, g.HEADER_BLOCK_TOO_LARGE),
         (PRIO * 100, None),
         (PRIO * 101, g.PRIORITY_FLOOD),
         (headers(1) + PRIO * 200, None),

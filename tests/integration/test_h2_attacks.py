@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from hyperframe.frame import (
+    ContinuationFrame,
     DataFrame,
     GoAwayFrame,
     HeadersFrame,
@@ -290,6 +291,24 @@ def test_streams_past_the_limit_are_refused_one_by_one(gw: H2Gateway) -> None:
     answer = next((f for f in conn.frames(3.0) if isinstance(f, HeadersFrame | GoAwayFrame)), None)
     conn.close()
     assert isinstance(answer, HeadersFrame) and answer.stream_id == 1, answer
+
+
+def test_a_header_block_past_the_cap_ends_the_connection_as_it_arrives(gw: H2Gateway) -> None:
+    """The header-block cap (limits.http2.max_header_list_bytes, 32 KiB by default) is counted
+    frame by frame as the block arrives: six CONTINUATION frames of 5,000 bytes (about 30,025
+    bytes with the HEADERS) are read on, the seventh (35,025) ends the connection with GOAWAY
+    ENHANCE_YOUR_CALM, before the block ends."""
+    before = gw.metric("sluice_rejected_total", reason="h2_header_block_too_large")
+    conn = RawH2(gw.port)
+    part = frame(ContinuationFrame(1), data=b"\x00" * 5000)
+    conn.send(conn.headers(1, end_headers=False) + part * 6)
+    early = next((f for f in conn.frames(0.5) if isinstance(f, GoAwayFrame)), None)
+    assert early is None, early
+    conn.send(part)
+    g = conn.goaway()
+    conn.close()
+    assert isinstance(g, GoAwayFrame) and g.error_code == ENHANCE_YOUR_CALM, g
+    assert gw.metric("sluice_rejected_total", reason="h2_header_block_too_large") == before + 1
 
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway, tmp_path: Path) -> None:

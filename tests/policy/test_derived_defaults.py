@@ -107,6 +107,16 @@ def test_header_block_default_follows_the_metadata_cap(tmp_path: Path) -> None:
     assert load(tmp_path, HEAD + ROUTES).datapath.max_header_block_bytes == 65536
 
 
+def test_header_list_default_follows_the_header_caps(tmp_path: Path) -> None:
+    """HTTP/2's header-list cap defaults to 32 KiB, and stays twice the largest header set a
+    stream may carry (431 or metadata cap below it), unless written."""
+    assert load(tmp_path, HEAD + ROUTES).limits.http2.max_header_list_bytes == 32768
+    text = "limits: {max_header_bytes: 40000, grpc_max_metadata_bytes: 20000}\n"
+    assert load(tmp_path, HEAD + ROUTES + text).limits.http2.max_header_list_bytes == 80000
+    text = "limits: {grpc_max_metadata_bytes: 20000, http2: {max_header_list_bytes: 20000}}\n"
+    assert load(tmp_path, HEAD + ROUTES + text).limits.http2.max_header_list_bytes == 20000
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
