@@ -1,11 +1,13 @@
 """(compiled) Token budgets on the request path. Decisions are `gateway.core.budgets`'; state is the
 services' `gateway.budgets.owner.Book`.
 
-- `on_request` (after auth: budgets are keyed by claims): each rule's key and its ledger for the
-  current period, and a hold of the request's likely size (prompt ≤ body bytes / 4,
-  `default_max_tokens` of output) on the local share, so that requests arriving together see
-  each other. Plain, except when a shared store is up and the local share cannot cover the
-  hold: then it waits for the sync loop to lease more, at most `wait_ms`.
+- `on_request` (after auth: budgets are keyed by claims), with a shared store: each rule's key
+  and its ledger for the current period, and a hold of the request's likely size (prompt ≤ body
+  bytes / 4, `default_max_tokens` of output) on the local share, so that requests arriving
+  together see each other. Plain, except when the local share cannot cover the hold: then it
+  waits for the sync loop to lease more, at most `wait_ms`. Without a store there is nothing to
+  wait for, so nothing is held: the body phase keys the request and reserves (the same
+  decisions, one reservation instead of a hold and an adjustment).
 - `on_body` (HTTP): the hold makes way for the reservation, `cost(model, prompt estimate,
   max_tokens)` per rule, taken from the local share, or the request is refused (429; 503 when
   the store is unreachable and the rule fails closed). A stream is asked for its usage chunk
@@ -85,9 +87,38 @@ class BudgetFilter:
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
+        book = self.book
+        if book.store is None:
+            return _CONTINUE  # nothing to wait for: the body phase keys and reserves at once
         info = ctx.info
         if info.method in _BODILESS or info.protocol is _GRPC:
             return _CONTINUE  # nothing to reserve: no prompt, no completion
+        items = self._items(ctx)
+        waits: list[tuple[Item, int]] | None = None
+        cl = info.content_length
+        prompt = (cl + 3) // 4 if cl else 0  # the prompt is at most its body bytes / 4
+        for item in items:
+            # Held until the body phase knows the exact amount: what the request will likely
+            # need, so that requests arriving together see each other (and wait together for
+            # the sync loop to lease more).
+            hint = item.rb.rule.cost.of(None, prompt, self.default_max)
+            lg = item.e.ledger
+            if hint <= lg.avail:
+                lg.avail -= hint
+                lg.reserved += hint
+                item.amount, item.epoch = hint, lg.epoch
+            elif not book.down:
+                if waits is None:
+                    waits = []
+                waits.append((item, hint))
+        ctx.budget = Ticket(items)
+        if waits is not None:
+            return self._wait(waits)
+        return _CONTINUE
+
+    def _items(self, ctx: RequestContext) -> list[Item]:
+        """Each rule's entry for this request's key in the current period."""
+        info = ctx.info
         book = self.book
         p = ctx.principal
         claims = p.claims if p is not None else None
@@ -97,9 +128,6 @@ class BudgetFilter:
             route = r.name if r is not None else None
         now = self.wall()
         items = []
-        waits: list[tuple[Item, int]] | None = None
-        cl = info.content_length
-        prompt = (cl + 3) // 4 if cl else 0  # the prompt is at most its body bytes / 4
         for rb in self.books:
             rule = rb.rule
             k = rule.key(info, claims, route, None)
@@ -108,24 +136,8 @@ class BudgetFilter:
                 e = book.entry(rb, k, rule.limit(k, claims, info.headers), now)
             else:
                 rb.entries.move_to_end(k)
-            item = Item(rb, e)
-            items.append(item)
-            # Held until the body phase knows the exact amount: what the request will likely
-            # need, so that requests arriving together see each other (and wait together).
-            hint = rule.cost.of(None, prompt, self.default_max)
-            lg = e.ledger
-            if hint <= lg.avail:
-                lg.avail -= hint
-                lg.reserved += hint
-                item.amount, item.epoch = hint, lg.epoch
-            elif book.store is not None and not book.down:
-                if waits is None:
-                    waits = []
-                waits.append((item, hint))
-        ctx.budget = Ticket(items)
-        if waits is not None:
-            return self._wait(waits)
-        return _CONTINUE
+            items.append(Item(rb, e))
+        return items
 
     async def _wait(self, waits: list[tuple[Item, int]]) -> Status:
         deadline = self.book.deadline()  # one wait_ms for the request, whatever its rules
@@ -136,10 +148,15 @@ class BudgetFilter:
 
     # -- body phase ---------------------------------------------------------------------------
     def on_body(self, ctx: RequestContext, body: RequestBody) -> Status:
-        t = ctx.budget
-        if not isinstance(t, Ticket) or not body.size:
+        if not body.size:
             return Status.CONTINUE  # (a hold of the request phase is released at its end)
+        t = ctx.budget
         book = self.book
+        if not isinstance(t, Ticket):
+            info = ctx.info
+            if book.store is not None or info.method in _BODILESS or info.protocol is _GRPC:
+                return Status.CONTINUE
+            t = ctx.budget = Ticket(self._items(ctx))  # no store: keyed here, not held before
         shared = book.store is not None
         prompt = body.prompt_tokens_estimate
         out = body.max_tokens if body.max_tokens is not None else self.default_max
