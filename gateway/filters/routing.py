@@ -369,7 +369,8 @@ class RouteFilter:
         self.pool.activate(self.views, self.pickers)
 
     def on_request(self, ctx: RequestContext) -> Status:
-        route = self.policy.match(ctx.info)
+        # An earlier filter of this chain (auth) may have matched it already: the same policy.
+        route = ctx.route or self.policy.match(ctx.info)
         if route is None:
             return ctx.stop(NO_ROUTE)
         ctx.route = route
