@@ -72,6 +72,7 @@ MODULES = (
     "gateway.filters.routing",
     "gateway.filters.trace",
     "gateway.telemetry.requests",
+    "gateway.telemetry.tally",
     "gateway.telemetry.accesslog",
     "gateway.reload.traffic",
     *(
