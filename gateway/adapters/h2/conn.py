@@ -11,6 +11,9 @@ directly has the identity read here.
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
   RST_STREAM REFUSED_STREAM (h2 itself would end the whole connection: its own bound is lifted).
+- a share of the loop: a read that opens more than `guard.STREAMS_PER_TURN` streams is fed to h2
+  in pieces, one per turn of the event loop (reading stops until the last), so the other
+  connections are not held behind its HEADERS processing (stream exhaustion).
 - floods (guard, rapid reset, control frames queued while the client does not read: past
   `max_queued_control_frames`, or the socket buffer full with no stream open): GOAWAY
   with the breach's code, counted in `sluice_rejected_total{reason="h2_…"}`, and the

@@ -17,6 +17,10 @@ grpc/grpc doc/PROTOCOL-HTTP2.md):
   stream's send window (a write waits for it), and the status as trailers (HEADERS with
   END_STREAM); a call ended before anything was sent is answered trailers-only. `grpc-message`
   is percent-encoded.
+- a streaming call reaches the lifecycle (chain, admission, upstream call) at its first DATA
+  bytes or half-close, or `limits.grpc_first_data_wait_s` after its HEADERS without either: a
+  call held open without a message costs a waiting task, not an upstream call (stream
+  exhaustion); a unary call at its whole message, as before.
 - a client RST_STREAM (or a lost connection) cancels the call's task (`H2Conn`): the lifecycle
   cancels the upstream call and records a client cancel.
 - every stream is recorded: calls ended before the lifecycle had them (reset before their task
