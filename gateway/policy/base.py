@@ -286,6 +286,15 @@ class Limits(PolicyModel):
         description="HTTP/2 max concurrent streams per gRPC connection; grpc clients do not "
         "queue above it (they get UNAVAILABLE), so keep it above the busiest client's burst",
     )
+    grpc_first_data_wait_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=60.0,
+        description="HTTP/2 engine: a streaming gRPC call is handed to the chain and opens its "
+        "upstream call at its first DATA bytes or half-close, or after this long without "
+        "either (a call held open with no message costs nothing upstream; a method whose "
+        "server speaks first is delayed this long); 0 opens it at HEADERS",
+    )
     grpc_max_metadata_bytes: PositiveInt = Field(default=16384, description="gRPC metadata bytes")
     grpc_max_upstream_metadata_bytes: PositiveInt = Field(
         default=1 << 20,

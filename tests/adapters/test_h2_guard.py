@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hpack
 import pytest
 from hyperframe.frame import (
     ContinuationFrame,
@@ -112,3 +113,60 @@ def test_refusals_are_free_up_to_an_allowance_refilled_per_second() -> None:
     assert [guard.refusal_counts(100.0) for _ in range(21)] == [False] * 20 + [True]
     assert [guard.refusal_counts(100.5) for _ in range(6)] == [False] * 5 + [True]
     assert [guard.refusal_counts(110.0) for _ in range(21)] == [False] * 20 + [True]  # no more
+
+
+@pytest.mark.parametrize(
+    ("streams", "pieces"),
+    [
+        (1, 1),
+        (g.STREAMS_PER_TURN, 1),
+        (g.STREAMS_PER_TURN + 1, 2),
+        (200, -(-200 // g.STREAMS_PER_TURN)),
+    ],
+)
+def test_a_read_of_many_new_streams_is_cut_before_every_turns_first(
+    streams: int, pieces: int
+) -> None:
+    """`cuts` split a read at frame starts so that each piece opens at most STREAMS_PER_TURN
+    streams (the connection feeds h2 one piece per turn of the event loop); frames that open
+    no stream stay with the piece before them."""
+    frames = [g.PREFACE] + [headers(2 * i + 1) + PING for i in range(streams)]
+    data = b"".join(frames)
+    guard = g.FrameGuard(Http2Limits(max_pings_per_s=1000))
+    assert guard.feed(data, 0.0) is None
+    ends = [0, *guard.cuts, len(data)]
+    assert len(ends) - 1 == pieces
+    for a, b in zip(ends, ends[1:], strict=False):
+        piece = data[a:b]
+        opened = g.FrameGuard(Http2Limits(max_pings_per_s=1000))
+        opened.preface_left = 0 if a else len(g.PREFACE)
+        assert opened.feed(piece, 0.0) is None and not opened.skip and not opened.head
+        assert 1 <= opened.streams_opened <= g.STREAMS_PER_TURN
+    assert guard.feed(PING, 0.0) is None and guard.cuts == []  # each read has its own
+
+
+def test_h2s_walk_of_its_stream_table_is_amortized() -> None:
+    """h2 walks every stream it holds on each new stream (to count the open ones); the server
+    connection walks once the table has doubled, and closed streams are still moved out."""
+    h2c = g.server_h2(Http2Limits())
+    g.start_h2(h2c, Http2Limits())
+    h2c.data_to_send()
+    h2c.receive_data(g.PREFACE + SETTINGS)
+    enc = hpack.Encoder()
+    block = enc.encode([(":method", "GET"), (":scheme", "http"), (":path", "/"),
+                        (":authority", "x")])  # fmt: skip
+    walks = 0
+    real = h2c._open_streams
+
+    def counted(remainder: int) -> int:
+        nonlocal walks
+        walks += 1
+        return real(remainder)
+
+    h2c._open_streams = counted  # type: ignore[method-assign]
+    for i in range(1000):
+        sid = 2 * i + 1
+        h2c.receive_data(_f(HeadersFrame(sid), data=block, flags={"END_HEADERS", "END_STREAM"}))
+        h2c.send_headers(sid, [(b":status", b"200")], end_stream=True)  # closed at once
+    assert walks <= 1000 // g.SWEEP_MIN, walks  # h2 alone walks 1000 times
+    assert len(h2c.streams) < 2 * g.SWEEP_MIN

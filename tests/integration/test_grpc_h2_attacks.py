@@ -4,13 +4,19 @@ within 2 s, counted under its reason, with bounded memory, while a grpcio client
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
 from hyperframe.frame import GoAwayFrame
+
+
+from hpack import Decoder
+from hyperframe.frame import DataFrame, HeadersFrame
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, wait_ready
@@ -148,6 +154,75 @@ def test_calls_past_the_limit_are_refused_one_by_one(gw: H2Gateway) -> None:
     conn.close()
     assert refused == set(range(201, 1001, 2)), len(refused)
     assert late is None, late
+
+
+def _message(sid: int, prompt: str) -> bytes:
+    """One request message on `sid`, with the client's half-close."""
+    msg = pb2.InferRequest(prompt=prompt).SerializeToString()
+    f = DataFrame(sid)
+    f.data = b"\x00" + len(msg).to_bytes(4, "big") + msg
+    f.flags = {"END_STREAM"}  # type: ignore[assignment]
+    return f.serialize()
+
+
+def _status(conn: RawH2, dec: Decoder, sid: int) -> bytes:
+    """The grpc-status of the call on `sid` (its trailers), read within 5 s."""
+    for f in conn.frames(5.0):
+        if isinstance(f, HeadersFrame):
+            fields = dict(dec.decode(f.data, raw=True))  # every block: the table in step
+            if f.stream_id == sid and "END_STREAM" in f.flags:
+                return bytes(fields[b"grpc-status"])
+    raise AssertionError(f"no trailers on stream {sid}")
+
+
+def test_held_calls_open_no_upstream_call_until_their_first_message(
+    gw: H2Gateway, backend: Backend
+) -> None:
+    """Stream exhaustion: client-streaming calls held open without a message take nothing
+    upstream; one that sends its message later is served (the call opens then);
+    `limits.grpc_first_data_wait_s` (1 s) later the rest are forwarded without one (a method
+    whose server speaks first)."""
+
+    def collects() -> int:
+        return int(backend.stats()["requests"].get("grpc Collect", 0))
+
+    before = collects()
+    conn = RawH2(gw.port)
+    extra = [*GRPC_HEADERS, ("x-rl-tenant", "held")]
+    held = b"".join(
+        conn.headers(sid, "POST", COLLECT, False, extra=extra) for sid in range(1, 20, 2)
+    )
+    conn.send(held + conn.headers(21, "POST", COLLECT, False, extra=extra) + _message(21, "a"))
+    dec = Decoder()
+    assert _status(conn, dec, 21) == b"0"
+    assert collects() == before + 1  # the ten held calls, opened first, are not upstream
+    conn.send(_message(1, "b"))  # one of them sends its message
+    assert _status(conn, dec, 1) == b"0"
+    assert collects() == before + 2
+    wait_until(collects, ok=lambda n: n == before + 11, what="held calls forwarded after 1 s")
+    conn.close()
+
+
+def test_a_call_whose_messages_come_later_streams_through(gw: H2Gateway) -> None:
+    """A client-streaming call whose first message comes well after its headers is served, and a
+    bidi call is answered message by message (each reply before the next request is sent)."""
+
+    def late() -> Iterator[Any]:
+        time.sleep(0.3)
+        yield pb2.InferRequest(prompt="late ")
+        yield pb2.InferRequest(prompt="reply")
+
+    md = (("x-rl-tenant", "streams"),)
+    with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
+        stub = pb2_grpc.InferenceStub(ch)
+        assert stub.Collect(late(), metadata=md, timeout=5).text == "late reply"
+        sent: queue.Queue[Any] = queue.Queue()
+        replies = stub.Chat(iter(sent.get, None), metadata=md, timeout=5)
+        for word in ("one", "two", "three"):
+            sent.put(pb2.InferRequest(prompt=word))
+            assert next(replies).text == word  # before the next message is sent
+        sent.put(None)
+        assert list(replies) == []
 
 
 def test_memory_after_the_table_is_bounded(gw: H2Gateway) -> None:

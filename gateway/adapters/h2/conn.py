@@ -11,6 +11,9 @@ directly has the identity read here.
 What a connection does and refuses:
 - concurrency: SETTINGS_MAX_CONCURRENT_STREAMS is advertised; a stream past it is refused with
   RST_STREAM REFUSED_STREAM (h2 itself would end the whole connection: its own bound is lifted).
+- a share of the loop: a read that opens more than `guard.STREAMS_PER_TURN` streams is fed to h2
+  in pieces, one per turn of the event loop (reading stops until the last), so the other
+  connections are not held behind its HEADERS processing (stream exhaustion).
 - floods (guard, rapid reset, control frames queued while the client does not read: past
   `max_queued_control_frames`, or the socket buffer full with no stream open): GOAWAY
   with the breach's code, counted in `sluice_rejected_total{reason="h2_…"}`, and the
@@ -43,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import typing
+from collections import deque
 from typing import cast
 
 import h2.events as ev
@@ -122,6 +126,7 @@ class H2Conn(asyncio.Protocol):
         self.flushing = False  # a flush is scheduled for the end of this loop iteration
         self.final_sent = -1  # the last stream id of the last GOAWAY sent
         self.answered = False  # response frames were written since the socket last drained
+        self.backlog: deque[bytes] = deque()  # pieces of a read for the next turns of the loop
 
     # --- transport events ---
 
@@ -165,7 +170,7 @@ class H2Conn(asyncio.Protocol):
         self.write_paused = False
         self.answered = False
         self.queued_control = 0
-        if self.transport is not None and not self.closing:
+        if self.transport is not None and not self.closing and not self.backlog:
             self.transport.resume_reading()
         fut, self.drainer = self.drainer, None
         if fut is not None and not fut.done():
@@ -186,6 +191,36 @@ class H2Conn(asyncio.Protocol):
         if breach is not None:
             self.calm(breach)
             return
+        backlog = self.backlog
+        if not guard.cuts and not backlog:
+            self._receive(data)
+            return
+        # Many new streams: h2 takes them STREAMS_PER_TURN at a time, one piece per turn of the
+        # loop, so that the other connections' events run in between; reading waits meanwhile.
+        idle = not backlog
+        ends = [0, *guard.cuts, len(data)]
+        backlog.extend(data[a:b] for a, b in zip(ends, ends[1:], strict=False))
+        if idle:
+            if self.transport is not None:
+                self.transport.pause_reading()
+            self._next_turn()
+
+    def _next_turn(self) -> None:
+        """The next piece of a read split by new streams (`guard.STREAMS_PER_TURN`)."""
+        if self.closing or self.closed:
+            self.backlog.clear()
+            return
+        self._receive(self.backlog.popleft())
+        if self.backlog:
+            self.loop.call_soon(self._next_turn)
+        elif self.transport is not None and not self.write_paused and not self.closing:
+            self.transport.resume_reading()
+
+    def _receive(self, data: bytes) -> None:
+        """Feed h2 `data` (counted by the guard already), handle its events, flush once."""
+        if self.closing:
+            return
+        guard = self.guard
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as e:  # h2 has queued its GOAWAY

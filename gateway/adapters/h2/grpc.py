@@ -17,6 +17,10 @@ grpc/grpc doc/PROTOCOL-HTTP2.md):
   stream's send window (a write waits for it), and the status as trailers (HEADERS with
   END_STREAM); a call ended before anything was sent is answered trailers-only. `grpc-message`
   is percent-encoded.
+- a streaming call reaches the lifecycle (chain, admission, upstream call) at its first DATA
+  bytes or half-close, or `limits.grpc_first_data_wait_s` after its HEADERS without either: a
+  call held open without a message costs a waiting task, not an upstream call (stream
+  exhaustion); a unary call at its whole message, as before.
 - a client RST_STREAM (or a lost connection) cancels the call's task (`H2Conn`): the lifecycle
   cancels the upstream call and records a client cancel.
 - every stream is recorded: calls ended before the lifecycle had them (reset before their task
@@ -282,12 +286,17 @@ class H2GrpcHandler:
     """Serves the streams of a gRPC listener on the HTTP/2 engine: one task and one exchange
     per call (`gateway.adapters.h2.server.StreamHandler`). Methods in `unary` are read whole
     and served by the lifecycle's unary path (one upstream unary call: the cheaper one), the
-    rest as streams."""
+    rest as streams, handed to the lifecycle at their first DATA bytes or half-close, or after
+    `first_data_s` without either (`limits.grpc_first_data_wait_s`): a call held open without
+    a message takes no admission and opens no upstream call."""
 
-    def __init__(self, forward: GrpcForward, limit: int, body_read_s: float) -> None:
+    def __init__(
+        self, forward: GrpcForward, limit: int, body_read_s: float, first_data_s: float = 0.0
+    ) -> None:
         self.forward = forward
         self.limit = limit
         self.body_read_s = body_read_s
+        self.first_data_s = first_data_s
         self.unary: frozenset[str] = frozenset()
 
     def set_unary(self, methods: frozenset[str]) -> None:
@@ -314,7 +323,12 @@ class H2GrpcHandler:
                 return
             if ex.deadline is not None:
                 timer = forward.loop.call_at(ex.deadline, _expire, ex)
-            request = await self._unary_request(ex) if ex.method in self.unary else None
+            if ex.method in self.unary:
+                request: bytes | None = await self._unary_request(ex)
+            else:
+                request = None
+                if self.first_data_s > 0 and not (stream.body or stream.body_done):
+                    await _first_data(stream, self.first_data_s)
             served = True
             await forward.serve(ex, request)
         except MessageRefused as e:  # the request of a unary call, before it was served
@@ -364,6 +378,20 @@ class H2GrpcHandler:
                 GRPC_UNIMPLEMENTED, "a unary call takes exactly one request message"
             )
         return request
+
+
+async def _first_data(stream: H2Stream, seconds: float) -> None:
+    """Until the stream's first DATA bytes, its half-close, or `seconds` (then the call goes
+    on without them: a method whose server speaks first). An attacker holding streams open
+    without a message (stream exhaustion) so costs a waiting task each, not a chain run and an
+    upstream call opened and cancelled per stream. Raises ConnectionResetError when the stream
+    is gone."""
+    try:
+        async with asyncio.timeout(seconds):
+            while not (stream.body or stream.body_done):
+                await stream.wait()
+    except TimeoutError:
+        pass
 
 
 def _expire(ex: H2GrpcExchange) -> None:

@@ -54,7 +54,10 @@ async def start_h2_grpc(
     policy = gateway.active.policy.policy
     limits = policy.limits
     handler = H2GrpcHandler(
-        GrpcForward(gateway, loop), limits.grpc_max_message_bytes, policy.timeouts.body_read_s
+        GrpcForward(gateway, loop),
+        limits.grpc_max_message_bytes,
+        policy.timeouts.body_read_s,
+        limits.grpc_first_data_wait_s,
     )
     handler.set_unary(gateway.active.policy.unary_methods)
     # gRPC channels are long-lived and carry every call of a client: no calls-per-connection

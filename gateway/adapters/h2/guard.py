@@ -33,6 +33,10 @@ from gateway.policy.base import Http2Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 MAX_STREAM_ID = 2**31 - 1
+# New streams h2 takes from one connection per turn of the event loop: each costs ~0.1 ms of
+# h2 (HPACK, state) and our own opening, so a read of 200 (`max_new_streams_per_read`) would
+# hold every other connection for ~20 ms; split, they wait ~2 ms at most (stream exhaustion).
+STREAMS_PER_TURN = 8
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
 WINDOW_UPDATE, CONTINUATION = 8, 9
@@ -69,6 +73,7 @@ class FrameGuard:
         "limits", "preface_left", "skip", "head", "highest", "streams_opened", "block_open",
         "block_frames", "block_bytes", "empty", "priority", "window_updates", "data_sent",
         "window_end", "pings", "settings", "new_streams", "acks", "refusals", "refusals_at",
+        "cuts",
     )  # fmt: skip
 
     def __init__(self, limits: Http2Limits) -> None:
@@ -92,12 +97,17 @@ class FrameGuard:
         self.acks = 0  # PING and SETTINGS frames in the current read (each is answered)
         self.refusals = 2.0 * limits.max_concurrent_streams  # refusals not counted, refilled
         self.refusals_at = 0.0
+        # Offsets in the current read where a turn of the loop ends: before the HEADERS frame
+        # of every STREAMS_PER_TURN-th new stream after the first (`H2Conn` feeds h2 the read
+        # in those pieces, one per turn of the event loop).
+        self.cuts: list[int] = []
 
     def feed(self, data: bytes, now: float) -> Breach | None:
         """Count the frames whose headers are in `data` (the next bytes of the connection)."""
         n = len(data)
         pos = 0
         self.new_streams = self.acks = 0
+        self.cuts.clear()
         if now >= self.window_end:
             self.window_end = now + 1.0
             self.pings = self.settings = 0
@@ -122,12 +132,13 @@ class FrameGuard:
                 pos += min(need, n - pos)
                 if len(head) < 9:
                     break
-                hdr, off = bytes(head), 0
+                hdr, off, at = bytes(head), 0, 0
                 head.clear()
             else:
-                hdr, off = data, pos
+                hdr, off, at = data, pos, pos
                 pos += 9
             length = int.from_bytes(hdr[off : off + 3], "big")
+            opened = self.new_streams
             breach = self._frame(
                 length,
                 hdr[off + 3],
@@ -136,6 +147,8 @@ class FrameGuard:
             )
             if breach is not None:
                 return breach
+            if opened and opened != self.new_streams and opened % STREAMS_PER_TURN == 0:
+                self.cuts.append(at)
             pos += length
         self.skip = pos - n if pos > n else 0
         return None
@@ -251,6 +264,7 @@ class ServerH2(H2Connection):
 
     def __init__(self, config: H2Configuration, closed_kept: int) -> None:
         self.MAX_CLOSED_STREAMS = closed_kept  # read by H2Connection.__init__
+        self.sweep_at = SWEEP_MIN
         super().__init__(config)
 
     def _receive_frame(self, frame: Frame) -> list[Event]:
@@ -265,6 +279,24 @@ class ServerH2(H2Connection):
             if type(e) is ProtocolError and isinstance(e.__cause__, HPACKError):
                 e.error_code = ErrorCodes.COMPRESSION_ERROR
             raise
+
+    @property
+    def open_inbound_streams(self) -> int:
+        """At most this many inbound streams are open: h2 asks on every new stream, to hold
+        them under its SETTINGS bound (lifted by `start_h2`: the connection refuses past it
+        itself), and walks every stream it holds to count them, moving the closed ones out as
+        it goes: a seventh of what a new stream costs with 100 open (stream exhaustion). The
+        walk runs once the table has doubled since the last one; in between, the table's size
+        is the answer (closed streams still in it answer late frames as h2 does)."""
+        n = len(self.streams)
+        if n < self.sweep_at:
+            return n
+        open_now = self._open_streams(1)
+        self.sweep_at = max(SWEEP_MIN, 2 * len(self.streams))
+        return open_now
+
+
+SWEEP_MIN = 64  # h2's stream table is walked for closed streams from this size on
 
 
 def closed_streams_kept(limits: Http2Limits) -> int:
