@@ -9,8 +9,9 @@ is TLS ÷ plaintext ≤ 1.25).
 Then the handshake storm, Sluice beside an nginx TLS proxy to the same backend, like with like:
 the same certificate and key, TLS 1.2 and 1.3 offered by both (nginx 1.22 offers no TLS 1.3
 unless told; `procs.nginx_conf`), one session ticket per full handshake, no session cache; the
-negotiated version and cipher of each are printed and must match. CLIENTS (8) `openssl s_time` processes each open one
-connection after another (`GET` over HTTP/1.0, answered and closed), in two rows:
+negotiated version and cipher of each are printed and must match. CLIENTS (8) `openssl s_time`
+processes each open one connection after another (`GET` over HTTP/1.0, answered and closed), in
+two rows:
 - full: `-new`, every connection a full handshake (certificate signature, key exchange), as
   after a deploy, when no client holds a ticket the new process can open;
 - resumed: `-reuse`, every connection resumes the previous one's session (a TLS 1.3 ticket:
