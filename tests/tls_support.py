@@ -201,3 +201,45 @@ def peer_identity_of(cert: Path) -> str:
 
     decoded = ssl._ssl._test_decode_cert(str(cert))  # type: ignore[attr-defined]
     return identity(decoded)
+
+
+@dataclass
+class Visit:
+    """One HTTPS request on a connection of its own (`visit`)."""
+
+    status: int
+    session: ssl.SSLSession | None  # to resume with (after the server's tickets were read)
+    resumed: bool  # the handshake resumed the session given (`SSLSocket.session_reused`)
+    tickets: int  # TLS 1.3 NewSessionTicket messages the server sent on this connection
+
+
+def visit(
+    port: int,
+    ctx: ssl.SSLContext,
+    session: ssl.SSLSession | None = None,
+    request: bytes = b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    timeout: float = 5.0,
+) -> Visit:
+    """Connect to 127.0.0.1:`port` with `ctx` (resuming `session` if given), send `request`,
+    read the answer to the server's close. `ctx` gets a message callback that counts tickets."""
+    import socket
+
+    tickets = [0]
+
+    def seen(conn: object, direction: str, version: object, kind: object, msg: object,
+             data: bytes) -> None:  # fmt: skip
+        if direction == "read" and msg == ssl._TLSMessageType.NEWSESSION_TICKET:  # type: ignore[attr-defined]
+            tickets[0] += 1
+
+    ctx._msg_callback = seen  # type: ignore[attr-defined]  # the ssl module's debugging hook
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=timeout) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost", session=session) as tls,
+    ):
+        resumed = bool(tls.session_reused)
+        tls.sendall(request)
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+        status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+        return Visit(status, tls.session, resumed, tickets[0])

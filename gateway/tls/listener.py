@@ -4,11 +4,15 @@ holds the context it serves and keeps it current with its files.
 Rotation without a restart: the owner polls the files' stat (device, inode, mtime, size) every
 `tls_watch_interval_s` (2 s). A change is loaded once it has held still for one poll (a writer
 that replaces the certificate and then the key is seen as one change): the new context is built
-here, outside any handshake, and swapped in whole. The listener keeps its first context, whose
-`sni_callback` (run for every handshake, SNI or not) points the connection at the current one
-(`ssl_object.context = current`): new connections get the new certificate, open ones keep what
-they negotiated. Every context is built by the same function, so ALPN and client verification
-stay identical (an exception in the callback would abort that handshake, so nothing is built there).
+here, outside any handshake, and swapped in whole. The listener keeps its first context; from the
+first rotation on, that context's `sni_callback` (run for every handshake, SNI or not) points the
+connection at the current one (`ssl_object.context = current`): new connections get the new
+certificate, open ones keep what they negotiated. Until a rotation there is no callback: it would
+be a call into Python (taking the GIL back) in every handshake for nothing. Every context is built
+by the same function, so ALPN and client verification stay identical (an exception in the
+callback would abort that handshake, so nothing is built there). Session tickets are sealed with
+the first context's keys (OpenSSL keeps the context a connection started on for its session), so
+a client resumes across rotations as long as the process lives.
 
 gRPC (grpc.aio): the server takes `grpc.dynamic_ssl_server_credentials`, whose fetcher the C core
 calls (from its own threads) before each new handshake; it answers with the new configuration
@@ -72,8 +76,7 @@ class TlsOwner:
             material = load_material(cfg, self.alpn)
         self.material = material
         self.context = material.context  # what the listener is bound with, for good
-        self.context.sni_callback = self._sni
-        self._current = self.context
+        self._current = self.context  # sni_callback set at the first rotation (see above)
         self.generation = 0
         self._seen = material.signature  # the last signature observed
         self._tried = material.signature  # the last signature loaded (or tried)
@@ -134,6 +137,7 @@ class TlsOwner:
     def _swap(self, material: Material) -> None:
         self.material = material
         self._current = material.context
+        self.context.sni_callback = self._sni  # from now on handshakes move to the current one
         self.generation += 1
         self.loaded_at = time.time()
         self.error = self.error_reason = ""

@@ -1,16 +1,38 @@
-"""What TLS costs the HTTP listener: `python -m tests.bench.bench_tls [SECONDS] [CONNECTIONS]`.
+"""What TLS costs the HTTP listener: `python -m tests.bench.bench_tls [SECONDS] [CONNECTIONS]
+[CLIENTS]`.
 
 Starts the simulated backend and two gateways (native engine, default chain, access log off):
-one plaintext, one TLS (a private CA's ECDSA P-256 certificate). wrk drives `GET /v1/models`:
-keep-alive on both (CPU µs per request in the gateway process, and their ratio; the target is
-TLS ÷ plaintext ≤ 1.25), then `Connection: close` on the TLS one and on an nginx TLS proxy to the
-same backend with the same certificate (one full handshake per request: handshakes per second
-and CPU µs per handshake, Sluice beside nginx). Gateway CPU comes from /proc (utime+stime).
-Unpinned: on a shared machine run it twice and take the lower figures.
+one plaintext, one TLS (a private CA's ECDSA P-256 certificate). wrk drives `GET /v1/models`
+with keep-alive on both (CPU µs per request in the gateway process, and their ratio; the target
+is TLS ÷ plaintext ≤ 1.25).
+
+Then the handshake storm, Sluice beside an nginx TLS proxy to the same backend, like with like:
+the same certificate and key, TLS 1.2 and 1.3 offered by both (nginx 1.22 offers no TLS 1.3
+unless told; `procs.nginx_conf`), one session ticket per full handshake, no session cache; the
+negotiated version and cipher of each are printed and must match. CLIENTS (8) `openssl s_time`
+processes each open one connection after another (`GET` over HTTP/1.0, answered and closed), in
+two rows:
+- full: `-new`, every connection a full handshake (certificate signature, key exchange), as
+  after a deploy, when no client holds a ticket the new process can open;
+- resumed: `-reuse`, every connection resumes the previous one's session (a TLS 1.3 ticket:
+  the key exchange still runs, no signature and no certificate).
+s_time marks each connection new or reused; the row prints both counts, so a resumption that
+does not happen shows. wrk cannot make either row: it keeps the session of its last connection
+(SSL_clear) and resumes whenever the server issued a ticket.
+
+Per row: connections per second, server CPU µs per connection (handshake + request + close,
+from /proc utime+stime), and what one core of the server would do at that cost (1e6 ÷ µs). On
+a 2-core machine the clients (OpenSSL client handshakes cost more than server ones) cannot keep
+a server's core busy, so the rate they reach says little; compare the per-core figures, Sluice
+÷ nginx, printed at the end of each row. Unpinned and shared: run it twice, report ranges.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,9 +69,47 @@ def measure(pid: int, url: str, seconds: int, conns: int, extra: list[str]) -> t
     return row, used / max(1, row.requests) * 1e6
 
 
+class Storm:
+    """One handshake row: connections made (new and reused), their rate, server CPU per one."""
+
+    def __init__(self, new: int, reused: int, seconds: float, cpu_s: float) -> None:
+        self.new, self.reused = new, reused
+        total = max(1, new + reused)
+        self.rate = total / seconds
+        self.us = cpu_s / total * 1e6
+
+
+def storm(pid: int, port: int, mode: str, seconds: int, clients: int) -> Storm:
+    """`clients` parallel `openssl s_time -new|-reuse` for `seconds` against 127.0.0.1:`port`;
+    each prints `*` for a connection with a full handshake and `r` for a resumed one."""
+    cmd = ["openssl", "s_time", "-connect", f"127.0.0.1:{port}", f"-{mode}",
+           "-time", str(seconds), "-www", "/v1/models"]  # fmt: skip
+    before, t0 = cpu_seconds(pid), time.monotonic()
+    runs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for _ in range(clients)]  # fmt: skip
+    outs = [p.communicate(timeout=seconds + 60)[0] for p in runs]
+    used, wall = cpu_seconds(pid) - before, time.monotonic() - t0
+    marks = "".join(m for out in outs for m in re.findall(r"^[*r]+$", out, re.MULTILINE))
+    return Storm(marks.count("*"), marks.count("r"), wall, used)
+
+
+def negotiated(port: int, ca: Path) -> str:
+    """The TLS version and cipher a default client gets from 127.0.0.1:`port`."""
+    import socket
+
+    ctx = ssl.create_default_context(cafile=str(ca))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+    ):
+        cipher = tls.cipher()
+        return f"{tls.version()} {cipher[0] if cipher else '?'}"
+
+
 def main(argv: list[str]) -> int:
     seconds = int(argv[0]) if argv else 5
     conns = int(argv[1]) if len(argv) > 1 else 16
+    clients = int(argv[2]) if len(argv) > 2 else 8
     with tempfile.TemporaryDirectory(prefix="sluice-bench-tls-") as d:
         tmp = Path(d)
         ca = TestCA(tmp / "ca")
@@ -63,7 +123,7 @@ def main(argv: list[str]) -> int:
             wait_ready(
                 "backend", lambda: models_ok(f"http://127.0.0.1:{backend}/v1/models"), [mock]
             )
-            gateways = {}
+            gateways, tls_port = {}, 0
             for name, tls in (
                 ("plain", ""),
                 ("tls", f", tls: {{cert: {cert.cert}, key: {cert.key}}}"),
@@ -76,6 +136,7 @@ def main(argv: list[str]) -> int:
                 )
                 wait_ready(name, lambda a=admin: http_ok(f"http://127.0.0.1:{a}/readyz"), [p])
                 scheme = "https" if tls else "http"
+                tls_port = port if tls else tls_port
                 gateways[name] = (p.pid, f"{scheme}://127.0.0.1:{port}/v1/models")
             for pid, url in gateways.values():  # warm-up
                 measure(pid, url, 1, conns, [])
@@ -87,18 +148,32 @@ def main(argv: list[str]) -> int:
                       f"p50 {row.p50_ms:.2f} ms  failed {row.failed}")  # fmt: skip
             print(f"TLS ÷ plaintext (keep-alive, gateway CPU per request): "
                   f"{results['tls'] / results['plain']:.2f}")  # fmt: skip
-            # Full handshakes (one request per connection), Sluice beside an nginx TLS proxy to
-            # the same backend with the same certificate (one worker, stock TLS settings).
+            # Handshakes (one request per connection), Sluice beside an nginx TLS proxy to the
+            # same backend with the same certificate, TLS settings like Sluice's.
+            if not shutil.which("openssl"):
+                print("openssl not found: no handshake rows")
+                return 0
             nginx, nport = start_nginx(procs, "nginx-tls", "", backend, (cert.cert, cert.key))
-            gateways["nginx"] = (nginx.pid, f"https://127.0.0.1:{nport}/v1/models")
-            measure(nginx.pid, gateways["nginx"][1], 1, conns, [])  # warm-up
-            for name in ("tls", "nginx"):
-                pid, url = gateways[name]
-                t0 = time.monotonic()
-                row, us = measure(pid, url, seconds, conns, ["-H", "Connection: close"])
-                label = "Sluice" if name == "tls" else "nginx"
-                print(f"{label:>6} handshakes: {row.rps:9.0f} /s  {us:6.1f} µs CPU/handshake"
-                      f"+request ({time.monotonic() - t0:.0f} s, failed {row.failed})")  # fmt: skip
+            servers = {"Sluice": (gateways["tls"][0], tls_port), "nginx": (nginx.pid, nport)}
+            seen = {name: negotiated(port, ca.path) for name, (_, port) in servers.items()}
+            for name, what in seen.items():
+                print(f"{name:>6} negotiates {what} (ECDSA P-256 certificate)")
+            if len(set(seen.values())) != 1:
+                print("warning: the two servers negotiate differently; not like with like")
+            for mode, label in (("new", "full"), ("reuse", "resumed")):
+                per_core = {}
+                for name, (pid, port) in servers.items():
+                    storm(pid, port, mode, 1, clients)  # warm-up
+                    r = storm(pid, port, mode, seconds, clients)
+                    per_core[name] = 1e6 / r.us
+                    ratio = (
+                        f"  Sluice ÷ nginx {per_core['Sluice'] / per_core['nginx']:.2f}"
+                        if name == "nginx"
+                        else ""
+                    )
+                    print(f"{name:>6} {label:>7}: {r.rate:6.0f} conn/s  {r.us:6.0f} µs CPU/conn  "
+                          f"→ {per_core[name]:5.0f}/s on one core  (full {r.new}, resumed "
+                          f"{r.reused}){ratio}")  # fmt: skip
         finally:
             procs.stop_all()
     return 0

@@ -26,7 +26,7 @@ from tests.integration.tls_gateway import (
     start_tls_gateway,
     tls_block,
 )
-from tests.tls_support import Issued, TestCA
+from tests.tls_support import Issued, TestCA, visit
 
 pytestmark = pytest.mark.integration
 
@@ -142,6 +142,36 @@ def test_certificate_identity_keys_the_limit_and_is_the_principal(
     lines = [json.loads(x) for x in gw.proc.output().splitlines() if x.startswith("{")]
     served = [x for x in lines if x.get("status") == 200 or x.get("grpc_status") == 0]
     assert served and all(x.get("auth") == "client_cert" for x in served)
+
+
+def test_a_resumed_session_keeps_the_certificate_identity(
+    required: tuple[TlsGateway, TestCA],
+) -> None:
+    """A connection that resumes a session (no certificate sent again) is the same client: its
+    requests use up the bucket of the certificate the session was verified with, not the
+    anonymous one, and a full handshake with that certificate then finds the bucket empty."""
+    gw, ca = required
+    r = ca.issue("client-r", uris=("spiffe://sluice.test/r",), client=True)
+    ctx = client(ca, r)
+    body = json.dumps(CHAT_BODY).encode()
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    first = visit(gw.http_port, ctx, request=request)
+    assert (first.status, first.resumed) == (200, False)
+    session, statuses = first.session, []
+    for _ in range(20):
+        v = visit(gw.http_port, ctx, session, request=request)
+        assert v.resumed
+        statuses.append(v.status)
+        session = v.session
+        if v.status == 429:
+            break
+    assert statuses[-1] == 429 and set(statuses[:-1]) <= {200}, statuses
+    assert visit(gw.http_port, ctx, request=request).status == 429  # full handshake, same bucket
+    shown = json.dumps(json.loads(gw.get("/admin/state"))["ratelimit"])
+    assert "spiffe://sluice.test/r" in shown
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from tests.integration.tls_gateway import (
     tls_block,
 )
 from tests.support import require_binary, wait_until
-from tests.tls_support import peer_serial, replace_atomically
+from tests.tls_support import peer_serial, replace_atomically, visit
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +219,19 @@ def test_a_file_that_does_not_load_keeps_the_old_certificate(
     # Logged once, though the bad file was looked at again until it was replaced.
     assert gw.proc.output().count("TLS files of the http listener changed but do not load") == 1
     gw.served = good
+
+
+def test_a_returning_client_resumes_its_session(gw: TlsGateway) -> None:
+    """Session resumption (TLS 1.3 tickets): a full handshake hands out one ticket, a second
+    connection with that session resumes it (no certificate signature) and is served, and hands
+    out a fresh one; a client without a session still gets a full handshake."""
+    ctx = gw.ca.client_context()
+    first = visit(gw.http_port, ctx)
+    assert (first.status, first.resumed, first.tickets) == (200, False, 1)
+    again = visit(gw.http_port, ctx, first.session)
+    assert (again.status, again.resumed, again.tickets) == (200, True, 1)
+    assert visit(gw.http_port, ctx, again.session).resumed
+    assert not visit(gw.http_port, ctx).resumed
 
 
 def test_a_client_that_never_finishes_the_handshake_is_closed(gw: TlsGateway) -> None:

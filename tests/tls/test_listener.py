@@ -114,7 +114,8 @@ def test_context_settings(setup: tuple[TestCA, ListenerTls, TlsOwner]) -> None:
     assert ctx.minimum_version is ssl.TLSVersion.TLSv1_2
     assert ctx.verify_mode is ssl.CERT_OPTIONAL
     assert ctx.options & ssl.OP_NO_COMPRESSION
-    assert ctx.sni_callback is not None
+    assert ctx.num_tickets == 1  # TLS 1.3 session tickets on, one per full handshake
+    assert ctx.sni_callback is None  # until the first rotation: no Python in the handshake
     assert owner.verifies_clients
 
 
@@ -151,8 +152,10 @@ async def test_sni_callback_rotates_new_connections_on_the_stdlib_loop(
 ) -> None:
     """The rotation mechanism itself, on asyncio's own SSL transport (the gateway runs uvloop;
     tests/integration/test_tls.py covers that): new connections get the new certificate, an
-    open one keeps its session and keeps working."""
+    open one keeps its session and keeps working, a session from before resumes."""
     import asyncio
+    import socket
+    import ssl
 
     from cryptography import x509
 
@@ -183,18 +186,37 @@ async def test_sni_callback_rotates_new_connections_on_the_stdlib_loop(
         w.write(b"ping\n")
         return await asyncio.wait_for(r.readline(), 5)
 
+    client = ca.client_context()  # a session resumes with the context that made it
+
+    def blocking(session: ssl.SSLSession | None) -> tuple[ssl.SSLSession | None, bool]:
+        """A connection of its own (resuming `session`): one line echoed; (session, resumed)."""
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            client.wrap_socket(raw, server_hostname="localhost", session=session) as tls,
+        ):
+            tls.sendall(b"ping\n")
+            assert tls.recv(16) == b"ping\n"  # the ticket came before it: the session is set
+            return tls.session, bool(tls.session_reused)
+
     try:
         r1, w1, first = await connect()
         assert first == owner.material.serial
+        before, resumed = await asyncio.to_thread(blocking, None)
+        assert not resumed
+        assert owner.context.sni_callback is None
         new = ca.server("second", directory=tmp_path / "new")
         replace_atomically(new.cert, Path(cfg.cert))
         replace_atomically(new.key, Path(cfg.key))
         owner.poll()
         assert owner.poll() is True
+        assert owner.context.sni_callback is not None
         r2, w2, second = await connect()
         assert second == new.serial
         assert await roundtrip(r1, w1) == b"ping\n"  # the open connection, untouched
         assert await roundtrip(r2, w2) == b"ping\n"
+        # A session from before the rotation still resumes (tickets are sealed with the first
+        # context's keys, which the listener keeps).
+        assert (await asyncio.to_thread(blocking, before))[1]
         for w in (w1, w2):
             w.close()
             await w.wait_closed()

@@ -128,9 +128,8 @@ class _Handler(RequestHandler):
         peer = transport.get_extra_info("peername")
         self.sluice_peer = str(peer[0]) if peer else ""
         if self._mtls:  # the handshake is over: a certificate here was verified
-            sslobj = transport.get_extra_info("ssl_object")
-            if sslobj is not None:
-                self.sluice_cert = identity(sslobj.getpeercert())
+            # (decoded once already, by the loop's SSL transport; None without one)
+            self.sluice_cert = identity(transport.get_extra_info("peercert"))
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:

@@ -136,9 +136,9 @@ class H2Conn(asyncio.Protocol):
         self.peer = str(peer[0]) if peer else ""
         self.server.conns.add(self)
         if self.server.mtls and not self.client_cert:  # accepted by this engine directly
-            sslobj = transport.get_extra_info("ssl_object")
-            if sslobj is not None:  # the handshake is over: a certificate here was verified
-                self.client_cert = identity(sslobj.getpeercert())
+            # the handshake is over: a certificate here was verified (and decoded by the loop's
+            # SSL transport; None on a plaintext connection)
+            self.client_cert = identity(transport.get_extra_info("peercert"))
         start_h2(self.h2, self.limits)
         self.flush()
         self.arm(self.server.header_read_s)

@@ -144,7 +144,8 @@ class H1Conn(asyncio.Protocol):
         if sslobj is None:
             return
         if self.server.mtls:  # the handshake is over: a certificate here was verified
-            self.client_cert = identity(sslobj.getpeercert())
+            # decoded once already, by the loop's SSL transport when the handshake ended
+            self.client_cert = identity(transport.get_extra_info("peercert"))
         if sslobj.selected_alpn_protocol() == "h2":
             self.to_h2(b"")
 
