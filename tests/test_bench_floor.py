@@ -1,9 +1,12 @@
-"""The bench's floor proxy (`gateway.bench.floor`), both variants (a task per request, and the
-callbacks-only reference), forwards keep-alive POSTs and GETs with their bodies intact, so its
-CPU per request is that of a working proxy."""
+"""The bench's floor proxies forward requests with their bodies intact, so their CPU per request
+is that of a working proxy: the HTTP/1.1 floor (`gateway.bench.floor`), both variants (a task per
+request, and the callbacks-only reference), keep-alive POSTs and GETs; the HTTP/2 floor
+(`gateway.bench.h2floor`), h2c streams in parallel on one connection, bodies larger than the
+flow-control windows both ways."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -23,6 +26,8 @@ class _Echo(BaseHTTPRequestHandler):
         n = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(n) if n else b""
         out = b"%s %s %d %s" % (self.command.encode(), self.path.encode(), len(body), body[:16])
+        if self.path.startswith("/big"):  # past the client's stream window (64 KiB)
+            out += b"x" * 200_000
         self.send_response(200)
         self.send_header("content-type", "text/plain")
         self.send_header("content-length", str(len(out)))
@@ -62,6 +67,37 @@ def test_the_floor_proxy_forwards_keep_alive_requests(upstream: int, extra: list
                 assert r.content == b"POST /v1/chat/completions %d %s" % (len(body), body[:16])
             r = client.get("/v1/models?x=1")
             assert r.content == b"GET /v1/models?x=1 0 "
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_h2_floor_proxy_forwards_h2c_streams(upstream: int) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.bench.h2floor", "--listen", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen([*cmd, "--upstream", f"127.0.0.1:{upstream}"], cwd=ROOT)
+
+    async def run() -> None:
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=url, http1=False, http2=True, timeout=5) as client:
+            bodies = [b'{"model":"m","n":%d}' % i for i in range(20)]
+            answers = await asyncio.gather(
+                *(client.post("/v1/chat/completions", content=b) for b in bodies)
+            )
+            for body, r in zip(bodies, answers, strict=True):
+                assert r.http_version == "HTTP/2"
+                assert r.status_code == 200
+                assert r.content == b"POST /v1/chat/completions %d %s" % (len(body), body[:16])
+            r = await client.get("/v1/models?x=1")
+            assert r.content == b"GET /v1/models?x=1 0 "
+            big = b"y" * 150_000  # past the proxy's stream window
+            r = await client.post("/big", content=big)
+            assert r.content == b"POST /big 150000 " + big[:16] + b"x" * 200_000
+
+    try:
+        wait_for_port(port)
+        asyncio.run(run())
         assert proc.poll() is None
     finally:
         proc.terminate()

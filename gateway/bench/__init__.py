@@ -16,11 +16,18 @@ Rows, each after a 2 s warm-up run of the same command:
   with a task per request (no policy, no logging) → the same backend: the least a Python proxy
   costs here, the ratios' denominator. HTTP bare callbacks proxy: the same without the task, a
   reference row.
+- HTTP/2 floor: h2load (h2c, wrk's requests in flight as streams over `--h2-connections`) →
+  `gateway.bench.h2floor`, a bare asyncio.Protocol + python-hyper h2 proxy on uvloop, a task per
+  stream, to the same backend over keep-alive HTTP/1.1: the least HTTP/2 in Python costs here,
+  the HTTP/2 rows' denominator (measured when the native engine is).
 - HTTP Sluice (engine[, chain][, + tail sampling]): wrk → `sluice serve` with a policy written
   here → the same backend. One row per engine (`--engine both`: native and aiohttp) × filter
   chain (`--filters`, repeatable; `default` = the policy's default chain) × tracing (`--tracing`
   adds a row with tail sampling at 1e-5: the OK requests measured are decided and dropped).
-  `--policy-extra` is YAML merged over every bench policy (the sections a chain needs).
+  `--policy-extra` is YAML merged over every bench policy (the sections a chain needs). On the
+  native engine the same gateway is measured again over h2c with the HTTP/2 floor's h2load
+  command (rows "HTTP/2 Sluice"), its CPU per request divided by the HTTP/1.1 row's and by the
+  HTTP/2 floor's.
 - With `--full`, a row per engine for the full chain (`gateway/bench/full.py`: JWT, two rate-limit
   rules, tail-sampled tracing, breaker + outlier + retries), and each feature's cost in place:
   the full-chain gateway and the one without that feature measured in turn, `--pairs` times
@@ -42,9 +49,9 @@ Every process started here is stopped (terminate, then kill) and the temp dir re
 happens; every wait has a deadline.
 """
 # Modules: procs (processes, pinning, /proc CPU, readiness, nginx config), loads (wrk, h2load,
-# grpc.aio load and their parsers), gateways (mock backend, floor, Sluice and its bench policy),
+# grpc.aio load and their parsers), gateways (mock backend, floors, Sluice and its bench policy),
 # runner (the rows of one run), features (--full's paired feature costs), auth (the --auth rows),
-# floor (the floor proxy), report (Row, ratios, table).
+# floor and h2floor (the floor proxies), report (Row, ratios, table).
 # This module is the CLI edge: `configure(parser)` and `run(args)`, as gateway/cli.py expects.
 
 from __future__ import annotations
@@ -69,6 +76,12 @@ __all__ = ["configure", "run"]
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=int, default=10, help="seconds per measured run")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections (HTTP)")
+    parser.add_argument(
+        "--h2-connections",
+        type=int,
+        default=4,
+        help="h2load -c of the HTTP/2 rows (h2c); -m is --connections ÷ this",
+    )
     parser.add_argument("--grpc-connections", type=int, default=4, help="h2load -c (gRPC)")
     parser.add_argument("--grpc-streams", type=int, default=16, help="h2load -m per connection")
     parser.add_argument("--only", choices=("http", "grpc"), help="measure one protocol only")

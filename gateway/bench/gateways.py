@@ -1,4 +1,4 @@
-"""The processes `sluice bench` measures: the mock backend, the floor proxy, Sluice gateways.
+"""The processes `sluice bench` measures: the mock backend, the floor proxies, Sluice gateways.
 
 A `Variant` is one Sluice configuration under test (HTTP engine, filter chain, tracing); its
 `label` names its rows. `policy_doc` writes the bench policy of a variant (`--policy-extra`
@@ -281,4 +281,25 @@ def start_floor(
         wait_until("floor proxy", lambda: models_ok(url), [p])
     except Exception as e:
         raise RuntimeError(f"{e}\n{s.procs.tail('floor')}") from e
+    return p, port
+
+
+def h2c_ok(url: str) -> bool:
+    """One h2c (prior knowledge) GET of `url` through h2load answers 2xx."""
+    r = subprocess.run(
+        ["h2load", "-n1", "-c1", url], capture_output=True, text=True, timeout=10, check=False
+    )
+    return "1 succeeded" in r.stdout and "status codes: 1 2xx" in r.stdout
+
+
+def start_h2floor(s: Setup, http_backend: int) -> tuple[subprocess.Popen[bytes], int]:
+    """The bare Protocol + h2 (h2c) proxy (`gateway.bench.h2floor`), pinned like the proxies."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.bench.h2floor", "--listen", f"127.0.0.1:{port}"]
+    cmd += ["--upstream", f"127.0.0.1:{http_backend}"]
+    p = s.procs.start("h2floor", pinned(s.gw_cpus, cmd))
+    try:
+        wait_until("h2 floor proxy", lambda: h2c_ok(f"http://127.0.0.1:{port}/v1/models"), [p])
+    except Exception as e:
+        raise RuntimeError(f"{e}\n{s.procs.tail('h2floor')}") from e
     return p, port

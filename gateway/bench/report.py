@@ -16,6 +16,11 @@ from typing import Any
 # once printed (60 per HTTP request, 300 per gRPC call) were not the design's, and a figure in µs
 # says little from one machine to the next.
 FLOOR_TARGETS = {"native": 2.0, "native, full chain": 3.0, "aiohttp, full chain": 4.5}
+# HTTP/2 (h2c) on the native engine: at most 2.5 × the same gateway's HTTP/1.1 CPU per request,
+# or, where python-hyper h2's own cost puts that out of reach, 1.5 × the HTTP/2 floor's
+# (`gateway.bench.h2floor`: h2 on asyncio and nothing else, measured with the same h2load).
+H2_VS_HTTP1_TARGET = 2.5
+H2_VS_FLOOR_TARGET = 1.5
 GRPC_H2_TARGET = 0.6  # gRPC unary on the h2 engine: at most 0.6 × grpc.aio's CPU per call
 WARMUP_S = 2
 
@@ -93,6 +98,20 @@ def summary(rows: list[Row]) -> dict[str, Any]:
         }
     if floor and nginx:
         out["http_floor_vs_nginx"] = _ratio(floor.cpu_us_per_req, nginx.cpu_us_per_req)
+    h2floor = _by_name(rows, "HTTP/2 floor")
+    h2floor_us = h2floor.cpu_us_per_req if h2floor else None
+    if h2floor and floor:
+        out["http2_floor_vs_floor"] = _ratio(h2floor.cpu_us_per_req, floor.cpu_us_per_req)
+    for r in rows:
+        if not r.name.startswith("HTTP/2 Sluice") or r.error is not None:
+            continue
+        engine = r.name.partition("(")[2].rstrip(")") or "sluice"
+        http1 = _by_name(rows, "HTTP Sluice" + r.name[len("HTTP/2 Sluice") :])
+        out[f"h2_{engine}"] = {
+            "cpu_us": r.cpu_us_per_req,
+            "cpu_vs_http1": _ratio(r.cpu_us_per_req, http1.cpu_us_per_req if http1 else None),
+            "cpu_vs_h2_floor": _ratio(r.cpu_us_per_req, h2floor_us),
+        }
     gdirect, gsluice = _by_name(rows, "gRPC backend direct"), _by_name(rows, "gRPC Sluice")
     if gsluice:
         out["grpc_rps_vs_direct"] = _ratio(gsluice.rps, gdirect.rps if gdirect else None)
@@ -157,6 +176,21 @@ def render(rows: list[Row], summ: dict[str, Any], notes: list[str], duration: in
         if target is not None and ratio is not None:
             verdict = "PASS" if ratio <= target else "FAIL"
             yield f"HTTP  verdict ({name}): {ratio:.2f}× the floor vs target ≤ {target} → {verdict}"
+    if "http2_floor_vs_floor" in summ:
+        yield f"HTTP/2 floor µs/req ÷ HTTP floor µs/req: {_f(summ['http2_floor_vs_floor'], '.2f')}"
+    for key, v in summ.items():
+        if not key.startswith("h2_") or not isinstance(v, dict):
+            continue
+        verdicts = []
+        for what, ratio, target in (
+            ("HTTP/1.1", v["cpu_vs_http1"], H2_VS_HTTP1_TARGET),
+            ("the HTTP/2 floor", v["cpu_vs_h2_floor"], H2_VS_FLOOR_TARGET),
+        ):
+            if ratio is not None:
+                verdict = "PASS" if ratio <= target else "FAIL"
+                verdicts.append(f"{ratio:.2f}× {what} vs ≤ {target} → {verdict}")
+        if verdicts:
+            yield f"HTTP/2 Sluice ({key[3:]}): µs/req " + "; ".join(verdicts)
     if "grpc_cpu_us" in summ:
         yield f"gRPC  Sluice req/s ÷ direct req/s:   {_f(summ['grpc_rps_vs_direct'], '.2f')}"
     if summ.get("grpc_h2_pass") is not None:

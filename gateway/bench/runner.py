@@ -21,6 +21,7 @@ from gateway.bench.gateways import (
     parse_chains,
     start_floor,
     start_gateway,
+    start_h2floor,
     start_mock,
 )
 from gateway.bench.loads import (
@@ -44,7 +45,7 @@ from gateway.bench.report import WARMUP_S, Row, access_log_tally
 
 __all__ = ["Setup", "measure", "run_all"]
 
-H2_CONNECTIONS = 4  # the HTTP/2 row: wrk's connections as streams over this many connections
+H2_CONNECTIONS = 4  # the HTTP/2 rows: wrk's connections as streams over this many connections
 
 
 def measure(
@@ -205,6 +206,28 @@ def http_rows(
             s.procs.stop(floor)
         rows.append(row)
 
+    def h2c(name: str, url: str, headers: list[str]) -> tuple[MakeCmd, Parse]:
+        """The HTTP/2 rows' h2load: as many requests in flight as wrk's, over fewer connections."""
+        conns = getattr(s.args, "h2_connections", H2_CONNECTIONS)  # tests build partial args
+        streams = max(1, s.args.connections // conns)
+        chat = s.procs.tmp / "chat.json" if s.post else None
+        if chat is not None:
+            chat.write_text(CHAT_BODY)
+        return h2c_load(s.procs.tmp, s.load_cpus, conns, streams, name, url, chat, headers)
+
+    h2 = shutil.which("h2load") is not None
+    if h2 and "native" in engines:  # the HTTP/2 floor: the HTTP/2 rows' denominator
+        row = Row("HTTP/2 floor (Protocol + h2, a task per stream)")
+        try:
+            h2floor, port = start_h2floor(s, http_be)
+        except Exception as e:
+            row.error = f"h2 floor proxy did not start: {e}"
+        else:
+            cmd, parse = h2c("h2-floor", s.url(port), [])
+            run(row, cmd, parse, h2floor.pid)
+            s.procs.stop(h2floor)
+        rows.append(row)
+
     def probe(row: Row, h2row: Row | None, variant: Variant) -> Probe:
         variant_headers = s.headers(variant)
 
@@ -218,20 +241,11 @@ def http_rows(
             url = s.url(ports["http"])
             run(row, s.wrk(url, variant_headers), parse_wrk, p.pid)
             if h2row is not None:  # the same gateway over h2c: as many requests in flight
-                streams = max(1, s.args.connections // H2_CONNECTIONS)
-                name = f"h2-{len(rows)}"
-                chat = s.procs.tmp / "chat.json" if s.post else None
-                if chat is not None:
-                    chat.write_text(CHAT_BODY)
-                cmd, parse = h2c_load(
-                    s.procs.tmp, s.load_cpus, H2_CONNECTIONS, streams, name, url, chat,
-                    variant_headers,
-                )  # fmt: skip
+                cmd, parse = h2c(f"h2-{len(rows)}", url, variant_headers)
                 run(h2row, cmd, parse, p.pid)
 
         return go
 
-    h2 = shutil.which("h2load") is not None
     variants = [
         Variant(engine, chain, tracing)
         for engine in engines
@@ -246,9 +260,6 @@ def http_rows(
         rows.append(gateway_row(s, row, v, (http_be, None), probe(row, h2row, v)))
         if h2row is not None:
             rows.append(h2row)
-            if h2row.cpu_us_per_req and row.cpu_us_per_req:
-                ratio = h2row.cpu_us_per_req / row.cpu_us_per_req
-                s.notes.append(f"{h2row.name}: {ratio:.2f}× the HTTP/1.1 CPU per request")
     if s.args.full and not s.args.no_leave_one_out and s.args.pairs > 0:
         from gateway.bench.features import feature_costs
 

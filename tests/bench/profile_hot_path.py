@@ -2,7 +2,7 @@
 
     python -m tests.bench.profile_hot_path [--duration 10] [--engine native|aiohttp]
         [--policy-extra sections.yaml] [--filters a,b,c] [--full] [--top 25] [--rate 250] [--get]
-        [--native]
+        [--native] [--h2c [--h2-connections 4]]
 
 Starts an nginx backend (serving `/v1/models` and `/v1/chat/completions` itself) on the load
 core, `sluice serve` with the bench policy (`gateway.bench`: the same policy, `--filters`,
@@ -10,14 +10,18 @@ core, `sluice serve` with the bench policy (`gateway.bench`: the same policy, `-
 connections, the bench's ~200 B OpenAI-style chat POST, or `--get`), and samples the gateway
 process with py-spy (`py-spy record --format raw`, `--rate` samples per second,
 `--nonblocking`) for `--duration` seconds. Prints the functions with the most samples of their
-own (self) and with the most samples under them (inclusive), as shares of all samples, and the
+own (self), with the most samples under them (inclusive), and the packages with the most samples
+of their own (h2, hpack, asyncio, Sluice's subpackages), as shares of all samples, and the
 gateway CPU µs per request of the same run (sampling adds a few per cent). The raw stacks are
 kept (`--keep FILE`) for a flame graph (`flamegraph.pl`, speedscope). The compiled request path
 (`gateway.native`) has no Python frames: its time is charged to the interpreted frame that
 called it, unless `--native` asks py-spy for C frames too (it then stops the process for each
-sample, which slows it: read shares, not the CPU figure).
+sample, which slows it: read shares, not the CPU figure). `--h2c`: the same gateway driven over
+HTTP/2 (h2c, prior knowledge) by h2load with `sluice bench`'s HTTP/2 command (`--connections`
+requests in flight as streams over `--h2-connections` connections), the native engine's h2c path.
 
-Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk, as `sluice bench` does.
+Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk (h2load for `--h2c`), as
+`sluice bench` does.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from gateway.bench.gateways import Setup, Variant, parse_chains, start_gateway
-from gateway.bench.loads import parse_wrk
+from gateway.bench.loads import CHAT_BODY, h2c_load, parse_wrk
 from gateway.bench.procs import Procs, cpu_seconds, pinned, start_nginx
 from gateway.bench.report import Row
 
@@ -54,6 +58,25 @@ def fold(raw: str) -> tuple[collections.Counter[str], collections.Counter[str], 
         for f in set(frames):
             under[f] += n
     return own, under, total
+
+
+def by_package(raw: str) -> tuple[collections.Counter[str], int]:
+    """py-spy's raw output → self samples per package of the leaf frame (`h2`, `hpack`,
+    `asyncio`, …; Sluice's by subpackage: `gateway/forward`, `gateway/adapters/h2`), all samples.
+    """
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        total += int(count)
+        leaf = stack.rsplit(";", 1)[-1]
+        path = leaf.partition(" (")[2].rstrip(")").rsplit(":", 1)[0]
+        parts = path.split("/")
+        depth = 3 if parts[:2] == ["gateway", "adapters"] else 2 if parts[0] == "gateway" else 1
+        own["/".join(parts[: min(depth, len(parts) - 1)]) or path or "?"] += int(count)
+    return own, total
 
 
 def _where(frame: str) -> str:
@@ -91,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gateway-cpus", default="0")
     ap.add_argument("--load-cpus", default="1")
     ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--h2c", action="store_true", help="HTTP/2 (h2c) with h2load instead of wrk")
+    ap.add_argument("--h2-connections", type=int, default=4, help="h2load -c with --h2c")
     a = ap.parse_args(argv)
     a.no_access_log = False
     a.method = "get" if a.get else "post"
@@ -98,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(spy).exists():
         print("py-spy not found: pip install py-spy", file=sys.stderr)
         return 2
-    for tool in ("nginx", "wrk"):
+    for tool in ("nginx", "h2load" if a.h2c else "wrk"):
         if shutil.which(tool) is None:
             print(f"{tool} not found", file=sys.stderr)
             return 2
@@ -111,7 +136,18 @@ def main(argv: list[str] | None = None) -> int:
             chain = parse_chains([a.filters] if a.filters else None)[0]
             variant = Variant(a.engine, chain, full=a.full)
             gw, ports = start_gateway(s, backend, None, variant, "sluice")
-            make = s.wrk(s.url(ports["http"]), s.headers(variant))
+            url = s.url(ports["http"])
+            row = Row("Sluice")
+            if a.h2c:
+                chat = tmp / "chat.json" if s.post else None
+                if chat is not None:
+                    chat.write_text(CHAT_BODY)
+                streams = max(1, a.connections // a.h2_connections)
+                make, parse = h2c_load(
+                    tmp, s.load_cpus, a.h2_connections, streams, "h2", url, chat, s.headers(variant)
+                )
+            else:
+                make, parse = s.wrk(url, s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             raw = tmp / "stacks.txt"
             spy_cmd = [spy, "record", "--pid", str(gw.pid), "--duration", str(a.duration)]
@@ -126,19 +162,23 @@ def main(argv: list[str] | None = None) -> int:
             ).stdout
             cpu1 = cpu_seconds(gw.pid)
             sampler.wait(a.duration + 30)
-            row = Row("Sluice")
-            parse_wrk(out, row)
+            parse(out, row)
             text = raw.read_text() if raw.exists() else ""
             if a.keep:
                 Path(a.keep).write_text(text)
             own, under, total = fold(text)
             what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
             chain_name = "full" if a.full else a.filters or "default"
-            print(f"{a.engine} engine, chain {chain_name}, {what}")
+            over = f", h2c ({a.h2_connections} connections)" if a.h2c else ""
+            print(f"{a.engine} engine, chain {chain_name}, {what}{over}")
             if row.requests:
                 print(f"{row.requests / a.duration:,.0f} req/s, gateway CPU (sampled) "
                       f"{(cpu1 - cpu0) * 1e6 / row.requests:.1f} µs/request")  # fmt: skip
             print(report(own, under, total, a.top))
+            packages, _ = by_package(text)
+            print("\nself, by package:")
+            for name, n in packages.most_common(a.top):
+                print(f"  {100 * n / max(total, 1):5.1f} %  {name}")
         finally:
             procs.stop_all()
     return 0

@@ -210,6 +210,45 @@ def test_slow_stream_does_not_stall_its_connection(gw: H2Gateway) -> None:
     sock.close()
 
 
+def test_values_new_in_each_answer_stay_out_of_the_hpack_table(gw: H2Gateway) -> None:
+    """The request id and Sluice's overhead, new in every answer, are sent as literals never
+    indexed: on a connection of many streams the client's HPACK table keeps the fields that
+    repeat (content-type, server), not one entry per answer that pushes those out."""
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+    )
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    base = [(":scheme", "http"), (":authority", "127.0.0.1"), ("content-type", "application/json")]
+    answers: list[dict[str, str]] = []
+    for sid in range(1, 40, 2):
+        conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/chat/completions"), *base])
+        conn.send_data(sid, json.dumps(CHAT).encode(), end_stream=True)
+        sock.sendall(conn.data_to_send())
+        ended = False
+        while not ended:
+            data = sock.recv(65536)
+            assert data, "connection closed"
+            for e in conn.receive_data(data):
+                if isinstance(e, h2.events.ResponseReceived):
+                    answers.append(dict(e.headers))
+                elif isinstance(e, h2.events.DataReceived):
+                    conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                elif isinstance(e, h2.events.StreamEnded):
+                    ended = True
+            sock.sendall(conn.data_to_send())
+    sock.close()
+    assert len(answers) == 20 and all(a[":status"] == "200" for a in answers)
+    assert len({a["x-request-id"] for a in answers}) == 20
+    assert all(float(a["x-sluice-overhead-ms"]) >= 0 for a in answers)
+    table = {n for n, _ in conn.decoder.header_table.dynamic_entries}
+    assert b"content-type" in table  # the table is in use
+    assert not table & {b"x-request-id", b"x-sluice-overhead-ms"}
+
+
 def test_drain_sends_two_goaways_and_finishes_streams(backend: Backend, tmp_path: Path) -> None:
     """SIGTERM while a token stream runs: GOAWAY(2^31-1), then GOAWAY(last stream = 1); the
     stream still ends with [DONE]; the process exits 0."""

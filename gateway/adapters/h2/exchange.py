@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 _STATUS = {s: b"%d" % s for s in range(100, 600)}
 _JSON_LINES = b"content-type: application/json\r\n"
+_UNIQUE = frozenset((b"x-request-id", b"x-sluice-overhead-ms"))  # values new in each answer
 
 
 class H2Exchange:
@@ -172,16 +173,16 @@ class H2Exchange:
 
 def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]:
     """The HTTP/1.1-shaped header lines of the lifecycle as an HTTP/2 header list (names
-    lower-case, as HTTP/2 requires). A value that is new in every answer (the request id) is
-    sent as a literal never indexed: in the dynamic table it would only push out the values
-    that repeat, and lengthen each search of it (hpack searches it linearly: ~7 µs per
-    answer)."""
+    lower-case, as HTTP/2 requires). A value that is new in every answer (the request id,
+    Sluice's overhead) is sent as a literal never indexed: in the dynamic table it would only
+    push out the values that repeat, and lengthen each search of it (hpack searches it
+    linearly: ~7 µs per answer)."""
     out = [(b":status", _STATUS.get(status) or b"%d" % status)]
     for line in lines.split(b"\r\n"):
         if line:
             n, _, v = line.partition(b":")
             n = n.strip().lower()
-            if n == b"x-request-id":  # unique per answer: kept out of the HPACK table
+            if n in _UNIQUE:  # new in each answer: kept out of the HPACK table
                 out.append(NeverIndexedHeaderTuple(n, v.strip()))
             else:
                 out.append((n, v.strip()))
