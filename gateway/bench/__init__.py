@@ -139,6 +139,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "feature's cost is the median of the pairs' differences",
     )
     parser.add_argument(
+        "--features",
+        default="",
+        help="with --full: the features to measure in pairs, comma-separated (auth, rate_limits, "
+        "budgets, tracing, resilience; default all)",
+    )
+    parser.add_argument(
         "--pair-duration",
         type=int,
         default=4,

@@ -61,7 +61,12 @@ def feature_costs(s: Setup, engine: str, http_be: int, measure_for: MeasureFor) 
         return
     try:
         full_cmd = s.wrk(s.url(full_ports["http"]), s.headers(full))
-        for feature in FEATURES:
+        asked = [f for f in str(getattr(s.args, "features", "") or "").split(",") if f]
+        for feature in asked or FEATURES:
+            if feature not in FEATURES:
+                known = ", ".join(FEATURES)
+                s.notes.append(f"{feature}: not a feature of the full chain ({known})")
+                continue
             less = Variant(engine, full=True, without=feature)
             try:
                 p, ports = start_gateway(s, http_be, None, less, f"pairs-{feature}")
