@@ -25,7 +25,7 @@ from h2.errors import ErrorCodes
 from h2.events import Event
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes, Settings
-from h2.utilities import HeaderValidationFlags, validate_headers
+from h2.utilities import CONNECTION_HEADERS
 from hpack.exceptions import HPACKError
 from hyperframe.frame import Frame
 
@@ -238,18 +238,102 @@ def request_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]
 
     h2 checks inbound headers inside `receive_data` and ends the whole connection on a malformed
     block (GOAWAY PROTOCOL_ERROR, every other stream of it lost); RFC 9113 §8.1.1 makes it a
-    stream error, so the connection turns h2's own check off and runs it here, per stream."""
-    cleaned = [(n, v.strip(b" \t")) if v[:1] in WS or v[-1:] in WS else (n, v) for n, v in raw]
-    try:
-        return list(validate_headers(cleaned, REQUEST_FLAGS))
-    except ProtocolError:
+    stream error, so the connection turns h2's own check off and runs it here, per stream.
+
+    The decisions are those of h2's `validate_headers` for a request received by a server
+    (h2 4.4), taken in one pass instead of its chain of generators (24 → 3.5 µs for an 11-field
+    gRPC call); `tests/adapters/test_h2_request_headers.py` holds the two to the same answers:
+    - a name is `[!-~]` without upper case, and a colon only as the first byte of one of the
+      six pseudo-header names; a value holds no NUL, CR or LF;
+    - `te` is `trailers` (any case); no connection-specific name (`CONNECTION_HEADERS`);
+    - pseudo headers come before the others, once each; `:method` is required; ordinary
+      CONNECT has neither `:scheme` nor `:path`, other requests (and extended CONNECT, with
+      `:protocol`) have both; `:protocol` only with CONNECT; no `:status`; `:path` not empty
+      (its form, `/…` or `*`, is not checked, nor is `:scheme`'s value);
+    - `:authority` or `host` is present, at most one `host`, equal to `:authority` if both.
+    Cookies are joined by h2 before (its inbound normalisation), not here."""
+    out: list[tuple[bytes, bytes]] = []
+    seen = 0  # the pseudo headers met, as their bits in _NAMES
+    regular = False  # a regular header met: no pseudo header may follow
+    method: bytes | None = None
+    authority: bytes | None = None
+    host: bytes | None = None
+    for n, v in raw:
+        v = v.strip(b" \t")  # the same object when there is nothing to strip
+        if 13 in v or 10 in v or 0 in v:  # an int is found without a substring search's set-up
+            return None
+        kind = _NAMES.get(n, _OTHER)
+        if kind > 0:  # a pseudo header
+            if regular or seen & kind:
+                return None
+            seen |= kind
+            if kind == _METHOD:
+                method = v
+            elif kind == _AUTHORITY:
+                authority = v
+            elif kind == _PATH:
+                if not v:
+                    return None
+            elif kind == _STATUS:
+                return None
+        else:
+            regular = True
+            if kind:
+                if kind == _OTHER:
+                    if not n or n.translate(None, _NAME_BYTES):
+                        return None
+                elif kind == _HOST:
+                    if host is not None:
+                        return None
+                    host = v
+                elif kind == _TE:
+                    if v.lower() != b"trailers":
+                        return None
+                else:  # _CONNECTION_SPECIFIC
+                    return None
+        out.append((n, v))
+    if not seen & _METHOD:
         return None
+    if method == b"CONNECT":
+        if not seen & _PROTOCOL:
+            if seen & (_SCHEME | _PATH):
+                return None
+        elif seen & (_SCHEME | _PATH) != _SCHEME | _PATH:
+            return None
+    elif seen & (_SCHEME | _PATH | _PROTOCOL) != _SCHEME | _PATH:
+        return None
+    if authority is None:
+        if host is None:
+            return None
+    elif host is not None and host != authority:
+        return None
+    return out
 
 
-WS = (b" ", b"\t")
-REQUEST_FLAGS = HeaderValidationFlags(
-    is_client=False, is_trailer=False, is_response_header=False, is_push_promise=False
+# `request_headers`' names: a pseudo header is a bit (> 0); a regular name is 0 when it is known
+# valid (the common ones, spared the check of its bytes), negative when it has a rule of its
+# own, _OTHER when its bytes are to be checked: each in _NAME_BYTES (0x21-0x7e but the colon and
+# the upper case).
+_METHOD, _SCHEME, _AUTHORITY, _PATH, _STATUS, _PROTOCOL = 1, 2, 4, 8, 16, 32
+_HOST, _TE, _CONNECTION_SPECIFIC, _OTHER = -1, -2, -3, -4
+_COMMON = (
+    "accept accept-encoding accept-language authorization cache-control content-length "
+    "content-type cookie grpc-accept-encoding grpc-encoding grpc-timeout openai-organization "
+    "origin referer traceparent tracestate user-agent x-api-key x-forwarded-for x-request-id"
 )
+_NAMES: dict[bytes, int] = {
+    **dict.fromkeys(_COMMON.encode().split(), 0),
+    b":method": _METHOD,
+    b":scheme": _SCHEME,
+    b":authority": _AUTHORITY,
+    b":path": _PATH,
+    b":status": _STATUS,
+    b":protocol": _PROTOCOL,
+    b"host": _HOST,
+    b"te": _TE,
+    **dict.fromkeys(CONNECTION_HEADERS, _CONNECTION_SPECIFIC),
+}
+_NAME_BYTES = bytes(c for c in range(0x21, 0x7F) if c != 0x3A and not 0x41 <= c <= 0x5A)
 
 
 class ServerH2(H2Connection):
