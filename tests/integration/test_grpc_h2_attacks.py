@@ -12,11 +12,8 @@ from typing import Any
 
 import grpc
 import pytest
-from hyperframe.frame import GoAwayFrame
-
-
 from hpack import Decoder
-from hyperframe.frame import DataFrame, HeadersFrame
+from hyperframe.frame import DataFrame, GoAwayFrame, HeadersFrame
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, wait_ready
