@@ -104,7 +104,7 @@ class AccessLogFilter:
         """The optional fields (a plain OK request has none of them)."""
         more = ""
         if ctx.trace_id:  # tracing on: the id the backend saw too (traceparent)
-            more += f',"trace_id":"{ctx.trace_id:032x}"'
+            more += ',"trace_id":"' + ctx.trace_id.to_bytes(16, "big").hex() + '"'
         if ctx.error:
             more += f',"error":{_str(ctx.error)}'
         if ctx.cancelled:
