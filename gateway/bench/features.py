@@ -20,7 +20,10 @@ from gateway.bench.gateways import Setup, Variant, start_gateway
 from gateway.bench.loads import MakeCmd
 from gateway.bench.report import Row
 
-__all__ = ["PairCost", "feature_costs", "pair_cost"]
+__all__ = ["REFERENCE_FLOOR_US", "PairCost", "feature_costs", "pair_cost", "scaled_budget"]
+
+# The floor's CPU per request (`gateway.bench.floor`, POST) on the machine the budgets were set on.
+REFERENCE_FLOOR_US = 17.6
 
 # Measures one row through a started gateway: (row, load command, its pid) → the row.
 MeasureFor = Callable[[Row, MakeCmd, int], Row]
@@ -36,13 +39,29 @@ class PairCost:
         self.low, self.high = min(diffs), max(diffs)
         self.pairs = len(diffs)
 
-    def note(self, feature: str, engine: str, budget: float) -> str:
-        verdict = "within" if self.median <= budget else "OVER"
+    def note(self, feature: str, engine: str, budget: float, floor_us: float | None = None) -> str:
+        """The cost against the budget; with the floor of the same run, the budget scaled to
+        it (`scaled_budget`), the verdict then read against that."""
+        limit = budget if floor_us is None else scaled_budget(budget, floor_us)
+        verdict = "within" if self.median <= limit else "OVER"
+        scaled = (
+            ""
+            if floor_us is None
+            else f" at a {REFERENCE_FLOOR_US:g} µs floor = ≤ {limit:.1f} at this run's "
+            f"{floor_us:.1f}"
+        )
         return (
             f"{feature} in the full chain ({engine}): {self.median:+.1f} µs/req, the median of "
             f"{self.pairs} pairs (full − without it; {self.low:+.1f} … {self.high:+.1f}), "
-            f"budget ≤ {budget:g}: {verdict}"
+            f"budget ≤ {budget:g}{scaled}: {verdict}"
         )
+
+
+def scaled_budget(budget_us: float, floor_us: float) -> float:
+    """A feature's budget (µs on the machine where the floor costs `REFERENCE_FLOOR_US`) on a
+    machine whose floor costs `floor_us` in the same run: the budgets are shares of a request's
+    work, and a slower machine (or a busier host) slows the feature as it slows the floor."""
+    return budget_us * floor_us / REFERENCE_FLOOR_US
 
 
 def pair_cost(full_us: list[float], without_us: list[float]) -> PairCost | None:
@@ -51,7 +70,9 @@ def pair_cost(full_us: list[float], without_us: list[float]) -> PairCost | None:
     return PairCost(diffs) if diffs else None
 
 
-def feature_costs(s: Setup, engine: str, http_be: int, measure_for: MeasureFor) -> None:
+def feature_costs(
+    s: Setup, engine: str, http_be: int, measure_for: MeasureFor, floor_us: float | None = None
+) -> None:
     """A note per feature: its paired cost on `engine`, against its budget."""
     full = Variant(engine, full=True)
     try:
@@ -97,6 +118,6 @@ def feature_costs(s: Setup, engine: str, http_be: int, measure_for: MeasureFor) 
             if cost is None:
                 s.notes.append(f"{feature} in the full chain ({engine}): no pair measured")
             else:
-                s.notes.append(cost.note(feature, engine, BUDGET_US[feature]))
+                s.notes.append(cost.note(feature, engine, BUDGET_US[feature], floor_us))
     finally:
         s.procs.stop(full_p)

@@ -266,7 +266,11 @@ def http_rows(
         def measure_for(row: Row, cmd: MakeCmd, pid: int) -> Row:
             return run(row, cmd, parse_wrk, pid, None, s.args.pair_duration)
 
-        feature_costs(s, engines[0], http_be, measure_for)
+        floor_us = next(
+            (r.cpu_us_per_req for r in rows if r.name.startswith("HTTP floor") and not r.error),
+            None,
+        )
+        feature_costs(s, engines[0], http_be, measure_for, floor_us)
     if s.args.auth:
         from gateway.bench.auth import auth_rows
 
