@@ -37,7 +37,7 @@ MAX_STREAM_ID = 2**31 - 1
 # New streams h2 takes from one connection per turn of the event loop: each costs ~0.1 ms of
 # h2 (HPACK, state) and our own opening, so a read of 200 (`max_new_streams_per_read`) would
 # hold every other connection for ~20 ms; split, they wait ~2 ms at most (stream exhaustion).
-STREAMS_PER_TURN = 8
+STREAMS_PER_TURN = 2
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY = range(8)
 WINDOW_UPDATE, CONTINUATION = 8, 9
