@@ -4,7 +4,8 @@
 Starts the simulated backend and two gateways (native engine, default chain, access log off):
 one plaintext, one TLS (a private CA's ECDSA P-256 certificate). wrk drives `GET /v1/models`
 with keep-alive on both (CPU µs per request in the gateway process, and their ratio; the target
-is TLS ÷ plaintext ≤ 1.25).
+is TLS ÷ plaintext ≤ 1.25), then h2load (4 connections × 8 streams) the same way: h2 by ALPN on
+the TLS gateway against h2c on the plaintext one (target ≤ 1.25).
 
 Then the handshake storm, Sluice beside an nginx TLS proxy to the same backend, like with like:
 the same certificate and key, TLS 1.2 and 1.3 offered by both (nginx 1.22 offers no TLS 1.3
@@ -38,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.bench.loads import parse_wrk, run_load
+from gateway.bench.loads import parse_h2load, parse_wrk, run_load
 from gateway.bench.procs import Procs, cpu_seconds, free_port, http_ok, models_ok, start_nginx
 from gateway.bench.procs import wait_until as wait_ready
 from gateway.bench.report import Row
@@ -51,6 +52,7 @@ listeners:
   admin: {{host: 127.0.0.1, port: {admin}}}
 access_log: {{enabled: false}}
 mock_backend: {{enabled: false}}
+limits: {{http2: {{max_requests_per_connection: 1073741824}}}}  # h2load does not reconnect
 backends:
   - {{name: sim, protocol: http, endpoints: [{{address: "127.0.0.1:{backend}"}}]}}
 routes:
@@ -66,6 +68,19 @@ def measure(pid: int, url: str, seconds: int, conns: int, extra: list[str]) -> t
     used = cpu_seconds(pid) - before
     row = Row("tls")
     parse_wrk(out, row)
+    return row, used / max(1, row.requests) * 1e6
+
+
+def measure_h2(pid: int, url: str, seconds: int, tmp: Path) -> tuple[Row, float]:
+    """(h2load's figures, gateway CPU µs per request) for one h2load run, 4 connections × 8
+    streams: h2c with prior knowledge on an http URL, h2 by ALPN on an https one."""
+    log = tmp / f"h2-{time.monotonic_ns()}.tsv"
+    cmd = ["h2load", "-t1", "-c4", "-m8", "-D", str(seconds), "--log-file", str(log), url]
+    before = cpu_seconds(pid)
+    out = run_load(cmd, seconds)
+    used = cpu_seconds(pid) - before
+    row = Row("h2")
+    parse_h2load(out, log, row)
     return row, used / max(1, row.requests) * 1e6
 
 
@@ -148,6 +163,17 @@ def main(argv: list[str]) -> int:
                       f"p50 {row.p50_ms:.2f} ms  failed {row.failed}")  # fmt: skip
             print(f"TLS ÷ plaintext (keep-alive, gateway CPU per request): "
                   f"{results['tls'] / results['plain']:.2f}")  # fmt: skip
+            if shutil.which("h2load"):  # HTTP/2: h2 over TLS (ALPN) against h2c
+                h2 = {}
+                for name, (pid, url) in gateways.items():
+                    measure_h2(pid, url, 1, tmp)  # warm-up
+                    row, us = measure_h2(pid, url, seconds, tmp)
+                    h2[name] = us
+                    label = "h2" if name == "tls" else "h2c"
+                    print(f"{label:>6} keep-alive: {row.rps:9.0f} req/s  {us:6.1f} µs CPU/req  "
+                          f"p50 {row.p50_ms or 0:.2f} ms  failed {row.failed}")  # fmt: skip
+                print(f"h2 over TLS ÷ h2c (gateway CPU per request; target ≤ 1.25): "
+                      f"{h2['tls'] / h2['plain']:.2f}")  # fmt: skip
             # Handshakes (one request per connection), Sluice beside an nginx TLS proxy to the
             # same backend with the same certificate, TLS settings like Sluice's.
             if not shutil.which("openssl"):
