@@ -38,6 +38,7 @@ from types import ModuleType
 MODULES = (
     "gateway.context",
     "gateway.adapters.common",
+    "gateway.auth.tokens",
     "gateway.adapters.native.conn",
     "gateway.adapters.native.exchange",
     "gateway.adapters.native.messages",
@@ -107,6 +108,7 @@ MODULES = (
             "request",
             "retry",
             "rollout",
+            "sampler",
             "sse",
             "status",
             "tokens",

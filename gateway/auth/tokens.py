@@ -1,4 +1,5 @@
-"""The verified-token cache: SHA-256 of the token header's value → what verifying it established.
+"""(compiled) The verified-token cache: SHA-256 of the token header's value → what verifying it
+established.
 
 Bounded (`size` entries, the oldest inserted evicted first), honouring each token's `exp` (plus
 leeway), and tied to the key that verified it: when that key leaves its JWKS (rotation) or the

@@ -1,4 +1,4 @@
-"""Tail sampling: keep or drop the trace of a finished request, and the bounded buffer of the kept.
+"""(compiled) Tail sampling: keep or drop the trace of a finished request.
 
 Pure: `TailSampler.decide` reads how the request ended (outcome, status, duration) and its trace
 id, nothing random, so every replica decides the same for the same trace. Errors (HTTP status at
@@ -10,25 +10,18 @@ computed exactly from the decimal the policy wrote, 1e-5 → ⌊2^64/100000⌋).
 `traceparent` sampled flag is that same ratio test (`sampled`), so a backend that samples by
 its parent keeps the same traces.
 
-`PendingTraces` holds the kept traces between the decision and their export, keyed by trace
-id, oldest first, so that a later request of a kept trace (a client's retry after an error)
-joins it for `max_wait` (`Reason.LINKED`). It is bounded: at most `max_traces` traces (when
-full, the oldest is dropped and counted) and `max_spans` spans per trace (spans beyond are
-dropped and counted).
+The kept traces wait for export in `gateway.core.pending.PendingTraces` (a generic class, so
+not compiled with this module, which the trace filter calls on every request).
 """
 
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Generic, TypeVar
 
 from gateway.core.outcome import Outcome
 from gateway.core.traceparent import MASK64
-
-T = TypeVar("T")
 
 ONE = 1 << 64
 
@@ -105,81 +98,3 @@ class TailSampler:
         if (trace_id & MASK64) < self.threshold:
             return self._ratio_keep
         return DROP
-
-
-class _Entry(Generic[T]):
-    __slots__ = ("first", "spans", "items")
-
-    def __init__(self, first: float) -> None:
-        self.first = first
-        self.spans = 0
-        self.items: list[T] = []
-
-
-class PendingTraces(Generic[T]):
-    """Kept traces waiting for export (see the module docstring). `T` is whatever the caller
-    keeps per request; `offer` says how many spans it will make."""
-
-    __slots__ = ("max_traces", "max_spans", "max_wait", "_traces", "dropped_traces",
-                 "dropped_spans", "spans")  # fmt: skip
-
-    def __init__(self, max_traces: int, max_spans: int, max_wait: float) -> None:
-        self.max_traces = max_traces
-        self.max_spans = max_spans
-        self.max_wait = max_wait
-        self._traces: OrderedDict[int, _Entry[T]] = OrderedDict()
-        self.dropped_traces = 0  # evicted before export: the buffer was full
-        self.dropped_spans = 0  # refused: the trace had max_spans already
-        self.spans = 0  # spans held now
-
-    def __len__(self) -> int:
-        return len(self._traces)
-
-    def __contains__(self, trace_id: int) -> bool:
-        return trace_id in self._traces
-
-    def offer(self, trace_id: int, item: T, spans: int, now: float) -> bool:
-        """Hold `item` (making `spans` spans) under its trace; False if it was refused."""
-        entry = self._traces.get(trace_id)
-        if entry is None:
-            while len(self._traces) >= self.max_traces:
-                self._evict_oldest()
-            entry = self._traces[trace_id] = _Entry(now)
-        if entry.spans + spans > self.max_spans:
-            self.dropped_spans += spans
-            return False
-        entry.spans += spans
-        entry.items.append(item)
-        self.spans += spans
-        return True
-
-    def due(self, now: float) -> list[tuple[int, list[T]]]:
-        """Remove and return the traces held `max_wait` or longer, oldest first."""
-        out: list[tuple[int, list[T]]] = []
-        traces = self._traces
-        while traces:
-            trace_id, entry = next(iter(traces.items()))
-            if now - entry.first < self.max_wait:
-                break
-            del traces[trace_id]
-            self.spans -= entry.spans
-            out.append((trace_id, entry.items))
-        return out
-
-    def drain(self) -> list[tuple[int, list[T]]]:
-        """Remove and return every trace (at stop), oldest first."""
-        out = [(t, e.items) for t, e in self._traces.items()]
-        self._traces.clear()
-        self.spans = 0
-        return out
-
-    def resize(self, max_traces: int, max_spans: int, max_wait: float) -> None:
-        """New bounds (a policy reload): the oldest traces beyond `max_traces` are dropped."""
-        self.max_traces, self.max_spans, self.max_wait = max_traces, max_spans, max_wait
-        while len(self._traces) > max_traces:
-            self._evict_oldest()
-
-    def _evict_oldest(self) -> None:
-        _, old = self._traces.popitem(last=False)
-        self.spans -= old.spans
-        self.dropped_traces += 1

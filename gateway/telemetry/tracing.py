@@ -1,7 +1,7 @@
 """The tracing owner (`services.get(TRACING, ...)`): kept traces → SDK spans → OTLP.
 
 Nothing here runs per request but `offer`, and only for the requests the tail sampler keeps:
-it puts a compact record into the bounded pending buffer (`gateway.core.sampler.PendingTraces`).
+it puts a compact record into the bounded pending buffer (`gateway.core.pending.PendingTraces`).
 A background task (started at the first offer) takes the traces that have waited `max_wait`
 (time for a later request of the same trace to join), builds their SDK spans with their real
 times (`gateway.telemetry.spans.emit`) and ends them into a `BatchSpanProcessor`, whose own
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from gateway.core.sampler import PendingTraces
+from gateway.core.pending import PendingTraces
 from gateway.services import ServiceKey
 from gateway.telemetry import metrics
 from gateway.telemetry.spans import PresetIds, TraceRecord, emit

@@ -8,7 +8,8 @@ import tracemalloc
 import pytest
 
 from gateway.core.outcome import Outcome
-from gateway.core.sampler import ONE, PendingTraces, Reason, TailSampler, threshold
+from gateway.core.pending import PendingTraces
+from gateway.core.sampler import ONE, Reason, TailSampler, threshold
 from gateway.core.traceparent import MASK64, client_span_id, parse, render
 
 S = TailSampler(ratio=1e-5, slow_s=2.0, error_status=400)
