@@ -14,7 +14,10 @@ name already taken, or a factory that builds something other than the key's type
 `aclose()` stops the background tasks started with `spawn` (bounded: a task that swallows its
 cancellation is abandoned after `TASK_STOP_S`, never waited on for ever), then closes every
 owner that has an `aclose` (or `close`) method, in reverse order of creation, each within
-`OWNER_CLOSE_S`. After it, `spawn` starts nothing.
+`OWNER_CLOSE_S`; owners whose key says `closes_last` (the clients other owners talk through,
+e.g. Redis) close after all the others, whatever order they were created in, so an owner's
+last words at stop (a lease given back, leaving the replica set) never reopen a closed client.
+After it, `spawn` starts nothing.
 
 What happens to a piece of state when its policy section changes is the owner's rule, stated in
 its docstring (kept when its parameters did not change; re-sized or reset when they did).
@@ -40,9 +43,12 @@ OWNER_CLOSE_S = 5.0  # how long one owner's close may take
 class ServiceKey(Generic[T]):
     """The typed name of one owner in the services: `ServiceKey[Owner]("name")`."""
 
-    def __init__(self, name: str, owner: type[T] | None = None) -> None:
+    def __init__(
+        self, name: str, owner: type[T] | None = None, *, closes_last: bool = False
+    ) -> None:
         self.name = name
         self._owner = owner
+        self.closes_last = closes_last  # closed after every other owner (a shared client)
 
     @property
     def owner(self) -> type[Any] | None:
@@ -136,7 +142,9 @@ class Services:
         await self._stop_tasks()
         if not first:
             return
-        for key, owner in reversed(list(self._owners.items())):
+        newest_first = list(reversed(self._owners.items()))
+        last = [(k, o) for k, o in newest_first if self._keys[k].closes_last]
+        for key, owner in [(k, o) for k, o in newest_first if not self._keys[k].closes_last] + last:
             close = getattr(owner, "aclose", None) or getattr(owner, "close", None)
             if close is None:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 import pytest
@@ -100,3 +101,37 @@ async def test_close_is_bounded_and_nothing_starts_after_it() -> None:
     assert late_task.cancelled() and not started and services.tasks == 0
     await services.aclose()  # a second close closes nothing twice
     assert owner.closed == 1
+
+
+class Client:
+    """A shared client (what the Redis owner is): other owners talk through it as they close."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class Leaver:
+    """An owner created before the client it uses (as the limiter is, asking for Redis late)."""
+
+    def __init__(self, client: Callable[[], Client]) -> None:
+        self.client = client
+        self.saw_open: bool | None = None
+
+    async def aclose(self) -> None:
+        self.saw_open = not self.client().closed
+
+
+CLIENT: Final = ServiceKey[Client]("client", closes_last=True)
+LEAVER: Final = ServiceKey[Leaver]("leaver")
+
+
+async def test_a_shared_client_closes_after_the_owners_that_use_it() -> None:
+    services = Services()
+    leaver = services.get(LEAVER, lambda: Leaver(lambda: services.get(CLIENT, Client)))
+    client = services.get(CLIENT, Client)  # created after its user: newest, yet closed last
+    owner = services.get(BUCKETS, Buckets)
+    await services.aclose()
+    assert leaver.saw_open is True and client.closed and owner.closed == 1

@@ -376,11 +376,6 @@ FLEET: Final = ServiceKey[FleetStore]("fleet")
 
 def fleet_for(services: Services) -> FleetStore:
     """The fleet store's owner (created on first use; `configure`d by each policy)."""
-    from gateway.store.redis_client import REDIS, RedisClients
-
-    # The Redis clients' owner first: owners close newest first, and leaving the replica set
-    # at stop needs the client still open.
-    services.get(REDIS, RedisClients)
     return services.get(FLEET, lambda: FleetStore(services))
 
 

@@ -8,7 +8,8 @@ limit in use). Clients connect lazily and never retry inside a call: each caller
 deadline around what it awaits (the limiter: `deadline_ms`, the registry: `timeout_s`) and decides
 what a failure means; the socket timeouts are only the outer bound. URLs may carry a password:
 they are never logged or shown (`readiness()` lists them redacted). Closed once, at stop, by
-`Services.aclose`.
+`Services.aclose`, after every other owner (its key `closes_last`): the limiter, budgets and fleet
+owners still talk to Redis as they close.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class RedisClients:
             await c.aclose()
 
 
-REDIS: Final = ServiceKey[RedisClients]("redis")
+REDIS: Final = ServiceKey[RedisClients]("redis", closes_last=True)  # the others talk through it
 
 
 def _create(url: str, cluster: bool) -> Any:

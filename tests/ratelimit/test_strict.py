@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from gateway.context import RequestContext, Status
 from gateway.core.request import RequestInfo, Wire
@@ -28,7 +29,7 @@ def policy(url: str) -> CompiledPolicy:
         "routes": [{"name": "r", "backend": "a"}],
         "rate_limits": {
             "store": {"redis": {"url": url, "deadline_ms": 100}},  # generous for busy CI
-            "rules": [{"name": "vip", "key": ["header:x-key"], "qps": 20, "window_s": 5,
+            "rules": [{"name": "vip", "key": ["header:x-key"], "qps": 1, "window_s": 100,
                        "strict": True}],
         },
     }  # fmt: skip
@@ -64,8 +65,9 @@ async def test_strict_rule_is_decided_by_redis_for_every_replica(tmp_path: Path)
         _, c2, _, _ = await replica(redis.url, opened)
         first = [await ask(c1, p) for _ in range(15)]
         second = [await ask(c2, p) for _ in range(15)]
-        # 100 per 5 s window; one signal: admitted while under 95 % -> 95 across both replicas
-        # at most; the two replicas draw from one count, exactly.
+        # 100 per 100 s window (long: a window edge mid-test would let the previous window's
+        # weight fall); one signal: admitted while under 95 % -> 95 across both replicas at
+        # most; the two replicas draw from one count, exactly.
         admitted = (first + second).count(200)
         assert admitted == 30
         more = [await ask(c2, p) for _ in range(80)] + [await ask(c1, p) for _ in range(10)]
@@ -79,6 +81,27 @@ async def test_strict_rule_is_decided_by_redis_for_every_replica(tmp_path: Path)
         assert set(answers) <= {200, 429}
         assert elapsed < 2.0  # each at most one deadline, then local without asking
         assert l1.mode == "fallback" and rs.counts[9] == 5
+    finally:
+        for s in opened:
+            await s.aclose()
+        redis.stop()
+
+
+async def test_a_replica_stopping_with_redis_up_leaves_no_connection_open(tmp_path: Path) -> None:
+    # The limiter gives its leases back and leaves the replica set as it stops: through the
+    # shared client, which must still be open then and closed after (none left to the GC).
+    redis = RedisServer(tmp_path / "redis").start()
+    opened: list[Services] = []
+    try:
+        services, c1, _, p = await replica(redis.url, opened)
+        assert await ask(c1, p) == 200
+        await services.aclose()
+        watcher = Redis.from_url(redis.url)
+        try:
+            others = [c for c in await watcher.client_list() if c["cmd"] != "client|list"]
+            assert others == []  # the stopped replica's connections are closed, none leaked
+        finally:
+            await watcher.aclose()
     finally:
         for s in opened:
             await s.aclose()
