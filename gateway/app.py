@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.core.request import RequestInfo
 from gateway.filters.registry import build_chain
 from gateway.fleet.store import configure_fleet
+from gateway.forward.inflight import InFlight
 from gateway.policy.compiled import CompiledPolicy
 from gateway.registry.pool import BACKENDS
 from gateway.reload.holder import PolicyHolder
@@ -36,35 +37,6 @@ log = logging.getLogger("sluice.upstream")
 # members a registry found leave between reloads, and each left channel would keep trying to
 # reconnect to an address that is gone.
 PRUNE_S = 30.0
-
-
-class InFlight:
-    """Counts requests being served; the drain waits for zero."""
-
-    __slots__ = ("count", "_idle")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def enter(self) -> None:
-        if not self.count:  # the first in flight (an Event.clear is a Python call)
-            self._idle.clear()
-        self.count += 1
-
-    def leave(self) -> None:
-        self.count -= 1
-        if self.count <= 0:
-            self.count = 0
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
 
 
 class Gateway:

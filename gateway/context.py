@@ -104,21 +104,24 @@ MAX_DECISIONS = 32
 MAX_TRIES = 8  # upstream tries remembered per request for the trace (retries beyond: counted)
 
 
-@dataclass(slots=True)
 class UpstreamTry:
     """One upstream try of a request (a retry is another), for its trace's client span.
 
     Recorded only while tracing is on (`ctx.trace_id` set): the forwarding path calls
     `ctx.begin_try` when it starts sending to an endpoint and `ctx.end_try` when that try is
-    over (answered, failed, or abandoned)."""
+    over (answered, failed, or abandoned). A plain class (compiled, built without a Python frame;
+    a dataclass's generated `__init__` runs interpreted)."""
 
-    backend: str
-    address: str
-    started: float  # time.monotonic()
-    ended: float = 0.0  # 0 until end_try
-    first_byte_at: float | None = None  # response head received (ctx.try_first_byte)
-    status: int = 0  # HTTP status / gRPC code the backend answered (0: none)
-    error: str = ""  # why the try failed, an Outcome value ("" = it answered)
+    __slots__ = ("backend", "address", "started", "ended", "first_byte_at", "status", "error")
+
+    def __init__(self, backend: str, address: str, started: float) -> None:
+        self.backend = backend
+        self.address = address
+        self.started = started  # time.monotonic()
+        self.ended = 0.0  # 0 until end_try
+        self.first_byte_at: float | None = None  # response head received (ctx.try_first_byte)
+        self.status = 0  # HTTP status / gRPC code the backend answered (0: none)
+        self.error = ""  # why the try failed, an Outcome value ("" = it answered)
 
 
 class RequestContext:

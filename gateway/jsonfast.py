@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.core.body import is_json_type  # compiled with the request path
+
 __all__ = ["BACKEND", "dumps", "is_json_type", "loads", "rewritten"]
 
 try:
@@ -38,8 +40,6 @@ else:  # pragma: no cover
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-_JSON_SEEN: dict[str, bool] = {}  # Content-Type value → is_json_type (bounded)
-_MAX_SEEN = 256
 _LONG_INT = re.compile(rb"\d{19}")  # an integer literal that may not fit 64 bits
 
 
@@ -52,18 +52,3 @@ def rewritten(raw: bytes, doc: Any, changes: Mapping[str, Any] | None) -> bytes:
     exact = json.loads(raw)
     exact.update(changes or {})
     return json.dumps(exact, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def is_json_type(content_type: str | None) -> bool:
-    """Whether a request body of this Content-Type is worth parsing as JSON (remembered per
-    distinct value: clients send a handful)."""
-    if content_type is None:
-        return True  # many clients omit it; a body that does not parse stays opaque
-    known = _JSON_SEEN.get(content_type)
-    if known is not None:
-        return known
-    low = content_type.lower().encode("latin-1", "replace")
-    known = b"application/json" in low or b"text/json" in low or b"+json" in low
-    if len(_JSON_SEEN) < _MAX_SEEN:
-        _JSON_SEEN[content_type] = known
-    return known

@@ -49,6 +49,7 @@ MODULES = (
     "gateway.forward.failures",
     "gateway.forward.first_token",
     "gateway.forward.headers",
+    "gateway.forward.inflight",
     "gateway.forward.http",
     "gateway.forward.lifecycle",
     "gateway.forward.relay",

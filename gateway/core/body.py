@@ -9,26 +9,47 @@ serialises it again before it goes upstream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 CHARS_PER_TOKEN = 4  # the usual estimate for English text: prompt bytes / 4
 
 
-@dataclass(slots=True)
 class RequestBody:
-    raw: bytes  # as received; b"" when the body was not read (too large: it streams)
-    size: int  # bytes: len(raw), or Content-Length (0 when unknown) for an unread body
-    doc: dict[str, Any] | None = None  # the parsed JSON object; None for an opaque body
-    model: str | None = None
-    max_tokens: int | None = None  # max_tokens, else max_completion_tokens
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    prompt_chars: int = 0  # characters of prompt text; the body size when unknown
-    dirty: bool = False  # a filter changed `doc`: serialise it again before forwarding
-    usage_added: bool = False  # Sluice asked the backend for usage the client did not ask for
-    changes: dict[str, Any] | None = None  # the top-level fields `set` rewrote
-    api: str = "chat"  # its API family (`gateway.core.apis`); chat and completions read alike
+    """A plain class with its own `__init__`: compiled, it is built without a Python frame (a
+    dataclass's generated `__init__` runs interpreted: ~0.4 µs a request)."""
+
+    __slots__ = ("raw", "size", "doc", "model", "max_tokens", "stream", "stream_options",
+                 "prompt_chars", "dirty", "usage_added", "changes", "api")  # fmt: skip
+
+    def __init__(
+        self,
+        raw: bytes,  # as received; b"" when the body was not read (too large: it streams)
+        size: int,  # bytes: len(raw), or Content-Length (0 when unknown) for an unread body
+        doc: dict[str, Any] | None = None,  # the parsed JSON object; None for an opaque body
+        model: str | None = None,
+        max_tokens: int | None = None,  # max_tokens, else max_completion_tokens
+        stream: bool = False,
+        stream_options: dict[str, Any] | None = None,
+        prompt_chars: int = 0,  # characters of prompt text; the body size when unknown
+    ) -> None:
+        self.raw = raw
+        self.size = size
+        self.doc = doc
+        self.model = model
+        self.max_tokens = max_tokens
+        self.stream = stream
+        self.stream_options = stream_options
+        self.prompt_chars = prompt_chars
+        self.dirty = False  # a filter changed `doc`: serialise it again before forwarding
+        self.usage_added = False  # Sluice asked the backend for usage the client did not ask for
+        self.changes: dict[str, Any] | None = None  # the top-level fields `set` rewrote
+        self.api = "chat"  # its API family (`gateway.core.apis`); chat and completions read alike
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestBody(size={self.size}, api={self.api!r}, model={self.model!r}, "
+            f"max_tokens={self.max_tokens}, stream={self.stream}, parsed={self.doc is not None})"
+        )
 
     @property
     def parsed(self) -> bool:
@@ -105,16 +126,34 @@ def _prompt_chars(doc: dict[str, Any], fallback: int) -> int:
     return fallback
 
 
-class Usage(NamedTuple):
-    """Tokens a backend reports for one request (OpenAI `usage`). A named tuple: made once per
-    answer on the request path (a frozen dataclass costs ~0.3 µs more to build)."""
+class Usage:
+    """Tokens a backend reports for one request (OpenAI `usage`), made once per answer on the
+    request path: a plain class (compiled, built without a Python frame; a named tuple's
+    `__new__` runs interpreted), compared by value."""
 
-    prompt_tokens: int
-    completion_tokens: int
+    __slots__ = ("prompt_tokens", "completion_tokens")
+
+    def __init__(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return (
+            self.prompt_tokens == other.prompt_tokens
+            and self.completion_tokens == other.completion_tokens
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.prompt_tokens, self.completion_tokens))
+
+    def __repr__(self) -> str:
+        return f"Usage({self.prompt_tokens}, {self.completion_tokens})"
 
 
 def usage_from(doc: Any) -> Usage | None:
@@ -128,3 +167,22 @@ def usage_from(doc: Any) -> Usage | None:
     if type(p) is not int or type(c) is not int or p < 0 or c < 0:
         return None
     return Usage(p, c)
+
+
+_JSON_SEEN: dict[str, bool] = {}  # Content-Type value → is_json_type (bounded)
+_MAX_SEEN = 256
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether a request body of this Content-Type is worth parsing as JSON (remembered per
+    distinct value: clients send a handful)."""
+    if content_type is None:
+        return True  # many clients omit it; a body that does not parse stays opaque
+    known = _JSON_SEEN.get(content_type)
+    if known is not None:
+        return known
+    low = content_type.lower().encode("latin-1", "replace")
+    known = b"application/json" in low or b"text/json" in low or b"+json" in low
+    if len(_JSON_SEEN) < _MAX_SEEN:
+        _JSON_SEEN[content_type] = known
+    return known

@@ -24,7 +24,7 @@ def body_phase(
     api = apis.resolve(route.api if route is not None else None, ctx.info.path)
     if isinstance(body, bytes):
         rb = None
-        if body and jsonfast.is_json_type(ctx.info.headers.get("content-type")):
+        if body and bodies.is_json_type(ctx.info.headers.get("content-type")):
             try:
                 doc = jsonfast.loads(body)
                 if api == apis.CHAT or api == apis.COMPLETIONS:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from gateway.policy.base import Limits
     from gateway.policy.model import Timeouts
     from gateway.snapshot import Snapshot
+    from gateway.upstream.pool import UpstreamPool
     from gateway.upstream.response import UpstreamResponse
 
 log = logging.getLogger("sluice.forward")
@@ -67,6 +68,14 @@ class HttpForward:
         self.loop = loop
         self.deadlines = Deadlines(loop)
         self.lifecycle = Lifecycle(gateway, loop)
+        self._pool: UpstreamPool | None = None  # the gateway's, made at its first use, kept
+
+    def pool(self) -> UpstreamPool:
+        """The gateway's upstream pool (one for its life), without a property call a request."""
+        pool = self._pool
+        if pool is None:
+            pool = self._pool = self.gateway.http_pool
+        return pool
 
     async def serve(self, ex: Exchange) -> None:
         """Serve one request to its end. Raises CancelledError / ConnectionError only when the
@@ -178,7 +187,7 @@ class HttpForward:
         deadlines.start(task, timeouts.total_s)
         body: AsyncIterator[bytes] | bytes | None = None
         streamed = False
-        pool = self.gateway.http_pool
+        pool = self.pool()
         early: Exception | None = None  # what ended the request before its answer began
         expired: str | None = None  # the deadline that cancelled the task
         try:
@@ -221,7 +230,9 @@ class HttpForward:
                     ):
                         await answers.refuse(ex, ctx, UPLOADS_FULL, self.gateway.draining)
                         return
-                    path = route.upstream_path(info.path)
+                    path = info.path
+                    if route.strip_prefix:
+                        path = route.upstream_path(path)
                     if ex.query:
                         path += "?" + ex.query
                     # begin_try counts the attempt and, when tracing, aims traceparent at this try.
@@ -298,7 +309,7 @@ class HttpForward:
         before any byte reached the client; within the attempts and the route's retry budget,
         on another member). Each try's connect and first-byte timeouts are capped by the
         route's `retries.per_try_timeout_s`. The first try was begun by the caller."""
-        pool = self.gateway.http_pool
+        pool = self.pool()
         route = ctx.route
         assert route is not None and ctx.endpoint is not None
         sent = time.monotonic()

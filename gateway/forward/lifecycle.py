@@ -51,7 +51,9 @@ class Lifecycle:
     def begin(self, info: RequestInfo) -> tuple[Snapshot, RequestContext]:
         """The snapshot the request is served by (chosen once, at arrival) and its context; the
         request counts as in flight until `finish` is done."""
-        snap = self.gateway.snapshot_for(info)
+        holder = self._holder  # (`Gateway.snapshot_for`, without its Python-level call)
+        ro = holder.rollout
+        snap = holder.active if ro is None else ro.choose(info)
         ctx = RequestContext(info, snap.policy)
         self._inflight.enter()
         return snap, ctx

@@ -83,7 +83,9 @@ class PolicyHolder(Generic[A]):
         self._build = build
         self.clock = clock
         compiled = compile_policy(self._load(None))  # raises PolicyError: fatal at boot
-        self._active: A = build(compiled)
+        # The stable snapshot (during a rollout: the old policy). A plain attribute, read by
+        # every request (a property is a Python-level call); only `_swap` assigns it.
+        self.active: A = build(compiled)
         self._compiled = compiled
         self.version = compiled.version
         self.reloads = 0  # reload attempts since boot, whatever their result
@@ -104,11 +106,6 @@ class PolicyHolder(Generic[A]):
         metrics.POLICY_INFO.labels(compiled.version).set(1)
         metrics.POLICY_LAST_RELOAD_OK.set(1)
         metrics.POLICY_HELD.set(0)
-
-    @property
-    def active(self) -> A:
-        """The stable snapshot (during a rollout: the old policy)."""
-        return self._active
 
     @property
     def compiled(self) -> CompiledPolicy:
@@ -265,7 +262,7 @@ class PolicyHolder(Generic[A]):
     def commit(self, active: A, compiled: CompiledPolicy) -> str | None:
         """Swap `active` in and activate it (the `on_swap` subscribers). If one fails, swap the
         previous policy back, activate it again, and return the error."""
-        before = (self._active, self._compiled, self.loaded_at)
+        before = (self.active, self._compiled, self.loaded_at)
         self._swap(active, compiled)
         error = self.notify()
         if error is None:
@@ -286,7 +283,7 @@ class PolicyHolder(Generic[A]):
 
     def _swap(self, active: A, compiled: CompiledPolicy) -> None:
         # Only plain assignments here: nothing can fail halfway through the swap itself.
-        self._active, self._compiled = active, compiled
+        self.active, self._compiled = active, compiled
         metrics.POLICY_INFO.remove(self.version)
         metrics.POLICY_INFO.labels(compiled.version).set(1)
         self.version = compiled.version

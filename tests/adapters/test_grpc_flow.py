@@ -292,7 +292,7 @@ async def test_grpc_verdict_headers_trailers_event_and_cut(
         gw = Gateway(_policy(tmp_path, port, idle_s=30))
         probe = TrailerProbe()
         compiled = gw.active.policy
-        gw.holder._active = Snapshot(compiled, Chain([probe, RouteFilter(compiled)]))
+        gw.holder.active = Snapshot(compiled, Chain([probe, RouteFilter(compiled)]))
         listener = await start_grpc(gw, "127.0.0.1", 0, grpc_engine)
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{listener.port}") as ch:

@@ -141,7 +141,7 @@ async def proxied(
     probe = Probe()
     compiled = gw.active.policy
     chain = Chain([RequestIdFilter(), probe, RouteFilter(compiled)])
-    gw.holder._active = Snapshot(compiled, chain)
+    gw.holder.active = Snapshot(compiled, chain)
     listener = await start_http(gw, "127.0.0.1", 0, engine=engine)
     session = aiohttp.ClientSession(f"http://127.0.0.1:{listener.port}")
     try:
