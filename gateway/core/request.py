@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple
 
 
 class Wire(enum.Enum):
@@ -19,24 +18,45 @@ class Wire(enum.Enum):
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-class RequestInfo(NamedTuple):
+class RequestInfo:
     """What the filter chain may decide on. Header names are lower-case.
 
     For gRPC `method` is "POST" and `path` is "/pkg.Service/Method"; `headers` holds the
-    invocation metadata (text values only). A named tuple (immutable, built in ~0.2 µs; a
-    frozen dataclass sets each field through `object.__setattr__`).
+    invocation metadata (text values only). Set once, by the adapter that read the request, and
+    never changed after. A plain compiled class: built and read without a Python frame (a named
+    tuple's `__new__` runs interpreted, and its fields are descriptor reads).
     """
 
-    protocol: Wire
-    method: str
-    path: str
-    headers: Mapping[str, str] = _NO_HEADERS
-    peer: str = ""
-    authority: str = ""
-    content_length: int | None = None
-    # The verified client certificate's identity (mTLS: first URI SAN, else first DNS SAN, else
-    # subject CN); "" for a plaintext connection or a client without a certificate.
-    client_cert: str = ""
+    __slots__ = ("protocol", "method", "path", "headers", "peer", "authority",
+                 "content_length", "client_cert")  # fmt: skip
+
+    def __init__(
+        self,
+        protocol: Wire,
+        method: str,
+        path: str,
+        headers: Mapping[str, str] = _NO_HEADERS,
+        peer: str = "",
+        authority: str = "",
+        content_length: int | None = None,
+        # The verified client certificate's identity (mTLS: first URI SAN, else first DNS SAN,
+        # else subject CN); "" for a plaintext connection or a client without a certificate.
+        client_cert: str = "",
+    ) -> None:
+        self.protocol = protocol
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.peer = peer
+        self.authority = authority
+        self.content_length = content_length
+        self.client_cert = client_cert
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestInfo({self.protocol.value} {self.method} {self.path!r}, peer={self.peer!r}, "
+            f"authority={self.authority!r}, content_length={self.content_length})"
+        )
 
 
 def unsafe_path(path: str) -> bool:

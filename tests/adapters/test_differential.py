@@ -345,9 +345,11 @@ def _differential(tmp_path: Path, examples: int) -> dict[str, int]:
 def test_engines_agree_on_generated_requests(tmp_path: Path) -> None:
     stats = _differential(tmp_path, EXAMPLES)
     print(f"differential fuzz: {stats}")
-    # The grammar must keep exercising both paths, and the skipped cases must stay rare.
+    # The grammar must keep exercising both paths, and the skipped cases must stay rare. How
+    # many examples get a request forwarded depends on timing too (once the gateway closes,
+    # the client writes no more): 449-628 of 2,500 in runs of the same inputs.
     assert stats["examples"] >= EXAMPLES
-    assert stats["forwarded"] > EXAMPLES // 5 and stats["refused"] > EXAMPLES // 5
+    assert stats["forwarded"] > EXAMPLES // 10 and stats["refused"] > EXAMPLES // 5
     assert stats["trailers"] < EXAMPLES // 10
 
 
