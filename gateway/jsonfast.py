@@ -14,9 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.core.body import is_json_type  # compiled with the request path
-
-__all__ = ["BACKEND", "dumps", "is_json_type", "loads", "rewritten"]
+__all__ = ["BACKEND", "dumps", "loads", "rewritten"]
 
 try:
     import orjson

@@ -142,9 +142,9 @@ class Services:
         await self._stop_tasks()
         if not first:
             return
-        newest_first = list(reversed(self._owners.items()))
-        last = [(k, o) for k, o in newest_first if self._keys[k].closes_last]
-        for key, owner in [(k, o) for k, o in newest_first if not self._keys[k].closes_last] + last:
+        newest_first = reversed(self._owners.items())
+        # (sorted is stable: newest first among each kind, the closes_last keys after the rest)
+        for key, owner in sorted(newest_first, key=lambda ko: self._keys[ko[0]].closes_last):
             close = getattr(owner, "aclose", None) or getattr(owner, "close", None)
             if close is None:
                 continue

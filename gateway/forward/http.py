@@ -68,14 +68,9 @@ class HttpForward:
         self.loop = loop
         self.deadlines = Deadlines(loop)
         self.lifecycle = Lifecycle(gateway, loop)
-        self._pool: UpstreamPool | None = None  # the gateway's, made at its first use, kept
-
-    def pool(self) -> UpstreamPool:
-        """The gateway's upstream pool (one for its life), without a property call a request."""
-        pool = self._pool
-        if pool is None:
-            pool = self._pool = self.gateway.http_pool
-        return pool
+        # The gateway's upstream pool (one for its life): read here once, not through its
+        # property on every request.
+        self.pool: UpstreamPool = gateway.http_pool
 
     async def serve(self, ex: Exchange) -> None:
         """Serve one request to its end. Raises CancelledError / ConnectionError only when the
@@ -187,7 +182,7 @@ class HttpForward:
         deadlines.start(task, timeouts.total_s)
         body: AsyncIterator[bytes] | bytes | None = None
         streamed = False
-        pool = self.pool()
+        pool = self.pool
         early: Exception | None = None  # what ended the request before its answer began
         expired: str | None = None  # the deadline that cancelled the task
         try:
@@ -309,7 +304,7 @@ class HttpForward:
         before any byte reached the client; within the attempts and the route's retry budget,
         on another member). Each try's connect and first-byte timeouts are capped by the
         route's `retries.per_try_timeout_s`. The first try was begun by the caller."""
-        pool = self.pool()
+        pool = self.pool
         route = ctx.route
         assert route is not None and ctx.endpoint is not None
         sent = time.monotonic()
