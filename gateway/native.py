@@ -77,11 +77,15 @@ MODULES = (
     "gateway.telemetry.tally",
     "gateway.telemetry.accesslog",
     "gateway.reload.traffic",
+    "gateway.registry.member",
+    "gateway.registry.view",
+    "gateway.snapshot",
     *(
         f"gateway.core.{m}"
         for m in [
             "affinity",
             "apis",
+            "balancer",
             "body",
             "breaker",
             "budgets",

@@ -13,6 +13,9 @@ compiled request path") states them, checked on the sources of the compiled modu
 - no attribute narrowed across an `await` (`if self.conn is not None: await ...;
   self.conn.write()`);
 - sums name their start (`sum(..., 0.0)` for floats);
+- a module constant read inside a function or class is `Final` (a C static; any other module
+  name is a dictionary lookup on every read); one that is meant to be replaced at run time
+  (a test lowers it) says so with a plain annotation (`FLUSH_BYTES: int = ...`);
 - no Generic classes and no weak references;
 - tests do not monkeypatch compiled classes;
 - every compiled module says so: its docstring begins with `(compiled)`, and no other does.
@@ -210,6 +213,41 @@ def sums_without_start(tree: ast.AST) -> list[int]:
     ]
 
 
+def constants_not_final(tree: ast.AST) -> list[int]:
+    """Module-level `NAME = value` (assigned once, never `global`) whose name a function or
+    class of the module reads; type aliases and TypeVars aside."""
+    assert isinstance(tree, ast.Module)
+    rebound = {name for n in ast.walk(tree) if isinstance(n, ast.Global) for name in n.names}
+    times: dict[str, int] = {}
+    for n in tree.body:
+        if isinstance(n, ast.Assign | ast.AnnAssign):
+            for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                if isinstance(t, ast.Name):
+                    times[t.id] = times.get(t.id, 0) + 1
+    read = {
+        x.id
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for x in ast.walk(n)
+        if isinstance(x, ast.Name) and isinstance(x.ctx, ast.Load)
+    }
+    lines = []
+    for n in tree.body:
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1):
+            continue
+        t, v = n.targets[0], n.value
+        if not isinstance(t, ast.Name) or t.id.startswith("__"):
+            continue
+        if t.id in rebound or times[t.id] > 1 or t.id not in read:
+            continue
+        if isinstance(v, ast.Call) and ast.unparse(v.func).split(".")[-1] == "TypeVar":
+            continue
+        if isinstance(v, ast.Subscript | ast.BinOp) and not t.id.isupper() and t.id[:1].isupper():
+            continue  # a type alias (`Ok = Callable[[Any], bool]`)
+        lines.append(n.lineno)
+    return lines
+
+
 def generics_and_weakrefs(tree: ast.AST) -> list[int]:
     lines = []
     for n in ast.walk(tree):
@@ -232,6 +270,7 @@ RULES = {
     "a built class default": built_class_defaults,
     "an attribute narrowed across an await": narrowed_across_await,
     "a sum without its start": sums_without_start,
+    "a module constant read in a function, not Final": constants_not_final,
     "a Generic class or a weak reference": generics_and_weakrefs,
 }
 
@@ -332,6 +371,12 @@ EXAMPLES = [
         [4, 8],
     ),
     (sums_without_start, "a = sum(x)\nb = sum((m.w for m in ms), 0.0)\nc = sum(x, start=0)\n", [1]),
+    (
+        constants_not_final,
+        "A = 1\nB: Final = 2\nC: int = 3\nD = 4\nOk = Callable[[Any], bool]\nE = 5\nE = 6\n"
+        "def f():\n return A + B + C + E + Ok\n",
+        [1],
+    ),
     (
         generics_and_weakrefs,
         "import weakref\nclass A(Generic[T]):\n pass\nclass B(Base):\n pass\n",

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import Final
 
 DEFER_MAX = 65536  # answers under this size may wait for the loop turn's batch (`OutBatch`)
 REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_date: list[object] = [0, b""]
+_date: Final[list[object]] = [0, b""]
 
 
 def date_value() -> bytes:

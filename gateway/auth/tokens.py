@@ -24,7 +24,7 @@ from gateway.telemetry import edge_metrics
 if TYPE_CHECKING:
     from gateway.services import Services
 
-FLUSH_S = 1.0  # cache hits reach sluice_auth_total{result="cached"} within this
+FLUSH_S: Final = 1.0  # cache hits reach sluice_auth_total{result="cached"} within this
 
 
 class Tally:

@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, cast
 
 from gateway.core.balancer import LOAD_GAIN, Candidate, Level, Plan, Random, mix
 from gateway.core.placement import Placeable, PrefixBook, place
 
-M = TypeVar("M", bound=Candidate)
-P = TypeVar("P", bound=Placeable)
 Ok = Callable[[Any], bool]
-_SEED = 0x5EED
-_UNIT = float(1 << 53)
-_GOLDEN = 0x9E3779B97F4A7C15  # spreads the CRC to 64 bits
-_MASK = (1 << 64) - 1
-_SYSTEM = b"system\x1f"  # how prompt_prefix starts a system message
-_SYSTEM_CRC = zlib.crc32(_SYSTEM)
+_SEED: Final = 0x5EED
+_UNIT: Final = float(1 << 53)
+_GOLDEN: Final = 0x9E3779B97F4A7C15  # spreads the CRC to 64 bits
+_MASK: Final = (1 << 64) - 1
+_SYSTEM: Final = b"system\x1f"  # how prompt_prefix starts a system message
+_SYSTEM_CRC: Final = zlib.crc32(_SYSTEM)
 
 
 def prompt_prefix(doc: dict[str, Any], nbytes: int) -> bytes:
@@ -105,7 +103,7 @@ def score(m: Candidate) -> float:
     return c.in_flight + c.load * LOAD_GAIN + c.server
 
 
-def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
+def _levels(plan: Plan, r: float) -> list[Level]:
     """The plan's levels, the one `r` falls in first (the others in priority order after it)."""
     levels = plan.levels
     if len(levels) == 1:
@@ -119,30 +117,32 @@ def _levels(plan: Plan[M], r: float) -> list[Level[M]]:
 
 
 def pick_affinity(
-    plan: Plan[P],
+    plan: Plan,
     key: int,
     load_factor: float,
     ok: Ok | None,
     book: PrefixBook,
     now: float,
     keep: bool = True,
-) -> P | None:
+) -> Placeable | None:
     """The member for prefix `key` (sticky placement with bounded load, `gateway.core.placement`)
     among those `ok` admits; the level by the key's own bits, the next levels when none there
     is admitted. `keep`: the choice may become the prefix's placement (not for a retry). The
-    request is counted in the prefix's load: `book.finished` when it ends."""
+    request is counted in the prefix's load: `book.finished` when it ends. The plan's members
+    are placeable too (the pool's members are both)."""
     levels = plan.levels
     if len(levels) == 1 and ok is None:
         lv = levels[0]
-        return place(book, lv.members, key, load_factor, now, lv.uniform, keep)
+        everyone = cast("tuple[Placeable, ...]", lv.members)
+        return place(book, everyone, key, load_factor, now, lv.uniform, keep)
     for lv in _levels(plan, ((mix(key, _SEED) >> 11) + 0.5) / _UNIT):
-        members = [m for m in lv.members if ok is None or ok(m)]
+        members = [cast("Placeable", m) for m in lv.members if ok is None or ok(m)]
         if members:
             return place(book, members, key, load_factor, now, lv.uniform, keep)
     return None
 
 
-def pick_allowed(plan: Plan[M], random: Random, ok: Ok) -> M | None:
+def pick_allowed(plan: Plan, random: Random, ok: Ok) -> Candidate | None:
     """Weighted power of two choices among the members `ok` admits (the level by `random`, the
     next levels when none there is admitted)."""
     for lv in _levels(plan, random()):

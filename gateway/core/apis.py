@@ -23,23 +23,23 @@ path, unchanged); the other families here:
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.body import RequestBody, Usage, opaque
 
-CHAT = "chat"
+CHAT: Final = "chat"
 COMPLETIONS = "completions"
-EMBEDDINGS = "embeddings"
-RESPONSES = "responses"
-MESSAGES = "messages"
-COUNT_TOKENS = "count_tokens"  # Anthropic's dialect, passed through uncounted
+EMBEDDINGS: Final = "embeddings"
+RESPONSES: Final = "responses"
+MESSAGES: Final = "messages"
+COUNT_TOKENS: Final = "count_tokens"  # Anthropic's dialect, passed through uncounted
 
 FAMILIES = (CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, MESSAGES)
 OPENAI_CHUNKS = frozenset({CHAT, COMPLETIONS})  # read by `gateway.core.body`
-ANTHROPIC = frozenset({MESSAGES, COUNT_TOKENS})
+ANTHROPIC: Final = frozenset({MESSAGES, COUNT_TOKENS})
 TYPED_STREAMS = frozenset({RESPONSES, MESSAGES})  # streams of typed events, always read
 
-_BY_PATH = {
+_BY_PATH: Final = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
     "/v1/embeddings": EMBEDDINGS,
@@ -48,7 +48,7 @@ _BY_PATH = {
     "/v1/messages/count_tokens": COUNT_TOKENS,
 }
 # Longest ending first: `/chat/completions` before `/completions`.
-_ENDINGS = (
+_ENDINGS: Final = (
     ("/messages/count_tokens", COUNT_TOKENS),
     ("/chat/completions", CHAT),
     ("/completions", COMPLETIONS),
@@ -122,7 +122,7 @@ def prompt_chars(doc: dict[str, Any]) -> int:
     return n
 
 
-_TEXT_KEYS = ("text", "content", "input", "output", "arguments", "thinking")
+_TEXT_KEYS: Final = ("text", "content", "input", "output", "arguments", "thinking")
 
 
 def text_chars(v: Any, depth: int) -> int:
@@ -241,7 +241,7 @@ def output_chars(doc: Any) -> int:
 # --- refusals and early ends, in the family's dialect ----------------------------------------
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
-_ANTHROPIC_TYPES = {
+_ANTHROPIC_TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -309,4 +309,4 @@ def stream_error(api: str, error_type: str, message: str) -> bytes | None:
     return None
 
 
-_OVERLOAD = frozenset({"overloaded", "queue_full", "shed", "no_capacity"})
+_OVERLOAD: Final = frozenset({"overloaded", "queue_full", "shed", "no_capacity"})

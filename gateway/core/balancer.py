@@ -1,4 +1,5 @@
-"""Endpoint choice: a route's split between backends, then one member of the chosen backend.
+"""(compiled) Endpoint choice: a route's split between backends, then one member of the chosen
+backend.
 
 Pure: the inputs are a snapshot of each member's state (weight, priority, availability) built by
 the pool in the services, the members' live in-flight counts and heartbeat load, and an injected
@@ -38,11 +39,11 @@ import hashlib
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Protocol
 
-OVERPROVISION = 1.4
-LOAD_GAIN = 0.1  # in-flight requests one load point counts as: load 100 → 10
-_MASK = (1 << 64) - 1
+OVERPROVISION: Final = 1.4
+LOAD_GAIN: Final = 0.1  # in-flight requests one load point counts as: load 100 → 10
+_MASK: Final = (1 << 64) - 1
 
 Random = Callable[[], float]
 
@@ -56,7 +57,7 @@ class SmoothWeightedRoundRobin:
     def __init__(self, weights: Sequence[float]) -> None:
         self._weights = [float(w) for w in weights]
         self._current = [0.0] * len(self._weights)
-        self._total = sum(w for w in self._weights if w > 0)
+        self._total = sum((w for w in self._weights if w > 0), 0.0)
         live = [i for i, w in enumerate(self._weights) if w > 0]
         self._single = live[0] if len(live) == 1 else None
 
@@ -105,14 +106,11 @@ class Candidate(Protocol):
     def core(self) -> Load: ...
 
 
-M = TypeVar("M", bound=Candidate)
-
-
 @dataclass(frozen=True, slots=True)
-class MemberStatus(Generic[M]):
+class MemberStatus:
     """One member's state at plan time (the pool builds these from health, breaker, outlier)."""
 
-    member: M
+    member: Candidate
     priority: int
     weight: float
     available: bool  # healthy, not ejected, breaker closed
@@ -121,19 +119,19 @@ class MemberStatus(Generic[M]):
 
 
 @dataclass(frozen=True, slots=True)
-class Level(Generic[M]):
+class Level:
     priority: int
-    members: tuple[M, ...]
+    members: tuple[Candidate, ...]
     cum: tuple[float, ...]  # cumulative weights of `members`
     uniform: bool  # all weights equal: draw by index
     panic: bool
 
 
 @dataclass(frozen=True, slots=True)
-class Plan(Generic[M]):
-    levels: tuple[Level[M], ...]  # levels that take traffic, in priority order
+class Plan:
+    levels: tuple[Level, ...]  # levels that take traffic, in priority order
     cum_load: tuple[float, ...]  # cumulative share of traffic per level (last = 1)
-    probing: tuple[M, ...]  # half-open members, to be offered their probes first
+    probing: tuple[Candidate, ...]  # half-open members, to be offered their probes first
     members: int  # members in rotation (weight > 0)
     available: int
 
@@ -143,21 +141,21 @@ class Plan(Generic[M]):
 
 
 @dataclass(slots=True)
-class _Acc(Generic[M]):
+class _Acc:
     total_w: float = 0.0
     avail_w: float = 0.0
-    avail: list[tuple[M, float]] | None = None
-    fallback: list[tuple[M, float]] | None = None
+    avail: list[tuple[Candidate, float]] | None = None
+    fallback: list[tuple[Candidate, float]] | None = None
 
 
 def build_plan(
-    statuses: Sequence[MemberStatus[M]],
+    statuses: Sequence[MemberStatus],
     panic_threshold: float,
     overprovision: float = OVERPROVISION,
-) -> Plan[M]:
+) -> Plan:
     """The traffic plan of one backend (see the module docstring for the rules)."""
-    accs: dict[int, _Acc[M]] = {}
-    probing: list[M] = []
+    accs: dict[int, _Acc] = {}
+    probing: list[Candidate] = []
     members = available = 0
     for s in statuses:
         if s.probing:
@@ -178,8 +176,8 @@ def build_plan(
             acc.fallback.append((s.member, s.weight))
     order = sorted(accs)
     health = [min(1.0, overprovision * accs[p].avail_w / accs[p].total_w) for p in order]
-    sum_h = sum(health)
-    levels: list[Level[M]] = []
+    sum_h = sum(health, 0.0)
+    levels: list[Level] = []
     loads: list[float] = []
     if sum_h <= 0:
         # Nothing available anywhere: in panic, the first level with an admissible member.
@@ -216,7 +214,7 @@ def build_plan(
     return Plan(tuple(levels), tuple(cum), tuple(probing), members, available)
 
 
-def _level(priority: int, chosen: list[tuple[M, float]], panic: bool) -> Level[M]:
+def _level(priority: int, chosen: list[tuple[Candidate, float]], panic: bool) -> Level:
     cum: list[float] = []
     run = 0.0
     for _, w in chosen:
@@ -226,7 +224,7 @@ def _level(priority: int, chosen: list[tuple[M, float]], panic: bool) -> Level[M
     return Level(priority, tuple(m for m, _ in chosen), tuple(cum), uniform, panic)
 
 
-def _choose_level(plan: Plan[M], r: float) -> Level[M]:
+def _choose_level(plan: Plan, r: float) -> Level:
     levels = plan.levels
     if len(levels) == 1:
         return levels[0]
@@ -234,7 +232,7 @@ def _choose_level(plan: Plan[M], r: float) -> Level[M]:
     return levels[i if i < len(levels) else -1]
 
 
-def pick(plan: Plan[M], random: Random) -> M | None:
+def pick(plan: Plan, random: Random) -> Candidate | None:
     """Weighted power of two choices within a level chosen by the levels' traffic shares."""
     levels = plan.levels
     if not levels:
@@ -265,7 +263,7 @@ def pick(plan: Plan[M], random: Random) -> M | None:
     return a if sa <= sb else b
 
 
-def pick_excluding(plan: Plan[M], random: Random, exclude: Collection[M]) -> M | None:
+def pick_excluding(plan: Plan, random: Random, exclude: Collection[Candidate]) -> Candidate | None:
     """`pick` without the members in `exclude` (a retry goes elsewhere): the chosen level first,
     then the others in priority order; None when every member is excluded."""
     if not plan.levels:
@@ -290,14 +288,14 @@ def pick_excluding(plan: Plan[M], random: Random, exclude: Collection[M]) -> M |
     return None
 
 
-def pick_sticky(plan: Plan[M], key: int, exclude: Collection[M] = ()) -> M | None:
+def pick_sticky(plan: Plan, key: int, exclude: Collection[Candidate] = ()) -> Candidate | None:
     """The member `key` maps to: the level by the key's own bits, then weighted rendezvous
     hashing (highest `weight / -ln(u)`, `u` from the key and the member) within it."""
     if not plan.levels:
         return None
     first = _choose_level(plan, _unit(mix(key, 0x5EED)))
     for lv in [first, *(lv for lv in plan.levels if lv is not first)]:
-        best: M | None = None
+        best: Candidate | None = None
         best_score = -1.0
         for m in lv.members:
             if m in exclude:
@@ -313,7 +311,7 @@ def pick_sticky(plan: Plan[M], key: int, exclude: Collection[M] = ()) -> M | Non
 def split_sticky(weights: Sequence[float], key: int) -> int | None:
     """Index of the backend `key` falls in, by its position within the cumulative weights (the
     same key keeps its backend while the weights stay)."""
-    total = sum(w for w in weights if w > 0)
+    total = sum((w for w in weights if w > 0), 0.0)
     if total <= 0:
         return None
     x = _unit(mix(key, 0xC0FFEE)) * total

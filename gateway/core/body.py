@@ -9,9 +9,9 @@ serialises it again before it goes upstream.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
-CHARS_PER_TOKEN = 4  # the usual estimate for English text: prompt bytes / 4
+CHARS_PER_TOKEN: Final = 4  # the usual estimate for English text: prompt bytes / 4
 
 
 class RequestBody:
@@ -169,8 +169,8 @@ def usage_from(doc: Any) -> Usage | None:
     return Usage(p, c)
 
 
-_JSON_SEEN: dict[str, bool] = {}  # Content-Type value → is_json_type (bounded)
-_MAX_SEEN = 256
+_JSON_SEEN: Final[dict[str, bool]] = {}  # Content-Type value → is_json_type (bounded)
+_MAX_SEEN: Final = 256
 
 
 def is_json_type(content_type: str | None) -> bool:

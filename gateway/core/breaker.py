@@ -27,6 +27,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.window import SlidingCounts
 
@@ -45,17 +46,17 @@ class Event(enum.Enum):
 
 
 # Pairs not listed leave the state unchanged.
-TRANSITIONS: dict[tuple[State, Event], State] = {
+TRANSITIONS: Final[dict[tuple[State, Event], State]] = {
     (State.CLOSED, Event.TRIPPED): State.OPEN,
     (State.OPEN, Event.COOLDOWN_ELAPSED): State.HALF_OPEN,
     (State.HALF_OPEN, Event.PROBE_OK): State.CLOSED,
     (State.HALF_OPEN, Event.PROBE_FAILED): State.OPEN,
 }
 
-JITTER = 0.2  # open time is scaled by a factor in [1 - JITTER, 1 + JITTER)
-REFUSED = -1  # the ticket `allow` returns when the breaker admits nothing
-_PROBE_BITS = 8  # ticket = epoch << 8 | probe number (0 = not a probe)
-MAX_PROBES = (1 << _PROBE_BITS) - 1
+JITTER: Final = 0.2  # open time is scaled by a factor in [1 - JITTER, 1 + JITTER)
+REFUSED: Final = -1  # the ticket `allow` returns when the breaker admits nothing
+_PROBE_BITS: Final = 8  # ticket = epoch << 8 | probe number (0 = not a probe)
+MAX_PROBES: Final = (1 << _PROBE_BITS) - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,10 +23,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Final
 from zoneinfo import ZoneInfo
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-DURATION = re.compile(r"^([1-9][0-9]{0,6})([smhdw])$")
+UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+DURATION: Final = re.compile(r"^([1-9][0-9]{0,6})([smhdw])$")
 CALENDAR = ("day", "week", "month")
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.window import SlidingCounts
 
 # Latency bucket upper bounds (seconds): 1 ms to ~2 min, 10 % apart; p95 is interpolated inside
 # the bucket it falls in (off by less than 10 %).
-BOUNDS: tuple[float, ...] = tuple(0.001 * 1.1**i for i in range(124))
-_OFFSET = 2  # row layout: requests, errors, then one counter per bucket (+1 overflow)
+BOUNDS: Final[tuple[float, ...]] = tuple(0.001 * 1.1**i for i in range(124))
+_OFFSET: Final = 2  # row layout: requests, errors, then one counter per bucket (+1 overflow)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,9 +20,10 @@ pool's overload signal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
-UPDATE_S = 0.1
-EMA_ALPHA = 0.2  # weight of one latency sample in the smoothed latency
+UPDATE_S: Final = 0.1
+EMA_ALPHA: Final = 0.2  # weight of one latency sample in the smoothed latency
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
@@ -12,7 +13,7 @@ DEADLINE_UNREACHABLE = "deadline_unreachable"
 SHED = "shed"
 
 WAITING, DISPATCHED, GONE = 0, 1, 2
-INF = float("inf")
+INF: Final = float("inf")
 EWMA = 0.2  # weight of one sample in the smoothed hold time, time to first token and cost
 
 

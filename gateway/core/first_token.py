@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.sse import SseEvent
 
@@ -23,7 +23,7 @@ class Seen(enum.Enum):
     ERROR = "error"  # the backend sent an error instead of an answer
 
 
-_CONTENT_KEYS = ("content", "tool_calls", "function_call", "reasoning_content", "refusal")
+_CONTENT_KEYS: Final = ("content", "tool_calls", "function_call", "reasoning_content", "refusal")
 
 
 def classify(ev: SseEvent) -> Seen:
@@ -43,7 +43,7 @@ def classify(ev: SseEvent) -> Seen:
 # Responses and Messages stream events by `type` (OpenAI chunks have none). The output events
 # (`response.*.delta`, `content_block_delta`) and the ends are content; anything else of
 # theirs not named here (a `response.*.done`...) is content too.
-_TYPED = {
+_TYPED: Final = {
     "response.created": Seen.PREAMBLE,
     "response.in_progress": Seen.PREAMBLE,
     "response.queued": Seen.PREAMBLE,

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
+from typing import Final
 
-LAT_BOUNDS: tuple[float, ...] = tuple(1e-4 * math.sqrt(2) ** k for k in range(41))
-LAT_BUCKETS = len(LAT_BOUNDS) + 1  # bucket 0: [0, 100 µs); the last: ≥ LAT_BOUNDS[-1]
-SIZE_BUCKETS = 34  # bucket i: [2**(i-1), 2**i) bytes; bucket 0: empty bodies
+LAT_BOUNDS: Final[tuple[float, ...]] = tuple(1e-4 * math.sqrt(2) ** k for k in range(41))
+LAT_BUCKETS: Final = len(LAT_BOUNDS) + 1  # bucket 0: [0, 100 µs); the last: ≥ LAT_BOUNDS[-1]
+SIZE_BUCKETS: Final = 34  # bucket i: [2**(i-1), 2**i) bytes; bucket 0: empty bodies
 
 
 def latency_bucket(seconds: float) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import quote
 
 # Reason classes: why a token was refused (labels of sluice_auth_total, the access log `detail`).
@@ -21,23 +21,23 @@ MALFORMED = "malformed"
 TOO_LARGE = "too_large"
 AMBIGUOUS = "ambiguous"
 BAD_HEADER = "bad_header"  # alg not allowed, crit, b64, typ, bad kid
-UNKNOWN_ISSUER = "unknown_issuer"
+UNKNOWN_ISSUER: Final = "unknown_issuer"
 PROVIDER_NOT_ALLOWED = "provider_not_allowed"
 UNKNOWN_KID = "unknown_kid"
 NO_KEYS = "no_keys"  # the provider's key set is not loaded, or older than max_stale
 BAD_SIGNATURE = "bad_signature"
-BAD_CLAIM = "bad_claim"  # a registered claim of the wrong type (exp as a string, ...)
-EXPIRED = "expired"
-MISSING_EXP = "missing_exp"
-NOT_YET_VALID = "not_yet_valid"
-ISSUED_IN_FUTURE = "issued_in_future"
-TOO_LONG_LIVED = "too_long_lived"
-AUDIENCE = "audience"
+BAD_CLAIM: Final = "bad_claim"  # a registered claim of the wrong type (exp as a string, ...)
+EXPIRED: Final = "expired"
+MISSING_EXP: Final = "missing_exp"
+NOT_YET_VALID: Final = "not_yet_valid"
+ISSUED_IN_FUTURE: Final = "issued_in_future"
+TOO_LONG_LIVED: Final = "too_long_lived"
+AUDIENCE: Final = "audience"
 CLAIMS = "claims"  # valid token, the route's claim requirement not met (403)
 
 # A NumericDate past this is no date (year ~285 million); refusing it keeps arithmetic exact.
-MAX_NUMERIC_DATE = 2.0**53
-MAX_HEADER_VALUE = 1024  # characters of a claim forwarded in a header
+MAX_NUMERIC_DATE: Final = 2.0**53
+MAX_HEADER_VALUE: Final = 1024  # characters of a claim forwarded in a header
 
 
 @dataclass(frozen=True, slots=True)

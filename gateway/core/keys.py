@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.request import RequestInfo
 
-MAX_PART = 128
-MISSING = "-"
-SECRET_HEADERS = frozenset(
+MAX_PART: Final = 128
+MISSING: Final = "-"
+SECRET_HEADERS: Final = frozenset(
     {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
 )
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.keystate import KeyState, RuleMath
 
-HEADROOM = 1.5
-IDLE_S = 2.0
+HEADROOM: Final = 1.5
+IDLE_S: Final = 2.0
 
 
 @dataclass(slots=True)

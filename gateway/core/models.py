@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-MAX_NAME = 256
+MAX_NAME: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ class Serving:
     fallback: Serving | None = None
 
 
-ALL = Serving(None)
+ALL: Final = Serving(None)
 
 
 class ModelIndex:

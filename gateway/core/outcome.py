@@ -4,6 +4,7 @@ tail sampler read instead of a free-form error string."""
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 
 class Outcome(enum.Enum):
@@ -29,7 +30,7 @@ class Outcome(enum.Enum):
         return self in _UPSTREAM
 
 
-_UPSTREAM = frozenset(
+_UPSTREAM: Final = frozenset(
     {
         Outcome.UPSTREAM_CONNECT,
         Outcome.UPSTREAM_TLS,

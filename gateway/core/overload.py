@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 
 class Colour(enum.IntEnum):
@@ -61,7 +62,9 @@ _TRANSITIONS: dict[tuple[Colour, Band], Colour] = {
 
 # The same table as a flat tuple indexed by colour * 5 + band: the request path's lookup
 # (`step` without the call, for the per-key loops of gateway.core.keystate).
-NEXT_COLOUR: tuple[Colour, ...] = tuple(_TRANSITIONS.get((c, b), c) for c in Colour for b in Band)
+NEXT_COLOUR: Final[tuple[Colour, ...]] = tuple(
+    _TRANSITIONS.get((c, b), c) for c in Colour for b in Band
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from gateway.core.balancer import LOAD_GAIN, Load
 
@@ -63,13 +63,13 @@ class Placeable(Protocol):
 
 M = TypeVar("M", bound=Placeable)
 
-SMOOTH_S = 3.0  # time constant of the load averages: long enough that noise moves no prefix
-STEP_S = 0.05  # an average is brought up to date at most this often (1/60 of SMOOTH_S)
-BURST_SLACK = 8.0  # requests in flight a member may take above the mean in a burst
-MAX_PLACED = 16_384  # prefixes remembered per backend
-_GOLDEN = 0x9E3779B97F4A7C15
-_MASK = (1 << 64) - 1
-_UNIT = float(1 << 53)
+SMOOTH_S: Final = 3.0  # time constant of the load averages: long enough that noise moves no prefix
+STEP_S: Final = 0.05  # an average is brought up to date at most this often (1/60 of SMOOTH_S)
+BURST_SLACK: Final = 8.0  # requests in flight a member may take above the mean in a burst
+MAX_PLACED: Final = 16_384  # prefixes remembered per backend
+_GOLDEN: Final = 0x9E3779B97F4A7C15
+_MASK: Final = (1 << 64) - 1
+_UNIT: Final = float(1 << 53)
 
 
 def smooth(avg: float, value: float, dt: float) -> float:

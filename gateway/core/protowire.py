@@ -11,7 +11,9 @@ top-level fields are walked, each skipped in O(1), so a large tensor payload cos
 
 from __future__ import annotations
 
-MAX_STRING = 256  # a longer value is not a model name
+from typing import Final
+
+MAX_STRING: Final = 256  # a longer value is not a model name
 
 
 def _varint(buf: bytes, i: int) -> tuple[int, int]:

@@ -1,11 +1,13 @@
 """(compiled) RequestInfo: the frozen facts an adapter extracts from a request, the same for HTTP
-and gRPC."""
+and gRPC; and the rule a route's match applies to them (`first_route`)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Final, Protocol, TypeVar
 
 
 class Wire(enum.Enum):
@@ -15,7 +17,7 @@ class Wire(enum.Enum):
     GRPC = "grpc"
 
 
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+_NO_HEADERS: Final[Mapping[str, str]] = MappingProxyType({})
 
 
 class RequestInfo:
@@ -75,3 +77,46 @@ def unsafe_path(path: str) -> bool:
             if segment == "." or segment == "..":
                 return True
     return False
+
+
+class RouteMatch(Protocol):
+    """A route's `match` as the policy compiled it (`gateway.policy.compiled.CompiledRoute`)."""
+
+    protocol: Wire | None  # None: any listener
+    path_prefix: str
+    methods: frozenset[str]  # empty: any method
+    headers: tuple[tuple[str, str | None], ...]  # (lower-case name, value or None: present)
+    model_re: re.Pattern[str] | None  # `match.model` globs as one pattern
+
+
+R = TypeVar("R", bound=RouteMatch)
+
+
+def route_matches(r: RouteMatch, info: RequestInfo) -> bool:
+    """The route's protocol, path prefix, methods and headers match the request."""
+    if r.protocol is not None and info.protocol is not r.protocol:
+        return False
+    if not info.path.startswith(r.path_prefix):
+        return False
+    if r.methods and info.method not in r.methods:
+        return False
+    for name, value in r.headers:
+        got = info.headers.get(name)
+        if got is None or (value is not None and got != value):
+            return False
+    return True
+
+
+def first_route(
+    routes: Sequence[R], info: RequestInfo, model: str | None = None, by_model: bool = True
+) -> R | None:
+    """The first route that matches (policy order). With `by_model`, a route with `match.model`
+    matches only a `model` one of its globs matches (a request without a model never takes
+    it); without, `match.model` is not looked at (the route is decided after the body)."""
+    for r in routes:
+        if route_matches(r, info):
+            mr = r.model_re
+            if by_model and mr is not None and (model is None or mr.match(model) is None):
+                continue
+            return r
+    return None

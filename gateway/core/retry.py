@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import GRPC_UNAVAILABLE
 
 # Outcomes of a try that never reached the backend's application.
-_CONNECT = frozenset({Outcome.UPSTREAM_CONNECT, Outcome.UPSTREAM_TLS})
+_CONNECT: Final = frozenset({Outcome.UPSTREAM_CONNECT, Outcome.UPSTREAM_TLS})
 # Failures of a try whose answer had not begun (with `before_first_token`).
-_BEFORE_TOKEN = frozenset(
+_BEFORE_TOKEN: Final = frozenset(
     {Outcome.UPSTREAM_PROTOCOL, Outcome.UPSTREAM_TIMEOUT, Outcome.UPSTREAM_ERROR}
 )
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.histogram import latency_bucket, new_latency_hist, quantile
 
-SHADOW = 0.0  # the stage value of the shadow stage; percentages are (0, 100]
-MAX_TRANSITIONS = 64  # distinct (old decision, new decision) pairs kept by the shadow stage
+SHADOW: Final = 0.0  # the stage value of the shadow stage; percentages are (0, 100]
+MAX_TRANSITIONS: Final = 64  # distinct (old decision, new decision) pairs kept by the shadow stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ class Step(enum.Enum):
     STOP = "stop"
 
 
-_TRANSITIONS: dict[tuple[Phase, Event], Step] = {
+_TRANSITIONS: Final[dict[tuple[Phase, Event], Step]] = {
     (Phase.SHADOW, Event.PASSED): Step.ADVANCE,
     (Phase.SHADOW, Event.PROMOTE): Step.ADVANCE,
     (Phase.SHADOW, Event.BREACHED): Step.ROLL_BACK,
@@ -256,7 +256,7 @@ def judge_serving(
 # gRPC codes that count as a failure of the serving side: UNKNOWN, DEADLINE_EXCEEDED,
 # UNIMPLEMENTED (no route), INTERNAL, UNAVAILABLE. Client-caused codes (CANCELLED,
 # INVALID_ARGUMENT, UNAUTHENTICATED, RESOURCE_EXHAUSTED ...) do not.
-FAILED_GRPC = frozenset({2, 4, 12, 13, 14})
+FAILED_GRPC: Final = frozenset({2, 4, 12, 13, 14})
 
 
 def is_failure(grpc: bool, http_status: int, grpc_status: int | None, refused: bool) -> bool:

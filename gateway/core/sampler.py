@@ -19,11 +19,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Final
 
 from gateway.core.outcome import Outcome
 from gateway.core.traceparent import MASK64
 
-ONE = 1 << 64
+ONE: Final = 1 << 64
 
 
 class Reason(enum.Enum):
@@ -45,9 +46,9 @@ class SampleDecision:
     adjusted_count: float = 1.0  # traces this one stands for (1/ratio for a RATIO keep)
 
 
-_TIMEOUTS = frozenset({Outcome.UPSTREAM_TIMEOUT, Outcome.DEADLINE})
-_KEEP = {r: SampleDecision(True, r) for r in Reason if r is not Reason.NOT_SAMPLED}
-DROP = SampleDecision(False, Reason.NOT_SAMPLED)
+_TIMEOUTS: Final = frozenset({Outcome.UPSTREAM_TIMEOUT, Outcome.DEADLINE})
+_KEEP: Final = {r: SampleDecision(True, r) for r in Reason if r is not Reason.NOT_SAMPLED}
+DROP: Final = SampleDecision(False, Reason.NOT_SAMPLED)
 
 
 def threshold(ratio: float) -> int:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Final
 
-DONE = b"[DONE]"
+DONE: Final = b"[DONE]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,11 +21,11 @@ Rules, each giving a colour and a reason (reasons come back worst first):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 GREEN, YELLOW, RED, GREY = "green", "yellow", "red", "grey"
-RANK = {GREY: 0, GREEN: 0, YELLOW: 1, RED: 2}
-UNUSABLE_CHANNEL = "TRANSIENT_FAILURE"
+RANK: Final = {GREY: 0, GREEN: 0, YELLOW: 1, RED: 2}
+UNUSABLE_CHANNEL: Final = "TRANSIENT_FAILURE"
 
 
 def rank(colour: object) -> int:

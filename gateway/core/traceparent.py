@@ -9,8 +9,10 @@ or parent id, or version ff, makes the header invalid (the caller then starts a 
 
 from __future__ import annotations
 
-MASK64 = (1 << 64) - 1
-_HEX = frozenset("0123456789abcdef")
+from typing import Final
+
+MASK64: Final = (1 << 64) - 1
+_HEX: Final = frozenset("0123456789abcdef")
 
 
 def parse(value: str) -> tuple[int, int, int] | None:

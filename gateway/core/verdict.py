@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 Headers = tuple[tuple[str, str], ...]  # lower-case names
 
@@ -22,7 +23,7 @@ class Action(enum.Enum):
 
 
 # Numeric gRPC status codes (core never imports grpc).
-GRPC_OK = 0
+GRPC_OK: Final = 0
 GRPC_CANCELLED = 1
 GRPC_UNKNOWN = 2
 GRPC_INVALID_ARGUMENT = 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from json.encoder import encode_basestring_ascii
+from typing import Final
 
 from gateway.context import RequestContext
 from gateway.core.outcome import Outcome
@@ -17,22 +18,20 @@ from gateway.policy.model import AccessLog
 from gateway.services import Services
 from gateway.telemetry.accesslog import SINK, AccessLogSink
 
-log = logging.getLogger("sluice.access")
+log: Final = logging.getLogger("sluice.access")
 
-NEVER_LOGGED = frozenset(
+NEVER_LOGGED: Final = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key"}
 )
 
-_str = encode_basestring_ascii  # a JSON string literal, quotes and escapes included
+_str: Final = encode_basestring_ascii  # a JSON string literal, quotes and escapes included
 
-# The fields every line has, in one format (route, backend and upstream: `null` or quoted).
-_LINE = (
-    '{"ts":"%s","request_id":%s,"protocol":"%s","method":%s,"path":%s,"peer":%s,"route":%s,'
-    '"backend":%s,"upstream":%s,"status":%d,"grpc_status":%s,"duration_ms":%.3f,'
-    '"bytes_in":%d,"bytes_out":%d'
-)
+# Milliseconds as text: ".000Z" ... ".999Z" (the timestamp's tail) and "000" ... "999" (a
+# duration's fraction), looked up rather than formatted on every line.
+_MS_Z: Final = tuple(f".{i:03d}Z" for i in range(1000))
+_MS: Final = tuple(f"{i:03d}" for i in range(1000))
 # By the member's id: an enum's `.value` and its hash are Python-level calls per read.
-_PROTOCOL = {id(p): p.value for p in Wire}
+_PROTOCOL: Final = {id(p): p.value for p in Wire}
 
 
 class _Timestamps:
@@ -48,7 +47,7 @@ class _Timestamps:
         sec = int(wall)
         if sec != self._sec:
             self._sec, self._prefix = sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-        return f"{self._prefix}.{int((wall - sec) * 1000):03d}Z"
+        return self._prefix + _MS_Z[min(int((wall - sec) * 1000), 999)]
 
 
 class AccessLogFilter:
@@ -71,21 +70,23 @@ class AccessLogFilter:
         # by the policy model, numbers are numbers.
         info = ctx.info
         route, endpoint = ctx.route, ctx.endpoint
-        line = _LINE % (
-            self._ts.format(ctx.started_wall),
-            _str(ctx.request_id),
-            _PROTOCOL[id(info.protocol)],
-            _str(info.method),
-            _str(info.path[:512]),
-            _str(info.peer),
-            "null" if route is None else '"' + route.name + '"',
-            "null" if endpoint is None else '"' + endpoint.backend + '"',
-            "null" if endpoint is None else '"' + endpoint.address + '"',
-            ctx.http_status,
-            "null" if ctx.grpc_status is None else ctx.grpc_status,
-            ctx.elapsed * 1000,
-            ctx.bytes_in,
-            ctx.bytes_out,
+        # The duration in whole microseconds, written as milliseconds with three decimals.
+        us = int(ctx.elapsed * 1_000_000 + 0.5)
+        grpc = ctx.grpc_status
+        quoted_route = "null" if route is None else '"' + route.name + '"'
+        if endpoint is None:
+            backend = upstream = "null"
+        else:
+            backend, upstream = '"' + endpoint.backend + '"', '"' + endpoint.address + '"'
+        # An f-string is joined in one step; `%` parses its format on every line (2x the cost).
+        line = (
+            f'{{"ts":"{self._ts.format(ctx.started_wall)}","request_id":{_str(ctx.request_id)},'
+            f'"protocol":"{_PROTOCOL[id(info.protocol)]}","method":{_str(info.method)},'
+            f'"path":{_str(info.path[:512])},"peer":{_str(info.peer)},"route":{quoted_route},'
+            f'"backend":{backend},"upstream":{upstream},"status":{ctx.http_status},'
+            f'"grpc_status":{"null" if grpc is None else str(grpc)},'
+            f'"duration_ms":{us // 1000}.{_MS[us % 1000]},'
+            f'"bytes_in":{ctx.bytes_in},"bytes_out":{ctx.bytes_out}'
         )
         if (
             ctx.outcome is not Outcome.OK

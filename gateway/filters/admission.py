@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from gateway.admission.owner import AdmissionBook, PoolQueue, PoolSpec, admission_for
 from gateway.context import RequestContext, Status
@@ -40,6 +40,7 @@ from gateway.core.fairqueue import (
 )
 from gateway.core.keys import compile_key
 from gateway.core.overload import Colour
+from gateway.core.request import first_route
 from gateway.core.serverload import slots
 from gateway.core.verdict import GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, Verdict, reject
 from gateway.fleet.slots import slots_for
@@ -54,11 +55,11 @@ from gateway.services import Services
 from gateway.settings import Settings
 from gateway.telemetry import metrics
 
-NAME = "admission"
-_CONTINUE = Status.CONTINUE
-MAX_DEADLINE_MS = 3_600_000.0
+NAME: Final = "admission"
+_CONTINUE: Final = Status.CONTINUE
+MAX_DEADLINE_MS: Final = 3_600_000.0
 
-REFUSALS: dict[str, Verdict] = {
+REFUSALS: Final[dict[str, Verdict]] = {
     QUEUE_FULL: reject(503, GRPC_RESOURCE_EXHAUSTED, QUEUE_FULL,
                        "the backend pool's queue is full", 1.0),
     QUEUE_TIMEOUT: reject(503, GRPC_UNAVAILABLE, QUEUE_TIMEOUT,
@@ -177,7 +178,7 @@ class AdmissionFilter:
 
     # -- request phase ------------------------------------------------------------------------
     def on_request(self, ctx: RequestContext) -> Status | Awaitable[Status]:
-        route = ctx.route or ctx.policy.match(ctx.info)
+        route = ctx.route or first_route(ctx.policy.routes, ctx.info)
         if route is None:
             return _CONTINUE
         pq = self.pools.get(route.name)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway.auth.jwks import JWKS, JwksCaches, JwksSource
 from gateway.auth.jwt import Failure, Inspected, Provider, Secret, Verified, Verifier
@@ -41,6 +41,7 @@ from gateway.auth.keys import load_secret
 from gateway.auth.tokens import TOKENS, Entry, TokenCache, TokenCaches
 from gateway.context import Principal, RequestContext, Status
 from gateway.core import jwtclaims as jc
+from gateway.core.request import first_route
 from gateway.core.verdict import (
     GRPC_INVALID_ARGUMENT,
     GRPC_PERMISSION_DENIED,
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from gateway.policy.compiled import CompiledPolicy
     from gateway.services import Services
 
-UNAUTHENTICATED = reject(
+UNAUTHENTICATED: Final = reject(
     401,
     GRPC_UNAUTHENTICATED,
     "unauthenticated",
@@ -82,12 +83,12 @@ AMBIGUOUS = reject(
     "more than one set of credentials",
     headers=(("www-authenticate", 'Bearer error="invalid_request"'),),
 )
-_VERDICT = {jc.CLAIMS: FORBIDDEN, jc.TOO_LARGE: TOKEN_TOO_LARGE, jc.AMBIGUOUS: AMBIGUOUS}
+_VERDICT: Final = {jc.CLAIMS: FORBIDDEN, jc.TOO_LARGE: TOKEN_TOO_LARGE, jc.AMBIGUOUS: AMBIGUOUS}
 
-CERT_PROVIDER = "client_cert"  # the provider name of a client-certificate principal
+CERT_PROVIDER: Final = "client_cert"  # the provider name of a client-certificate principal
 
-_sha256 = hashlib.sha256
-_wall = time.time
+_sha256: Final = hashlib.sha256
+_wall: Final = time.time
 
 
 def _counter(provider: str, result: str) -> Any:
@@ -128,7 +129,7 @@ class AuthFilter:
         tokens: TokenCaches,
         jwks: JwksCaches | None,
     ) -> None:
-        self._match = policy.match
+        self._routes = policy.routes
         default = compile_requirement(cfg.default)
         self._rules: dict[str, jc.Requirement | None] = {
             r.name: default if r.auth is None else compile_requirement(r.auth)
@@ -166,7 +167,7 @@ class AuthFilter:
     def _check(self, ctx: RequestContext) -> Status | _Pending:
         route = ctx.route
         if route is None:
-            route = self._match(ctx.info)
+            route = first_route(self._routes, ctx.info)
             if route is None:
                 return Status.CONTINUE  # the route filter answers 404
             ctx.route = route

@@ -23,7 +23,7 @@ reserve nothing.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from gateway.budgets.compiled import CompiledBudgets, compile_budgets
 from gateway.budgets.owner import Book, Entry, RuleBook, book_for, iso
@@ -32,17 +32,17 @@ from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.core.budgets import level
 from gateway.core.outcome import Outcome
-from gateway.core.request import Wire
+from gateway.core.request import Wire, first_route
 from gateway.core.tokens import chunk_tokens
 from gateway.policy.compiled import CompiledPolicy
 from gateway.services import Services
 from gateway.telemetry import metrics
 
-NAME = "budget"
-_CONTINUE = Status.CONTINUE
-_GRPC = Wire.GRPC
-_BODILESS = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
-WARNING_HEADER = "x-sluice-budget-warning"
+NAME: Final = "budget"
+_CONTINUE: Final = Status.CONTINUE
+_GRPC: Final = Wire.GRPC
+_BODILESS: Final = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+WARNING_HEADER: Final = "x-sluice-budget-warning"
 
 
 class Item:
@@ -124,7 +124,7 @@ class BudgetFilter:
         claims = p.claims if p is not None else None
         route = None
         if self.needs_route:
-            r = ctx.route or ctx.policy.match(info)
+            r = ctx.route or first_route(ctx.policy.routes, info)
             route = r.name if r is not None else None
         now = self.wall()
         items = []

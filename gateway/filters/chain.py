@@ -10,14 +10,16 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
 from gateway.filters.base import Filter
 
-log = logging.getLogger("sluice.chain")
-ALL_KINDS = frozenset(EventKind)  # what a filter's on_event reads unless it says (`event_kinds`)
+log: Final = logging.getLogger("sluice.chain")
+ALL_KINDS: Final = frozenset(
+    EventKind
+)  # what a filter's on_event reads unless it says (`event_kinds`)
 
 
 def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:

@@ -22,12 +22,12 @@ answers the union of what its backends serve, de-duplicated.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.context import RequestContext, Status
 from gateway.core.affinity import prefix_key
 from gateway.core.body import RequestBody
-from gateway.core.request import Wire
+from gateway.core.request import Wire, first_route
 from gateway.core.verdict import GRPC_NOT_FOUND, GRPC_OK, NO_ENDPOINT, NO_ROUTE, Verdict, answer
 from gateway.filters.choice import Choice
 from gateway.filters.routing import RouteFilter, RoutePicker
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gateway.policy.compiled import CompiledPolicy
     from gateway.services import Services
 
-MODEL_LIST_PATH = "/v1/models"
+MODEL_LIST_PATH: Final = "/v1/models"
 
 
 def model_not_found(model: str) -> Verdict:
@@ -75,7 +75,7 @@ class ModelRouteFilter(RouteFilter):
     def on_request(self, ctx: RequestContext) -> Status:
         info = ctx.info
         if info.protocol is Wire.HTTP:
-            route = self.policy.match_head(info)
+            route = first_route(self.policy.routes, info, None, by_model=False)
             if route is None:
                 return ctx.stop(NO_ROUTE)
             if route.needs_body:
@@ -96,7 +96,7 @@ class ModelRouteFilter(RouteFilter):
         model = body.model
         route = ctx.route
         if route is None or route.model_re is not None:  # else the head's route is the one
-            route = self.policy.match(info, model)
+            route = first_route(self.policy.routes, info, model)
         if route is None:
             return ctx.stop(model_not_found(model) if model is not None else NO_ROUTE)
         ctx.route = route

@@ -18,7 +18,7 @@ Refusals: 429 / RESOURCE_EXHAUSTED with Retry-After and `x-ratelimit-{limit,rema
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody
@@ -26,7 +26,7 @@ from gateway.core.keys import source_ip
 from gateway.core.keystate import Code, KeyState
 from gateway.core.outcome import Outcome
 from gateway.core.overload import Colour, sheds
-from gateway.core.request import Wire
+from gateway.core.request import Wire, first_route
 from gateway.core.tokens import Reservation, estimate
 from gateway.filters.ratelimit_steps import Rule, RuleStep, Ticket
 from gateway.filters.ratelimit_tokens import on_body, on_event
@@ -50,10 +50,10 @@ from gateway.ratelimit.state import (
 from gateway.ratelimit.verdicts import CONCURRENCY, REASON, refused, shed
 from gateway.services import Services
 
-NAME = "ratelimit"
-_ADMIT = Code.ADMIT
-_CONTINUE = Status.CONTINUE
-_COUNTER = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
+NAME: Final = "ratelimit"
+_ADMIT: Final = Code.ADMIT
+_CONTINUE: Final = Status.CONTINUE
+_COUNTER: Final = {Code.QPS: REJECT_QPS, Code.TOKENS: REJECT_TOKENS, Code.PRESSURE: REJECT_PRESSURE}
 
 
 class RateLimitFilter:
@@ -98,7 +98,7 @@ class RateLimitFilter:
         route = None
         pool = None
         if c.needs_route:
-            r = ctx.route or ctx.policy.match(info)
+            r = ctx.route or first_route(ctx.policy.routes, info)
             if r is not None:
                 route = r.name
                 if self.lim.pools:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from gateway.filters.base import Filter
 from gateway.filters.chain import Chain
@@ -25,7 +25,7 @@ class FilterSpec:
     section: Callable[[CompiledPolicy], Any]  # the part of the policy the filter is built from
 
 
-FILTERS: dict[str, FilterSpec] = {
+FILTERS: Final[dict[str, FilterSpec]] = {
     "request_id": FilterSpec("gateway.filters.request_id:build", lambda c: None),
     "trace": FilterSpec("gateway.filters.trace:build", lambda c: c.policy.tracing),
     "access_log": FilterSpec("gateway.filters.access_log:build", lambda c: c.policy.access_log),

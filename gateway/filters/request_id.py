@@ -6,17 +6,17 @@ from __future__ import annotations
 import os
 import random
 import re
-from typing import Any
+from typing import Any, Final
 
 from gateway.context import RequestContext, Status
 from gateway.services import Services
 
-_VALID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_VALID: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 # Request ids must be unique, not secret: a per-process PRNG seeded from the OS (at import, so
 # every worker process differs) saves a getrandom() syscall per request.
-_getrandbits = random.Random(os.urandom(32)).getrandbits
+_getrandbits: Final = random.Random(os.urandom(32)).getrandbits
 
 
 def new_request_id() -> str:

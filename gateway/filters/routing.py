@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.context import RequestContext, Status
 from gateway.core.balancer import SmoothWeightedRoundRobin, hash_key, split_sticky
@@ -29,6 +29,7 @@ from gateway.core.canary import CanaryGuard
 from gateway.core.clock import reader
 from gateway.core.models import ALL
 from gateway.core.outcome import Outcome
+from gateway.core.request import first_route
 from gateway.core.retry import RetryBudget, RetryParams, retriable
 from gateway.core.verdict import NO_ENDPOINT, NO_ROUTE
 from gateway.filters.choice import MAX_SERVED, Choice, Served, Servings, admits
@@ -41,13 +42,13 @@ if TYPE_CHECKING:
     from gateway.policy.compiled import CompiledPolicy, CompiledRoute, Endpoint
     from gateway.services import Services
 
-log = logging.getLogger("sluice.routing")
+log: Final = logging.getLogger("sluice.routing")
 
-_MISSING = object()  # not in the picker's `served` cache
+_MISSING: Final = object()  # not in the picker's `served` cache
 
-CANARY_ON = frozenset({"1", "true", "canary", "yes"})
-CANARY_OFF = frozenset({"0", "false", "stable", "no"})
-_PROBE_MASK = 0xFF
+CANARY_ON: Final = frozenset({"1", "true", "canary", "yes"})
+CANARY_OFF: Final = frozenset({"0", "false", "stable", "no"})
+_PROBE_MASK: Final = 0xFF
 
 
 class RoutePicker:
@@ -370,7 +371,7 @@ class RouteFilter:
 
     def on_request(self, ctx: RequestContext) -> Status:
         # An earlier filter of this chain (auth) may have matched it already: the same policy.
-        route = ctx.route or self.policy.match(ctx.info)
+        route = ctx.route or first_route(self.policy.routes, ctx.info)
         if route is None:
             return ctx.stop(NO_ROUTE)
         ctx.route = route

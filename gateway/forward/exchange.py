@@ -10,6 +10,7 @@ chunked), Connection and Date.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import Protocol
 
@@ -29,6 +30,9 @@ class Exchange(Protocol):
     head_sent: bool  # a response head went out: only `write`/`end`/`abort` may follow
     sse: bool  # the response is an SSE stream of unknown length (it can end with an event)
     close_after: bool  # set by the forwarding path: close the connection after this answer
+    # The task serving the request when the engine made it for this request (None: the
+    # forwarding path asks asyncio, a Python-level call on 3.11).
+    task: asyncio.Task[None] | None
 
     def whole_body(self, limit: int) -> bytes | None:
         """The whole body, taken at once, if it is all here and at most `limit` bytes; else None

@@ -12,7 +12,7 @@ as UNAVAILABLE with grpc core's reason in the details (`grpc_failure` tells it a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import (
@@ -41,14 +41,14 @@ class Failure:
     kind: str  # sluice_upstream_errors_total{kind}
 
 
-CONNECT = Failure(
+CONNECT: Final = Failure(
     Outcome.UPSTREAM_CONNECT, 502, GRPC_UNAVAILABLE, "upstream_connect_error", "connect"
 )
-TLS = Failure(Outcome.UPSTREAM_TLS, 502, GRPC_UNAVAILABLE, "upstream_tls_error", "tls")
-TIMEOUT = Failure(
+TLS: Final = Failure(Outcome.UPSTREAM_TLS, 502, GRPC_UNAVAILABLE, "upstream_tls_error", "tls")
+TIMEOUT: Final = Failure(
     Outcome.UPSTREAM_TIMEOUT, 504, GRPC_DEADLINE_EXCEEDED, "upstream_timeout", "timeout"
 )
-PROTOCOL = Failure(
+PROTOCOL: Final = Failure(
     Outcome.UPSTREAM_PROTOCOL, 502, GRPC_INTERNAL, "upstream_protocol_error", "protocol"
 )
 UNAVAILABLE = Failure(
@@ -71,7 +71,7 @@ def failure_for(exc: BaseException) -> Failure:
 
 # gRPC status codes an upstream call ended with → the outcome (the code itself is passed to the
 # client as the backend sent it).
-GRPC_OUTCOMES: dict[int, Outcome] = {
+GRPC_OUTCOMES: Final[dict[int, Outcome]] = {
     0: Outcome.OK,
     1: Outcome.UPSTREAM_ERROR,  # CANCELLED by the backend
     4: Outcome.UPSTREAM_TIMEOUT,

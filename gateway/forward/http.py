@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway import jsonfast
 from gateway.context import RequestContext, Status
@@ -47,15 +47,16 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable
 
     from gateway.app import Gateway
-    from gateway.policy.base import Limits
     from gateway.policy.model import Timeouts
-    from gateway.snapshot import Snapshot
+    from gateway.snapshot import Bounds, Snapshot
     from gateway.upstream.pool import UpstreamPool
     from gateway.upstream.response import UpstreamResponse
 
-log = logging.getLogger("sluice.forward")
+_monotonic: Final = time.monotonic  # a static: no module attribute lookup per call
 
-UPLOADS_FULL = reject(
+log: Final = logging.getLogger("sluice.forward")
+
+UPLOADS_FULL: Final = reject(
     503, GRPC_UNAVAILABLE, "uploads_busy", "too many streamed uploads to this backend", 1.0
 )
 
@@ -137,7 +138,7 @@ class HttpForward:
     ) -> Verdict | None | Awaitable[Verdict | None]:
         """Checks, then the chain's request phase: None (go on), a Verdict, or an awaitable."""
         info = ctx.info
-        limits = snap.policy.policy.limits
+        limits = snap.bounds
         if (
             ex.header_bytes > limits.max_header_bytes
             or len(ex.raw_headers) > limits.max_header_count
@@ -154,11 +155,11 @@ class HttpForward:
         return self._admit_later(ctx, status, limits)
 
     async def _admit_later(
-        self, ctx: RequestContext, pending: Awaitable[Status], limits: Limits
+        self, ctx: RequestContext, pending: Awaitable[Status], limits: Bounds
     ) -> Verdict | None:
         return self._admitted(ctx, await pending, limits)
 
-    def _admitted(self, ctx: RequestContext, status: Status, limits: Limits) -> Verdict | None:
+    def _admitted(self, ctx: RequestContext, status: Status, limits: Bounds) -> Verdict | None:
         if status is Status.STOP:
             return ctx.verdict
         # A route that needs the body's model or prompt takes its member in the body phase.
@@ -172,11 +173,12 @@ class HttpForward:
     async def _forward(self, ex: Exchange, ctx: RequestContext, snap: Snapshot) -> None:
         route = ctx.route
         assert route is not None
-        policy = snap.policy.policy
-        limits, timeouts = policy.limits, route.timeouts
+        limits, timeouts = snap.bounds, route.timeouts
         info = ctx.info
         loop = self.loop
-        task = asyncio.current_task(loop)
+        task = ex.task
+        if task is None:
+            task = asyncio.current_task(loop)
         assert task is not None
         deadlines = self.deadlines
         deadlines.start(task, timeouts.total_s)
@@ -192,7 +194,7 @@ class HttpForward:
                         cap = min(limits.max_buffered_body_bytes, limits.max_body_bytes)
                         whole = ex.whole_body(cap)
                         if whole is None:  # not all here yet: read it within body_read_s
-                            deadlines.tighten(task, policy.timeouts.body_read_s, BODY)
+                            deadlines.tighten(task, limits.body_read_s, BODY)
                             whole = await ex.read_body(cap)
                             deadlines.relax(task)
                         if whole is not None:
@@ -231,11 +233,11 @@ class HttpForward:
                     if ex.query:
                         path += "?" + ex.query
                     # begin_try counts the attempt and, when tracing, aims traceparent at this try.
-                    ctx.begin_try(endpoint.backend, endpoint.address, time.monotonic())
+                    ctx.begin_try(endpoint.backend, endpoint.address, _monotonic())
                     headers = request_headers(ex.raw_headers, ctx, endpoint)
                     if streamed:  # a streamed body cannot be sent twice: one try
                         pool.upload_started(endpoint)
-                        sent = time.monotonic()
+                        sent = _monotonic()
                         try:
                             up = await pool.request(
                                 endpoint, info.method, path, headers, body, timeouts,
@@ -243,17 +245,17 @@ class HttpForward:
                             )  # fmt: skip
                         finally:
                             pool.upload_done(endpoint)
-                            ctx.upstream_s += time.monotonic() - sent
+                            ctx.upstream_s += _monotonic() - sent
                     else:
                         assert body is None or isinstance(body, bytes)
                         if route.retries is None:  # one try (`tries` without its coroutine)
-                            sent = time.monotonic()
+                            sent = _monotonic()
                             try:
                                 up = await pool.request(
                                     endpoint, info.method, path, headers, body, timeouts
                                 )
                             finally:
-                                ctx.upstream_s += time.monotonic() - sent
+                                ctx.upstream_s += _monotonic() - sent
                         else:
                             up = await self.tries(
                                 ctx, ex, info.method, path, headers, body, timeouts
@@ -262,7 +264,7 @@ class HttpForward:
                             up = await first_token.until_first_token(
                                 self.tries, ctx, ex, info.method, path, body, up, snap
                             )
-                    ctx.try_first_byte(time.monotonic(), up.status)
+                    ctx.try_first_byte(_monotonic(), up.status)
                 except (BodyTooLarge, EOFError, UpstreamError) as e:
                     early = e  # answered after the block (`serve`: no await inside one)
                 if early is not None:
@@ -287,7 +289,7 @@ class HttpForward:
                 await answers.expired(ex, ctx, expired, self.gateway.draining)
         finally:
             deadlines.stop(task)
-            ctx.end_try(time.monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
+            ctx.end_try(_monotonic(), 0, "" if ctx.outcome is Outcome.OK else ctx.outcome.value)
 
     async def tries(
         self,
@@ -307,21 +309,21 @@ class HttpForward:
         pool = self.pool
         route = ctx.route
         assert route is not None and ctx.endpoint is not None
-        sent = time.monotonic()
+        sent = _monotonic()
         if route.retries is None:
             try:
                 return await pool.request(ctx.endpoint, method, path, headers, body, timeouts)
             finally:
-                ctx.upstream_s += time.monotonic() - sent
+                ctx.upstream_s += _monotonic() - sent
         per_try = route.try_timeouts or timeouts
         while True:
             endpoint = ctx.endpoint
             assert endpoint is not None
-            sent = time.monotonic()
+            sent = _monotonic()
             try:
                 up = await pool.request(endpoint, method, path, headers, body, per_try)
             except UpstreamError as e:
-                ctx.upstream_s += time.monotonic() - sent
+                ctx.upstream_s += _monotonic() - sent
                 f = failure_for(e)
                 never_sent = isinstance(e, UpstreamConnectError) or (
                     isinstance(e, UpstreamTimeout) and e.phase == "connect"
@@ -332,17 +334,17 @@ class HttpForward:
                 if nxt is None:
                     raise
             else:
-                ctx.upstream_s += time.monotonic() - sent
+                ctx.upstream_s += _monotonic() - sent
                 if up.status != 503:
                     return up
-                ctx.try_first_byte(time.monotonic(), 503)
+                ctx.try_first_byte(_monotonic(), 503)
                 ctx.http_status = 503
                 ctx.outcome = Outcome.UPSTREAM_ERROR
                 nxt = retry(ctx, 503, None)
                 if nxt is None:
                     return up  # passed on as the backend sent it
                 up.discard()
-            ctx.begin_try(nxt.backend, nxt.address, time.monotonic())
+            ctx.begin_try(nxt.backend, nxt.address, _monotonic())
             headers = request_headers(ex.raw_headers, ctx, nxt)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from gateway import jsonfast
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
@@ -50,8 +50,10 @@ if TYPE_CHECKING:
     from gateway.snapshot import Snapshot
     from gateway.upstream.response import UpstreamResponse
 
-_SSE = b"text/event-stream"
-_JSON = b"json"
+_monotonic: Final = time.monotonic  # a static: no module attribute lookup per call
+
+_SSE: Final = b"text/event-stream"
+_JSON: Final = b"json"
 
 
 def may_have_body(method: str, status: int) -> bool:
@@ -110,11 +112,11 @@ def _whole(
     status = ctx.http_status
     if (
         json_body
-        and len(chunk) <= snap.policy.policy.limits.max_event_bytes
+        and len(chunk) <= snap.bounds.max_event_bytes
         and on_json(ctx, snap.chain, status, chunk) is Status.STOP
     ):
         return ctx.verdict
-    ctx.first_byte_at = time.monotonic()
+    ctx.first_byte_at = _monotonic()
     ctx.bytes_out = len(chunk) if bodied else 0
     # HEAD / 204 / 304: no body, but the upstream's Content-Length is announced as is.
     if gateway.draining:
@@ -138,7 +140,7 @@ async def _relay(
 ) -> Ending:
     """`relay` from the first chunk on (`chunk` None: not read yet), when it may wait."""
     status = ctx.http_status
-    limits = snap.policy.policy.limits
+    limits = snap.bounds
     try:
         if chunk is None:
             chunk = await up.read_chunk()
@@ -154,7 +156,7 @@ async def _relay(
         length = head.length
         ex.sse = bodied and length is None and head.content_type.startswith(_SSE)
         await ex.send_head(status, head.lines, length, head.date)
-        ctx.first_byte_at = time.monotonic()
+        ctx.first_byte_at = _monotonic()
         b = ctx.body
         hide_usage = b is not None and b.usage_added
         if ex.sse:
@@ -170,7 +172,7 @@ async def _relay(
         while chunk:
             ctx.bytes_out += len(chunk)
             if sse:  # unparsed SSE: a chunk is (usually) one event
-                ctx.stream_event(time.monotonic())
+                ctx.stream_event(_monotonic())
             deadlines.tighten(task, idle, STALL)
             await ex.write(chunk)
             deadlines.relax(task)
@@ -223,7 +225,7 @@ async def _relay_events(
     stream (usage and output read from its typed events)."""
     api = api_of(ctx) if typed else apis.CHAT
     chain = snap.chain
-    parser = SseParser(snap.policy.policy.limits.max_event_bytes)
+    parser = SseParser(snap.bounds.max_event_bytes)
     idle = ctx.route.timeouts.idle_s if ctx.route else 60.0
     while chunk:
         if parser.overflowed:
@@ -248,12 +250,12 @@ async def _relay_events(
                         return
                 if typed:
                     if apis.is_output(doc):
-                        ctx.stream_event(time.monotonic())  # a token (or a tool call's part)
+                        ctx.stream_event(_monotonic())  # a token (or a tool call's part)
                 elif u is not None and not doc.get("choices"):
                     if hide_usage:
                         continue  # the usage-only chunk the client did not ask for
                 else:
-                    ctx.stream_event(time.monotonic())  # an output event (a token, usually)
+                    ctx.stream_event(_monotonic())  # an output event (a token, usually)
                 parts.append(ev.raw)
             if parser.overflowed:
                 parts.append(parser.take_rest())

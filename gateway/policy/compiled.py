@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.core.balancer import SmoothWeightedRoundRobin
-from gateway.core.request import RequestInfo, Wire
+from gateway.core.request import RequestInfo, Wire, first_route, route_matches
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 if TYPE_CHECKING:
@@ -76,17 +76,7 @@ class CompiledRoute:
     _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
 
     def matches(self, info: RequestInfo) -> bool:
-        if self.protocol is not None and info.protocol is not self.protocol:
-            return False
-        if not info.path.startswith(self.path_prefix):
-            return False
-        if self.methods and info.method not in self.methods:
-            return False
-        for name, value in self.headers:
-            got = info.headers.get(name)
-            if got is None or (value is not None and got != value):
-                return False
-        return True
+        return route_matches(self, info)
 
     def pick(self) -> Endpoint | None:
         """A static endpoint by weight, without any live state: for tools and tests. Requests
@@ -117,22 +107,15 @@ class CompiledPolicy:
 
     def match(self, info: RequestInfo, model: str | None = None) -> CompiledRoute | None:
         """The first route that matches; a route with `match.model` only for a `model` one of
-        its globs matches (a request without a model never takes it)."""
-        for r in self.routes:
-            if r.matches(info):
-                mr = r.model_re
-                if mr is not None and (model is None or mr.match(model) is None):
-                    continue
-                return r
-        return None
+        its globs matches (a request without a model never takes it). The filters on the
+        request path call `first_route` over `routes` themselves (this method runs
+        interpreted)."""
+        return first_route(self.routes, info, model)
 
     def match_head(self, info: RequestInfo) -> CompiledRoute | None:
         """The first route whose protocol, path, methods and headers match, `match.model` not
         looked at: if it needs the body (`needs_body`), the route is decided after it."""
-        for r in self.routes:
-            if r.matches(info):
-                return r
-        return None
+        return first_route(self.routes, info, None, by_model=False)
 
 
 def endpoint_of(b: Backend, address: str, weight: int, priority: int) -> Endpoint:

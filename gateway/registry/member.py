@@ -1,4 +1,4 @@
-"""Backend member state, split by what it depends on, and one upstream try (`Attempt`).
+"""(compiled) Backend member state, split by what it depends on, and one upstream try (`Attempt`).
 
 - `Core` (per backend and address): requests in flight, heartbeat load, counters. Every policy
   that names the member sees the same one, so a reload (or both sides of a staged rollout) see
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from gateway.core.balancer import hash_key
 from gateway.core.breaker import Breaker, State
@@ -37,8 +37,10 @@ if TYPE_CHECKING:
     from gateway.services import Services
 
 # gRPC codes that blame the backend (the others are answers about the request).
-GRPC_FAILURES = frozenset({2, 4, 13, 14, 15})  # UNKNOWN DEADLINE INTERNAL UNAVAILABLE DATA_LOSS
-_BLAMES_BACKEND = frozenset(
+GRPC_FAILURES: Final = frozenset(
+    {2, 4, 13, 14, 15}
+)  # UNKNOWN DEADLINE INTERNAL UNAVAILABLE DATA_LOSS
+_BLAMES_BACKEND: Final = frozenset(
     {
         Outcome.UPSTREAM_CONNECT,
         Outcome.UPSTREAM_TLS,

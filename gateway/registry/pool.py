@@ -70,6 +70,26 @@ def _forget(book: dict[Any, Any], keep: set[int]) -> None:
         del book[k]
 
 
+class ViewHold:
+    """What one view holds of the pool's state, tracked weakly by the pool (the sweep keeps what
+    any live view holds). Only its view refers to it, so it lives exactly as long as the view; a
+    view (compiled) cannot be referred to weakly itself. The members dict is the view's own, so
+    members a registry or DNS adds later are seen too."""
+
+    __slots__ = (
+        "view_id", "members", "prefixes", "watcher", "scraper", "models", "protocol", "__weakref__",
+    )  # fmt: skip
+
+    def __init__(self, v: BackendView) -> None:
+        self.view_id = id(v)
+        self.members = v.members
+        self.prefixes = v.prefixes
+        self.watcher = v.watcher
+        self.scraper = v.scraper
+        self.models = v.models
+        self.protocol = v.cfg.protocol
+
+
 class BackendPool:
     """The services' owner of every backend member's state (key "backends")."""
 
@@ -87,7 +107,9 @@ class BackendPool:
         self.guards: dict[tuple[str, str], CanaryGuard] = {}
         self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
         self.views: dict[tuple[str, str], BackendView] = {}  # reusable by the next build
-        self._alive: weakref.WeakSet[BackendView] = weakref.WeakSet()  # any policy may use
+        self._alive: weakref.WeakSet[ViewHold] = (
+            weakref.WeakSet()
+        )  # of the views any policy may use
         self.latest: dict[str, BackendView] = {}  # the views of the policy activated last
         self.pickers: dict[str, Any] = {}  # its route pickers (state, metrics)
         self.epoch = 0
@@ -166,7 +188,8 @@ class BackendPool:
         v = self.views.get(key)
         if v is None:
             v = self.views[key] = BackendView(self, cfg, key)
-            self._alive.add(v)
+            v.hold = hold = ViewHold(v)
+            self._alive.add(hold)
         return v
 
     def guard(
@@ -195,7 +218,8 @@ class BackendPool:
         for v in views:
             latest[v.name] = v
             self.views[v.key] = v
-            self._alive.add(v)
+            if isinstance(v.hold, ViewHold):
+                self._alive.add(v.hold)
         self.latest = latest
         self.pickers = pickers
         self.changed()
@@ -230,24 +254,25 @@ class BackendPool:
         alive = list(self._alive)
         held: set[int] = set()
         checked: set[int] = set()
-        for v in alive:
-            held.add(id(v.prefixes))
-            for m in v.members.values():
+        for hold in alive:
+            works = hold.view_id in working
+            held.add(id(hold.prefixes))
+            for m in hold.members.values():
                 held.update((id(m.core), id(m.box), id(m.outlier), id(m.hbox)))
-                if id(v) in working and m.hbox is not None:
+                if works and m.hbox is not None:
                     checked.add(id(m.hbox))
-            if v.watcher is not None:
-                held.add(id(v.watcher))
-                if id(v) in working:
-                    checked.add(id(v.watcher))
-            if v.scraper is not None:
-                held.add(id(v.scraper))
-                if id(v) in working:
-                    checked.add(id(v.scraper))
-            if v.models is not None:
-                boxes = {id(b) for b in v.models.boxes.values()}
+            if hold.watcher is not None:
+                held.add(id(hold.watcher))
+                if works:
+                    checked.add(id(hold.watcher))
+            if hold.scraper is not None:
+                held.add(id(hold.scraper))
+                if works:
+                    checked.add(id(hold.scraper))
+            if hold.models is not None:
+                boxes = {id(b) for b in hold.models.boxes.values()}
                 held |= boxes
-                if id(v) in working:
+                if works:
                     checked |= boxes
         _forget(self.cores, held)
         _forget(self.boxes, held)
@@ -284,7 +309,7 @@ class BackendPool:
         return {
             m.endpoint.upstream_key
             for v in self._alive
-            if v.cfg.protocol == protocol
+            if v.protocol == protocol
             for m in v.members.values()
             if m.source != "static"
         }  # fmt: skip

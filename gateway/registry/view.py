@@ -1,6 +1,7 @@
-"""One backend section as one policy wrote it (`BackendView`): its members over the pool's shared
-member state (`gateway.registry.pool`), the traffic plan the pure balancer picks from, and the
-way each try's result reaches the member's breaker, outlier record and passive health.
+"""(compiled) One backend section as one policy wrote it (`BackendView`): its members over the
+pool's shared member state (`gateway.registry.pool`), the traffic plan the pure balancer picks
+from, and the way each try's result reaches the member's breaker, outlier record and passive
+health.
 
 The plan is rebuilt only when some member state changes (`BackendPool.changed`) or a time-based
 change falls due: an open breaker's cool-down, a probe's deadline, an ejection's end, a
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from gateway.core.affinity import pick_affinity, pick_allowed
 from gateway.core.balancer import MemberStatus, Plan, build_plan, pick, pick_excluding, pick_sticky
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from gateway.registry.heartbeats import Watcher
     from gateway.registry.scrape import Scraper
 
-log = logging.getLogger("sluice.backends")
+log: Final = logging.getLogger("sluice.backends")
 
 
 class ViewPool(MemberBooks, Protocol):
@@ -79,11 +80,14 @@ class BackendView:
             self.watcher = (pool.watcher(cfg.name, d.registry) if d.registry is not None
                             else pool.dns_watcher(cfg.name, d.dns))  # fmt: skip
         self.scraper = pool.scraper(cfg)  # the model servers' own figures (load.metrics)
-        self._plan: Plan[Member] | None = None
+        self._plan: Plan | None = None
         self._expires = 0.0
         self._epoch = -1
         self.panic = False
         self.last_pick = 0.0
+        # What the pool tracks, weakly, of this view (`gateway.registry.pool.ViewHold`): it
+        # lives as long as the view does.
+        self.hold: object = None
 
     def _member(self, ep: Endpoint, source: str) -> Member:
         pool, name, addr = self.pool, self.name, ep.address
@@ -121,19 +125,19 @@ class BackendView:
         return self.watcher.fresh_until.get(m.address, 0.0)
 
     # --- the plan ------------------------------------------------------------------------------
-    def plan(self, now: float) -> Plan[Member]:
+    def plan(self, now: float) -> Plan:
         p = self._plan
         if p is None or now >= self._expires or self._epoch != self.pool.epoch:
             return self._rebuild(now)
         return p
 
-    def _rebuild(self, now: float) -> Plan[Member]:
+    def _rebuild(self, now: float) -> Plan:
         pool = self.pool
         self._epoch = pool.epoch
         self._sync_discovered()
         if pool.started and self.pool.latest.get(self.name) is self:
             self.start_work()
-        statuses: list[MemberStatus[Member]] = []
+        statuses: list[MemberStatus] = []
         expires = math.inf
         for m in self.members.values():
             br = m.breaker
@@ -225,8 +229,9 @@ class BackendView:
         plan = self.plan(now)
         self.last_pick = now
         placed = prefix is not None and key is None
-        if plan.probing:
-            for p in plan.probing:
+        if plan.probing:  # the plan's members are this view's `Member`s
+            for c in plan.probing:
+                p = cast("Member", c)
                 pb = p.breaker
                 if (
                     pb is not None
@@ -241,22 +246,23 @@ class BackendView:
                             assert prefix is not None
                             self.prefixes.started(prefix, now)
                         return p, t
-        m: Member | None
+        got: object
         if key is not None and ok is not None:
-            m = pick_sticky(plan, key, [x for x in self.members.values() if not ok(x)])
+            got = pick_sticky(plan, key, [x for x in self.members.values() if not ok(x)])
         elif prefix is not None and key is None:
-            m = pick_affinity(plan, prefix, load_factor, ok, self.prefixes, now, keep)
+            got = pick_affinity(plan, prefix, load_factor, ok, self.prefixes, now, keep)
         elif ok is not None:
-            m = pick_allowed(plan, self.pool.random, ok)
+            got = pick_allowed(plan, self.pool.random, ok)
         elif exclude:
             if key is None:
-                m = pick_excluding(plan, self.pool.random, exclude)
+                got = pick_excluding(plan, self.pool.random, exclude)
             else:
-                m = pick_sticky(plan, key, exclude)
+                got = pick_sticky(plan, key, exclude)
         elif key is None:
-            m = pick(plan, self.pool.random)
+            got = pick(plan, self.pool.random)
         else:
-            m = pick_sticky(plan, key)
+            got = pick_sticky(plan, key)
+        m = cast("Member | None", got)
         if m is None:
             return None
         br = m.breaker
@@ -323,7 +329,7 @@ class BackendView:
 
     def _try_eject(self, m: Member, outlier: Outlier, now: float) -> None:
         assert self.op is not None
-        ejected = sum(1 for x in self.members.values() if x.outlier and x.outlier.ejected(now))
+        ejected = sum((1 for x in self.members.values() if x.outlier and x.outlier.ejected(now)), 0)
         if ejected >= max_ejected(self.op, len(self.members)):
             return
         until = outlier.eject(now)
@@ -363,7 +369,7 @@ class BackendView:
             "levels": [
                 {
                     "priority": lv.priority,
-                    "members": [m.address for m in lv.members],
+                    "members": [cast("Member", m).address for m in lv.members],
                     "share": round(hi - lo, 4),
                     "panic": lv.panic,
                 }

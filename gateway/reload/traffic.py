@@ -13,7 +13,7 @@ counted, its latency is not. That is what the guard needs to replay the traffic 
 policy: which route would match, whether that route has a usable endpoint, and how many
 requests a smaller body limit or a shorter timeout would refuse.
 
-Cost per request: a `time.monotonic()`, a tuple, a dict lookup and three list increments (see
+Cost per request: a `_monotonic()`, a tuple, a dict lookup and three list increments (see
 `tests/bench/bench_traffic.py`). Memory is bounded: `MAX_SHAPES` per one-minute bucket and
 `BUCKETS` buckets (the window is the last 4 to 5 minutes). Beyond the cap, a new path is
 recorded under its route's path prefix (the guard then replays the prefix, an approximation
@@ -49,14 +49,16 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
     from gateway.policy.compiled import CompiledPolicy
 
-BUCKET_S = 60.0
-BUCKETS = 5
-MAX_SHAPES = 512
-MAX_APPROXIMATE = 512  # shapes kept by path prefix, beyond MAX_SHAPES, per bucket
-SECRET_HEADERS = frozenset(
+_monotonic: Final = time.monotonic  # a static: no module attribute lookup per call
+
+BUCKET_S: Final = 60.0
+BUCKETS: Final = 5
+MAX_SHAPES: Final = 512
+MAX_APPROXIMATE: Final = 512  # shapes kept by path prefix, beyond MAX_SHAPES, per bucket
+SECRET_HEADERS: Final = frozenset(
     {"authorization", "cookie", "proxy-authorization", "x-api-key", "api-key"}
 )
-REDACTED = "<redacted>"
+REDACTED: Final = "<redacted>"
 
 # By the member's id: an enum's `.value` is two Python-level calls per read.
 _PROTOCOL: Final = {id(p): p.value for p in Wire}

@@ -13,12 +13,13 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable
+from typing import Final
 
 from gateway.telemetry import metrics
 
-FLUSH_INTERVAL_S = 0.1
-FLUSH_BYTES = 64 * 1024
-MAX_PENDING_BYTES = 4 * 1024 * 1024
+FLUSH_INTERVAL_S: Final = 0.1
+FLUSH_BYTES: int = 64 * 1024  # not Final: tests lower it
+MAX_PENDING_BYTES: int = 4 * 1024 * 1024  # not Final: tests lower it
 
 
 def _write_stderr(data: bytes) -> None:

@@ -7,7 +7,7 @@ of their tallies by label values.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from prometheus_client import Counter, Histogram
 
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 # children before each scrape), cached by their label values: `.labels()` costs a lock and a
 # tuple per call. Keys come from policy names and small closed sets (codes), so the caches stay
 # small; they are bounded anyway, and a full cache only means the slow path.
-_MAX_CACHED = 4096
-_tallies: dict[tuple[Any, ...], Any] = {}
+_MAX_CACHED: Final = 4096
+_tallies: Final[dict[tuple[Any, ...], Any]] = {}
 _T = TypeVar("_T", CountTally, HistTally)
 
 
@@ -61,7 +61,7 @@ class _Finished:
         self.tokens: tuple[CountTally, CountTally] | None = None
 
 
-_finished: dict[tuple[object, ...], _Finished] = {}
+_finished: Final[dict[tuple[object, ...], _Finished]] = {}
 
 
 def record_request(ctx: RequestContext) -> None:

@@ -18,11 +18,11 @@ the exposition against direct observations, so an upgrade that moves them fails 
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from typing import Any, Final
 
 FLUSH_S = 1.0
 
-_dirty: list[CountTally | HistTally] = []
+_dirty: Final[list[CountTally | HistTally]] = []
 
 
 class CountTally:

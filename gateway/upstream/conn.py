@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import select
 from collections import deque
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import httptools
 
 from gateway.errors import UpstreamProtocolError, UpstreamTimeout
 
-HIGH_WATER = 256 * 1024  # unread response bytes before pause_reading()
+HIGH_WATER: Final = 256 * 1024  # unread response bytes before pause_reading()
 LOW_WATER = 64 * 1024  # resume_reading() once the consumer is back under this
 
 # Connection phases, used as the timer's meaning and as UpstreamTimeout.phase.

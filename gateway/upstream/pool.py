@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError
 from gateway.telemetry import metrics
@@ -72,12 +72,12 @@ __all__ = [
     "encode_head",
 ]
 
-STALE_CHECK_S = 1.0  # idle longer than this: poll the socket for a FIN before reuse
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+STALE_CHECK_S: Final = 1.0  # idle longer than this: poll the socket for a FIN before reuse
+IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 Body = AsyncIterator[bytes] | bytes | None
 
-_CRLF = b"\r\n"
+_CRLF: Final = b"\r\n"
 
 
 class UpstreamHost:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.errors import UpstreamProtocolError
 from gateway.upstream.conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from gateway.policy.model import Timeouts
     from gateway.telemetry.tally import HistTally
 
-REPLAY_LIMIT = 64 * 1024  # streamed request bytes kept for a stale-connection retry
+REPLAY_LIMIT: Final = 64 * 1024  # streamed request bytes kept for a stale-connection retry
 
-_LAST_CHUNK = b"0\r\n\r\n"
+_LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class ReplayStream:

@@ -81,7 +81,7 @@ _BODILESS = (204, 304)
 class AiohttpExchange:
     __slots__ = (
         "request", "info", "raw_headers", "header_bytes", "query", "has_body", "head_sent",
-        "sse", "resp", "draining", "_prefix", "close_after",
+        "sse", "resp", "draining", "_prefix", "close_after", "task",
     )  # fmt: skip
 
     def __init__(
@@ -111,6 +111,7 @@ class AiohttpExchange:
         self.has_body = request.body_exists
         self.head_sent = False
         self.sse = False
+        self.task: asyncio.Task[None] | None = None
         self.close_after = draining
         self.resp: web.StreamResponse | None = None
         self.draining = draining

@@ -37,7 +37,7 @@ _UNIQUE = frozenset((b"x-request-id", b"x-sluice-overhead-ms"))  # values new in
 class H2Exchange:
     __slots__ = (
         "stream", "conn", "info", "raw_headers", "header_bytes", "query", "has_body",
-        "head_sent", "sse", "close_after", "parts", "taken", "valid",
+        "head_sent", "sse", "close_after", "parts", "taken", "valid", "task",
     )  # fmt: skip
 
     def __init__(self, stream: H2Stream, peer: str, client_cert: str = "") -> None:
@@ -83,6 +83,7 @@ class H2Exchange:
         self.has_body = stream.has_body
         self.head_sent = False
         self.sse = False
+        self.task: asyncio.Task[None] | None = None
         self.close_after = False  # a connection-wide matter in HTTP/2: the drain's GOAWAY
         self.parts: list[bytes] = []  # body taken by read_body beyond its limit
         self.taken = 0

@@ -33,8 +33,11 @@ What a connection does and refuses:
   the request task answers 400 `incomplete body`, as the aiohttp engine does.
 - writes: `drain()` waits on a Future resolved by `resume_writing`; a small whole answer on a
   connection that stays open goes out with the loop turn's others (`messages.OutBatch`).
-- one Task per request (`create_task` is ~1 % of the CPU profile; a task per connection
-  that loops would need a Future per request instead).
+- one task per connection, made with its first request, serving its requests in turn
+  (`H1Handler.serve`); between requests it waits on a Future that the next head resolves. A
+  task per request cost more: asyncio registers each new task in its weak set of all tasks,
+  a Python-level `WeakSet.add` and, when it ends, a Python-level removal callback. The task
+  ends when the connection closes (cancelled by `connection_lost`) or its client leaves.
 - HTTP/2: a connection whose first bytes are the HTTP/2 preface (h2c with prior knowledge), or
   whose TLS handshake selected `h2` by ALPN, is handed (with the bytes read so far) to the
   HTTP/2 engine (`gateway.adapters.h2.server.serve_h2`).
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import httptools
 
@@ -67,13 +70,13 @@ if TYPE_CHECKING:
 
 __all__ = ["H1Conn"]
 
-MAX_PIPELINE = 8  # request heads waiting behind the one being served
+MAX_PIPELINE: Final = 8  # request heads waiting behind the one being served
 # Lingering close (as nginx's lingering_close): after answering a request whose body was not
 # read (413, an early error), half-close and discard what the client still sends for a moment;
 # closing at once with unread input makes the kernel reset the connection, and the client may
 # lose the answer. Bounded in time and bytes.
-LINGER_S = 2.0
-LINGER_BYTES = 16 * 1024 * 1024
+LINGER_S: Final = 2.0
+LINGER_BYTES: Final = 16 * 1024 * 1024
 
 
 class Refused(Exception):
@@ -84,8 +87,8 @@ class Refused(Exception):
         self.status, self.kind, self.text = status, kind, text
 
 
-TOO_LARGE = (431, "headers_too_large", "request header fields too large")
-BAD = (400, "bad_request", "malformed HTTP request")
+TOO_LARGE: Final = (431, "headers_too_large", "request header fields too large")
+BAD: Final = (400, "bad_request", "malformed HTTP request")
 
 
 class H1Conn(asyncio.Protocol):
@@ -108,7 +111,8 @@ class H1Conn(asyncio.Protocol):
         self.active: Req | None = None
         self.queue: deque[Req] = deque()
         self.queued_bytes = 0
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # serves the requests in turn
+        self.idle: asyncio.Future[Req | None] | None = None  # the task waits for a request
         self.waiter: asyncio.Future[None] | None = None
         self.read_paused = False
         self.write_paused = False
@@ -131,6 +135,11 @@ class H1Conn(asyncio.Protocol):
         self.lingering = -1  # bytes discarded while lingering; -1: not lingering
         self.sniff: bytes | None = b""  # first bytes while they may be the HTTP/2 preface
         self.out: bytes | None = None  # an answer deferred to the loop turn's `OutBatch`
+        # The head's limits, read once (a policy model's field is a generic lookup per read).
+        limits = server.limits
+        self.max_line: int = limits.max_line_bytes
+        self.max_headers: int = limits.max_header_count
+        self.max_head: int = limits.max_header_bytes + limits.max_line_bytes
 
     # --- transport events ---
 
@@ -157,6 +166,7 @@ class H1Conn(asyncio.Protocol):
             self.timer = None
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client left: the pool aborts the upstream request
+        self.task = None
         self.queue.clear()
         self.wake()
         fut, self.drainer = self.drainer, None
@@ -211,8 +221,7 @@ class H1Conn(asyncio.Protocol):
         if self.in_head:
             # A head that began inside this chunk is not counted yet (one chunk is bounded).
             self.head_bytes = 0 if self.head_bytes < 0 else self.head_bytes + len(data)
-            limits = self.server.limits
-            if self.head_bytes > limits.max_header_bytes + limits.max_line_bytes:
+            if self.head_bytes > self.max_head:
                 self.refuse(*TOO_LARGE)
 
     def eof_received(self) -> bool:
@@ -249,20 +258,19 @@ class H1Conn(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.server.limits.max_line_bytes:
+        if len(self.url) > self.max_line:
             raise self.refusal(TOO_LARGE)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        limits = self.server.limits
         if not self.in_head:  # a trailer of a chunked body: dropped, never a request header
             self.trailers += 1
-            if self.trailers > limits.max_header_count:
+            if self.trailers > self.max_headers:
                 raise self.refusal(TOO_LARGE)
             return
         size = len(name) + len(value)
-        if size + 2 > limits.max_line_bytes:
+        if size + 2 > self.max_line:
             raise self.refusal(TOO_LARGE)
-        if len(self.headers) >= limits.max_header_count:
+        if len(self.headers) >= self.max_headers:
             raise self.refusal(TOO_LARGE)
         # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
         # of the value).
@@ -349,14 +357,31 @@ class H1Conn(asyncio.Protocol):
     # --- requests ---
 
     def start(self, req: Req) -> None:
+        """Hand `req` to the connection's task: wake it where it waits, or make it (its first
+        request, or after it ended); a task that is finishing a request takes `active` next."""
         self.active = req
         self.deadline = None
-        self.task = self.loop.create_task(self.server.handler.handle(self, req))
+        idle = self.idle
+        if idle is not None:
+            self.idle = None
+            idle.set_result(req)
+        elif self.task is None or self.task.done():
+            self.task = self.loop.create_task(self.server.handler.serve(self))
+
+    async def next_request(self) -> Req | None:
+        """Called by the connection's task between requests: the next request once its head
+        is here (`start`), or None when none will come (the connection closes)."""
+        t = self.transport
+        if self.closed or self.ignore or self.stopping or t is None or t.is_closing():
+            return None
+        idle: asyncio.Future[Req | None] = self.loop.create_future()
+        self.idle = idle
+        return await idle
 
     def request_done(self, req: Req) -> None:
-        """Called by the request task as it ends: next queued request, idle timer, or close."""
+        """Called by the connection's task as a request ends: next queued request, idle
+        timer, or close."""
         self.active = None
-        self.task = None
         if self.closed:
             return
         assert self.transport is not None
@@ -403,9 +428,10 @@ class H1Conn(asyncio.Protocol):
         self.ignore = True
         cur = self.cur
         if cur is not None and cur is self.active and not cur.started and self.task is not None:
-            # Its task has not run yet (the error came in the same read): it never happened.
+            # Not begun yet (the error came in the same read): it never happened. The
+            # connection's task ends (no request follows a refusal).
             self.task.cancel()
-            self.task = self.active = None
+            self.task = self.active = self.idle = None
         elif cur is not None and cur is self.active and not cur.body_done:
             cur.body_error = True  # the request task answers 400 (incomplete body), as aiohttp
             self.wake()

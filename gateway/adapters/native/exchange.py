@@ -12,7 +12,7 @@ import asyncio
 import logging
 import typing
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from gateway.adapters.common import DEFER_MAX, REASONS, date_value
 from gateway.adapters.native.messages import CONTINUE, HIGH_WATER, Req
@@ -22,9 +22,9 @@ from gateway.forward.exchange import BodyTooLarge
 if TYPE_CHECKING:
     from gateway.forward.http import HttpForward
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
-_LAST_CHUNK = b"0\r\n\r\n"
+_LAST_CHUNK: Final = b"0\r\n\r\n"
 
 
 class ClientConn(typing.Protocol):
@@ -35,6 +35,10 @@ class ClientConn(typing.Protocol):
 
     @property
     def peer(self) -> str: ...
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The connection's task, which serves its requests in turn."""
 
     @property
     def closed(self) -> bool: ...
@@ -62,7 +66,14 @@ class ClientConn(typing.Protocol):
     async def drain(self) -> None: ...
 
     def request_done(self, req: Req) -> None:
-        """The request task ends: next queued request, idle timer, or close."""
+        """The request is served: next queued request, idle timer, or close."""
+
+    @property
+    def active(self) -> Req | None:
+        """The request handed to the connection's task, not served yet (or being served)."""
+
+    async def next_request(self) -> Req | None:
+        """The connection's next request once its head is here; None when none will come."""
 
     def defer(self, data: bytes) -> None:
         """Write `data` with the loop turn's other answers (`messages.OutBatch`)."""
@@ -74,7 +85,7 @@ class ClientConn(typing.Protocol):
 class H1Exchange:
     __slots__ = (
         "conn", "req", "info", "raw_headers", "header_bytes", "query", "has_body", "head_sent",
-        "sse", "framed", "draining", "close_after",
+        "sse", "framed", "draining", "close_after", "task",
     )  # fmt: skip
 
     def __init__(self, conn: ClientConn, req: Req, draining: bool) -> None:
@@ -104,6 +115,7 @@ class H1Exchange:
         self.has_body = req.chunked or bool(cl)
         self.head_sent = False
         self.sse = False
+        self.task = conn.task  # made for this request (`H1Conn.start`)
         self.close_after = draining
         self.framed = False
         self.draining = draining
@@ -235,23 +247,35 @@ def _head(status: int, lines: bytes, date: bool) -> bytearray:
 
 
 class H1Handler:
-    """Runs one request task: builds the exchange and hands it to the forwarding path."""
+    """Runs a connection's task: its requests in turn, each as an exchange handed to the
+    forwarding path."""
 
     def __init__(self, forward: HttpForward) -> None:
         self.forward = forward
 
-    async def handle(self, conn: ClientConn, req: Req) -> None:
-        req.started = True
-        ex = H1Exchange(conn, req, self.forward.gateway.draining)
-        try:
-            await self.forward.serve(ex)
-        except (asyncio.CancelledError, ConnectionError):
-            pass  # the client left: the request is recorded as cancelled
-        except Exception:  # a bug of ours: log it, cut this connection, keep serving others
-            log.exception("native HTTP request failed")
-            req.responded = False
-        finally:
+    async def serve(self, conn: ClientConn) -> None:
+        """The connection's requests, one after another, until it closes or its client leaves.
+        One task per connection, not per request: a request on a kept-alive connection costs
+        a Future here, not a Task (whose creation registers it in asyncio's weak set of all
+        tasks, two Python-level calls)."""
+        req = conn.active
+        while req is not None:
+            req.started = True
+            ex = H1Exchange(conn, req, self.forward.gateway.draining)
+            left = False
+            try:
+                await self.forward.serve(ex)
+            except (asyncio.CancelledError, ConnectionError):
+                left = True  # the client left: the request is recorded as cancelled
+            except Exception:  # a bug of ours: log it, cut this connection, keep serving others
+                log.exception("native HTTP request failed")
+                req.responded = False
             conn.request_done(req)
+            if left:
+                return
+            req = conn.active  # a pipelined request that waited (`request_done` started it)
+            if req is None:
+                req = await conn.next_request()
 
 
 class BodyChunks:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import typing
 from collections import deque
+from typing import Final
 
 from gateway.adapters.common import REASONS, date_value
 from gateway.forward.headers import error_body
 
-HIGH_WATER = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
+HIGH_WATER: Final = 256 * 1024  # unread request body / queued pipeline bytes before pause_reading
 LOW_WATER = 64 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
