@@ -24,7 +24,7 @@ from gateway.reload.holder import PolicyHolder
 from gateway.reload.staging import ROLLOUT, RolloutView
 from gateway.reload.traffic import TRAFFIC, TrafficBook
 from gateway.services import Services
-from gateway.snapshot import Snapshot
+from gateway.snapshot import Snapshot, snapshot_for
 
 if TYPE_CHECKING:
     from gateway.reload.rollout import ShadowHook
@@ -100,15 +100,9 @@ class Gateway:
         return self.holder.active
 
     def snapshot_for(self, info: RequestInfo) -> Snapshot:
-        """The snapshot a new request is served by, chosen once at arrival (the one place the
-        request path asks): the stable one, or during a staged rollout the side
-        `RolloutController.choose` picks (by a hash of the request's x-request-id; see
-        gateway/reload/rollout.py)."""
-        holder = self.holder
-        ro = holder.rollout
-        if ro is None:
-            return holder.active
-        return ro.choose(info)
+        """The snapshot a new request is served by (`gateway.snapshot.snapshot_for`, which the
+        request path calls itself)."""
+        return snapshot_for(self.holder, info)
 
     @property
     def http_pool(self) -> UpstreamPool:

@@ -96,7 +96,7 @@ class Principal:
 class Decision:
     """One filter decision, kept for the trace of the request (bounded per request)."""
 
-    at: float  # _monotonic()
+    at: float  # monotonic clock
     filter: str
     name: str  # e.g. "auth.ok", "limit.reject", "route.pick"
     detail: str = ""  # short, safe to log
@@ -121,7 +121,7 @@ class UpstreamTry:
     def __init__(self, backend: str, address: str, started: float) -> None:
         self.backend = backend
         self.address = address
-        self.started = started  # _monotonic()
+        self.started = started  # monotonic clock
         self.ended = 0.0  # 0 until end_try
         self.first_byte_at: float | None = None  # response head received (ctx.try_first_byte)
         self.status = 0  # HTTP status / gRPC code the backend answered (0: none)
@@ -141,7 +141,7 @@ class RequestContext:
     verdict: Verdict  # ALLOW until a filter stops the request (set in __init__)
     route: CompiledRoute | None = None
     endpoint: Endpoint | None = None
-    started: float  # _monotonic() at arrival
+    started: float  # monotonic clock, at arrival
     started_wall: float  # time.time() at arrival
     # How it ended (set by the forwarding path; filters read it in on_response).
     outcome: Outcome  # OK until the forwarding path says otherwise (set in __init__)
@@ -190,7 +190,7 @@ class RequestContext:
     # answer's head: `x-sluice-overhead-ms` (set when the head is made).
     upstream_s: float = 0.0
     overhead_s: float | None = None
-    ended: float = 0.0  # _monotonic() when the request ended (0: not yet)
+    ended: float = 0.0  # monotonic clock, when the request ended (0: not yet)
 
     def __init__(self, info: RequestInfo, policy: CompiledPolicy) -> None:
         self.info = info

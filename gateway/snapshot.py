@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from gateway.filters.chain import Chain
 
 if TYPE_CHECKING:
+    from gateway.core.request import RequestInfo
     from gateway.policy.base import Limits, Timeouts
     from gateway.policy.compiled import CompiledPolicy
+    from gateway.reload.holder import PolicyHolder
 
 
 class Bounds:
@@ -43,3 +45,11 @@ class Snapshot:
         self.chain = chain
         p = policy.policy
         self.bounds = Bounds(p.limits, p.timeouts)
+
+
+def snapshot_for(holder: PolicyHolder[Snapshot], info: RequestInfo) -> Snapshot:
+    """The snapshot a new request is served by, chosen once at arrival: the stable one, or
+    during a staged rollout the side `RolloutController.choose` picks (by a hash of the
+    request's x-request-id; see gateway/reload/rollout.py)."""
+    ro = holder.rollout
+    return holder.active if ro is None else ro.choose(info)

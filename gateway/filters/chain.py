@@ -17,9 +17,8 @@ from gateway.core.body import RequestBody
 from gateway.filters.base import Filter
 
 log: Final = logging.getLogger("sluice.chain")
-ALL_KINDS: Final = frozenset(
-    EventKind
-)  # what a filter's on_event reads unless it says (`event_kinds`)
+# What a filter's on_event reads unless it says (`event_kinds`).
+ALL_KINDS: Final = frozenset(EventKind)
 
 
 def _hook(f: Filter, name: str) -> tuple[Any, bool] | None:

@@ -30,8 +30,8 @@ class Exchange(Protocol):
     head_sent: bool  # a response head went out: only `write`/`end`/`abort` may follow
     sse: bool  # the response is an SSE stream of unknown length (it can end with an event)
     close_after: bool  # set by the forwarding path: close the connection after this answer
-    # The task serving the request when the engine made it for this request (None: the
-    # forwarding path asks asyncio, a Python-level call on 3.11).
+    # The task serving the request when the engine knows it (None: the forwarding path asks
+    # asyncio, a Python-level call on 3.11).
     task: asyncio.Task[None] | None
 
     def whole_body(self, limit: int) -> bytes | None:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Final
 
 from gateway.context import RequestContext
+from gateway.snapshot import snapshot_for
 from gateway.telemetry import metrics
 from gateway.telemetry.requests import record_request
 
@@ -53,9 +54,7 @@ class Lifecycle:
     def begin(self, info: RequestInfo) -> tuple[Snapshot, RequestContext]:
         """The snapshot the request is served by (chosen once, at arrival) and its context; the
         request counts as in flight until `finish` is done."""
-        holder = self._holder  # (`Gateway.snapshot_for`, without its Python-level call)
-        ro = holder.rollout
-        snap = holder.active if ro is None else ro.choose(info)
+        snap = snapshot_for(self._holder, info)
         ctx = RequestContext(info, snap.policy)
         self._inflight.enter()
         return snap, ctx

@@ -36,10 +36,9 @@ if TYPE_CHECKING:
     from gateway.policy.model import HealthCheck
     from gateway.services import Services
 
-# gRPC codes that blame the backend (the others are answers about the request).
-GRPC_FAILURES: Final = frozenset(
-    {2, 4, 13, 14, 15}
-)  # UNKNOWN DEADLINE INTERNAL UNAVAILABLE DATA_LOSS
+# gRPC codes that blame the backend (the others are answers about the request): UNKNOWN,
+# DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE, DATA_LOSS.
+GRPC_FAILURES: Final = frozenset({2, 4, 13, 14, 15})
 _BLAMES_BACKEND: Final = frozenset(
     {
         Outcome.UPSTREAM_CONNECT,

@@ -107,9 +107,8 @@ class BackendPool:
         self.guards: dict[tuple[str, str], CanaryGuard] = {}
         self.budgets: dict[tuple[str, float, int], RetryBudget] = {}
         self.views: dict[tuple[str, str], BackendView] = {}  # reusable by the next build
-        self._alive: weakref.WeakSet[ViewHold] = (
-            weakref.WeakSet()
-        )  # of the views any policy may use
+        # What the views any policy may use hold (each view's `ViewHold`, made with it).
+        self._alive: weakref.WeakSet[ViewHold] = weakref.WeakSet()
         self.latest: dict[str, BackendView] = {}  # the views of the policy activated last
         self.pickers: dict[str, Any] = {}  # its route pickers (state, metrics)
         self.epoch = 0
@@ -218,8 +217,6 @@ class BackendPool:
         for v in views:
             latest[v.name] = v
             self.views[v.key] = v
-            if isinstance(v.hold, ViewHold):
-                self._alive.add(v.hold)
         self.latest = latest
         self.pickers = pickers
         self.changed()

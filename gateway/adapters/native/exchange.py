@@ -115,7 +115,7 @@ class H1Exchange:
         self.has_body = req.chunked or bool(cl)
         self.head_sent = False
         self.sse = False
-        self.task = conn.task  # made for this request (`H1Conn.start`)
+        self.task = conn.task  # the connection's, serving this request (`H1Conn.start`)
         self.close_after = draining
         self.framed = False
         self.draining = draining
