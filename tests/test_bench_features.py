@@ -1,9 +1,11 @@
 """`sluice bench --full`'s paired feature costs (`gateway.bench.features`): the median of the
-pairs' differences, their spread, and pairs with a failed run left out."""
+pairs' differences, their spread, and pairs with a failed run left out; and `--rounds`' ratios to
+the floor (`gateway.bench.rounds`)."""
 
 from __future__ import annotations
 
 from gateway.bench.features import pair_cost, scaled_budget
+from gateway.bench.rounds import ratio_note, rotated
 
 
 def test_the_cost_is_the_median_of_the_pairs_differences() -> None:
@@ -31,3 +33,28 @@ def test_with_the_runs_floor_the_budget_scales_with_it() -> None:
     assert slow.endswith("budget ≤ 3 at a 17.6 µs floor = ≤ 6.0 at this run's 35.2: within")
     fast = cost.note("auth", "native", 3.0, floor_us=17.6)
     assert fast.endswith("= ≤ 3.0 at this run's 17.6: OVER")
+
+
+def test_the_control_pair_reads_as_the_methods_own_spread() -> None:
+    """`--features control`: the full chain against a second copy of itself has no budget, only
+    its median and spread, the noise a feature's figure is read against."""
+    cost = pair_cost([40.0, 41.5, 39.0], [39.5, 40.0, 39.8])
+    assert cost is not None
+    note = cost.control_note("native")
+    assert note.startswith("control (the full chain against a second copy of itself, native)")
+    assert "+0.5 µs/req, the median of 3 pairs (-0.8 … +1.5)" in note
+    assert "budget" not in note
+
+
+def test_rounds_turn_the_order_and_read_the_median_ratio_against_the_target() -> None:
+    """`--rounds`: each round starts one row later, and a row's verdict is its median ratio to
+    the floor of the same round."""
+    assert [rotated([1, 2, 3], t) for t in range(4)] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
+    note = ratio_note("(native)", [2.1, 1.9, 1.95, 2.4], 5)
+    assert note == (
+        "HTTP Sluice (native) ÷ the floor, in turn: 2.02×, the median of 4 of 5 rounds "
+        "(1.90 … 2.40) vs target ≤ 2.0 → FAIL"
+    )
+    assert ratio_note("(native, full chain)", [2.9, 3.1, 2.8], 3).endswith("→ PASS")
+    assert "target" not in ratio_note("(native, no filters)", [1.5], 1)
+    assert "no round measured" in ratio_note("(native)", [], 3)

@@ -33,6 +33,10 @@ Rows, each after a 2 s warm-up run of the same command:
   the full-chain gateway and the one without that feature measured in turn, `--pairs` times
   for `--pair-duration` s each, the median difference printed against the feature's budget
   (`gateway/bench/features.py`).
+- With `--rounds N`, the floor and a gateway of each HTTP/1.1 Sluice row run side by side and are
+  measured in turn N times; each row's median ratio to the floor of the same round is printed
+  against its target (`gateway/bench/rounds.py`): on a shared machine the ratio of two runs
+  minutes apart moves with the machine.
 - With `--auth`, HTTP auth rows (`gateway/bench/auth.py`): the same backend through a Sluice
   with an `auth` section: a route with auth off, a cached token, a fresh token per request
   (RS256, ES256). The "HTTP Sluice" row of the same engine, without `auth`, is the baseline.
@@ -142,7 +146,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--features",
         default="",
         help="with --full: the features to measure in pairs, comma-separated (auth, rate_limits, "
-        "budgets, tracing, resilience; default all)",
+        "budgets, tracing, resilience; default all), and `control`: the full chain against a "
+        "second copy of itself, the method's own offset and spread",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="also measure the floor and each HTTP/1.1 Sluice row in turn this many times, "
+        "`--pair-duration` s each, and print each row's median ratio to the floor "
+        "(gateway.bench.rounds)",
     )
     parser.add_argument(
         "--pair-duration",

@@ -260,6 +260,14 @@ def http_rows(
         rows.append(gateway_row(s, row, v, (http_be, None), probe(row, h2row, v)))
         if h2row is not None:
             rows.append(h2row)
+    rounds = getattr(s.args, "rounds", 0)  # tests build partial args
+    if rounds > 0:
+        from gateway.bench.rounds import round_ratios
+
+        def measure_round(row: Row, cmd: MakeCmd, pid: int) -> Row:
+            return run(row, cmd, parse_wrk, pid, None, s.args.pair_duration)
+
+        round_ratios(s, http_be, variants, rounds, measure_round)
     if s.args.full and not s.args.no_leave_one_out and s.args.pairs > 0:
         from gateway.bench.features import feature_costs
 
