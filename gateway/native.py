@@ -42,6 +42,7 @@ MODULES = (
     "gateway.adapters.native.conn",
     "gateway.adapters.native.exchange",
     "gateway.adapters.native.messages",
+    "gateway.adapters.h2.huffman",
     "gateway.forward.answers",
     "gateway.forward.body_phase",
     "gateway.forward.deadlines",

@@ -1,14 +1,21 @@
 """The HTTP/2 engine's codec settings (`gateway.adapters.h2.codec`): h2's options read as plain
-attributes keep the values given, and header blocks sent without Huffman coding decode to the
-same fields with a stock decoder (and a stock h2 client)."""
+attributes keep the values given, header blocks sent without Huffman coding decode to the
+same fields with a stock decoder (and a stock h2 client), and the compiled Huffman decoder
+(`gateway.adapters.h2.huffman`) answers and fails as hpack's own does."""
 
 from __future__ import annotations
 
+import hpack.hpack
+import pytest
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import ResponseReceived
-from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
+from hpack import Decoder, Encoder, HPACKDecodingError, NeverIndexedHeaderTuple
+from hpack import huffman_table as stock_huffman
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
+from gateway.adapters.h2 import huffman
 from gateway.adapters.h2.codec import Config, PlainEncoder
 from gateway.adapters.h2.guard import server_h2, start_h2
 from gateway.policy.base import Http2Limits
@@ -54,3 +61,66 @@ def test_an_answer_through_the_engine_state_reaches_a_stock_client() -> None:
     events = cli.receive_data(srv.data_to_send())
     got = [e for e in events if isinstance(e, ResponseReceived)]
     assert got and list(got[0].headers or []) == headers
+
+
+def _stock(data: bytes) -> bytes | str:
+    """hpack's own decoding of `data`, or its error's message."""
+    try:
+        return stock_huffman.decode_huffman(data)
+    except HPACKDecodingError as e:
+        return str(e)
+
+
+def _ours(data: bytes | bytearray | memoryview) -> bytes | str:
+    try:
+        return huffman.decode_huffman(data)
+    except HPACKDecodingError as e:
+        return str(e)
+
+
+def test_huffman_decoding_answers_as_hpacks_own_for_every_octet_and_at_random() -> None:
+    """Every octet value coded alone and in a string, random coded strings, and random bytes
+    (mostly invalid: a code that does not exist, EOS, padding that is not EOS's prefix): the
+    same octets or the same error."""
+    import random
+
+    rng = random.Random(7)
+    coder = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+    every = bytes(range(256))
+    cases = [b"", coder.encode(every), *(coder.encode(bytes([b])) for b in every)]
+    for _ in range(300):
+        plain = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        cases.append(coder.encode(plain))
+        cases.append(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))))
+    outcomes = {"ok": 0, "error": 0}
+    for data in cases:
+        want = _stock(data)
+        assert _ours(data) == want, data
+        assert _ours(bytearray(data)) == want and _ours(memoryview(data)) == want
+        outcomes["ok" if isinstance(want, bytes) else "error"] += 1
+    assert outcomes["ok"] > 500 and outcomes["error"] > 100  # both paths were compared
+    assert coder.encode(every) and huffman.decode_huffman(coder.encode(every)) == every
+    assert huffman.decode_huffman(None) == b""
+    with pytest.raises(HPACKDecodingError, match="Incomplete"):
+        huffman.decode_huffman(coder.encode(b"token")[:-1] + b"\x00")
+
+
+def test_hpacks_decoder_decodes_a_never_indexed_token_with_the_compiled_decoder() -> None:
+    """The engine's h2 state decodes header blocks with `huffman.decode_huffman` (the codec set
+    it in hpack), and a stock client's Huffman-coded, never-indexed bearer token arrives whole."""
+    assert hpack.hpack.decode_huffman is huffman.decode_huffman  # type: ignore[attr-defined]
+    limits = Http2Limits()
+    srv = server_h2(limits)
+    start_h2(srv, limits)
+    cli = H2Connection(H2Configuration(client_side=True, header_encoding=None))
+    cli.initiate_connection()
+    srv.receive_data(cli.data_to_send())
+    token = b"Bearer eyJhbGciOiJIUzI1NiJ9." + b"x9_-Qz" * 40
+    request = [(b":method", b"GET"), (b":path", b"/"), (b":scheme", b"http"),
+               (b":authority", b"x"), (b"authorization", token)]  # fmt: skip
+    cli.send_headers(1, request, end_stream=True)
+    block = cli.data_to_send()
+    assert token not in block  # sent Huffman-coded (and never indexed: h2's choice for it)
+    events = srv.receive_data(block)
+    got = [dict(e.headers or []) for e in events if hasattr(e, "headers")]
+    assert got and got[0][b"authorization"] == token
