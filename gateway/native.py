@@ -43,6 +43,8 @@ MODULES = (
     "gateway.adapters.native.exchange",
     "gateway.adapters.native.messages",
     "gateway.adapters.h2.huffman",
+    "gateway.adapters.h2.exchange",
+    "gateway.adapters.h2.stream",
     "gateway.forward.answers",
     "gateway.forward.body_phase",
     "gateway.forward.deadlines",

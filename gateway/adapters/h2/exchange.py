@@ -1,4 +1,5 @@
-"""The HTTP/2 engine's `Exchange`: one stream (`H2Stream`) of an `H2Conn` serving an HTTP route.
+"""(compiled) The HTTP/2 engine's `Exchange`: one stream (`H2Stream`) of an `H2Conn` serving an
+HTTP route.
 
 Moves bytes only: the request head from h2's decoded header list, the body as the stream
 receives it (window returned as it is taken), the response as HEADERS and DATA within the send
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
@@ -27,11 +28,11 @@ from gateway.telemetry import metrics
 if TYPE_CHECKING:
     from gateway.forward.http import HttpForward
 
-log = logging.getLogger(__name__)
+log: Final = logging.getLogger(__name__)
 
-_STATUS = {s: b"%d" % s for s in range(100, 600)}
-_JSON_LINES = b"content-type: application/json\r\n"
-_UNIQUE = frozenset((b"x-request-id", b"x-sluice-overhead-ms"))  # values new in each answer
+_STATUS: Final = {s: b"%d" % s for s in range(100, 600)}
+_JSON_LINES: Final = b"content-type: application/json\r\n"
+_UNIQUE: Final = frozenset((b"x-request-id", b"x-sluice-overhead-ms"))  # new in each answer
 
 
 class H2Exchange:
@@ -83,7 +84,7 @@ class H2Exchange:
         self.has_body = stream.has_body
         self.head_sent = False
         self.sse = False
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = stream.task  # (created before it runs)
         self.close_after = False  # a connection-wide matter in HTTP/2: the drain's GOAWAY
         self.parts: list[bytes] = []  # body taken by read_body beyond its limit
         self.taken = 0
@@ -113,29 +114,8 @@ class H2Exchange:
         parts.clear()
         return data
 
-    async def body_stream(self, limit: int) -> AsyncIterator[bytes]:
-        stream = self.stream
-        total = 0
-        if self.parts:
-            chunk = b"".join(self.parts)
-            self.parts.clear()
-            total += len(chunk)
-            if total > limit:
-                raise BodyTooLarge()
-            yield chunk
-        while True:
-            if stream.body:
-                chunk = stream.take()
-                total += len(chunk)
-                if total > limit:
-                    raise BodyTooLarge()
-                yield chunk
-            elif stream.body_done:
-                return
-            elif stream.reset:
-                raise EOFError("incomplete body")
-            else:
-                await stream.wait()
+    def body_stream(self, limit: int) -> AsyncIterator[bytes]:
+        return H2BodyChunks(self, limit)
 
     # --- response ---
 
@@ -170,6 +150,43 @@ class H2Exchange:
 
     def abort(self) -> None:
         self.conn.reset(self.stream, ErrorCodes.INTERNAL_ERROR)
+
+
+class H2BodyChunks:
+    """`H2Exchange.body_stream`: what `read_body` kept beyond its limit, then the body as it
+    arrives, at most `limit` bytes in all (BodyTooLarge past it). An iterator class, not an
+    async generator: mypyc compiles no async generators."""
+
+    __slots__ = ("ex", "limit", "total")
+
+    def __init__(self, ex: H2Exchange, limit: int) -> None:
+        self.ex, self.limit = ex, limit
+        self.total = 0
+
+    def __aiter__(self) -> H2BodyChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        ex = self.ex
+        stream = ex.stream
+        if ex.parts:
+            chunk = b"".join(ex.parts)
+            ex.parts.clear()
+            return self._counted(chunk)
+        while True:
+            if stream.body:
+                return self._counted(stream.take())
+            if stream.body_done:
+                raise StopAsyncIteration
+            if stream.reset:
+                raise EOFError("incomplete body")
+            await stream.wait()
+
+    def _counted(self, chunk: bytes) -> bytes:
+        self.total += len(chunk)
+        if self.total > self.limit:
+            raise BodyTooLarge()
+        return chunk
 
 
 def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]:

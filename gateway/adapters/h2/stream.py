@@ -1,5 +1,5 @@
-"""One HTTP/2 stream of Sluice's HTTP/2 engine, as its handler sees it: the request head, the
-request body as it arrives, and the waits (more body, send window) the connection ends.
+"""(compiled) One HTTP/2 stream of Sluice's HTTP/2 engine, as its handler sees it: the request
+head, the request body as it arrives, and the waits (more body, send window) the connection ends.
 
 Engine-neutral within HTTP/2: the HTTP exchange (`gateway.adapters.h2.exchange`) and the gRPC
 one (`gateway.adapters.h2.grpc`) use it. Window is returned to the client only when the
