@@ -5,7 +5,7 @@ the floor (`gateway.bench.rounds`)."""
 from __future__ import annotations
 
 from gateway.bench.features import pair_cost, scaled_budget
-from gateway.bench.rounds import ratio_note, rotated
+from gateway.bench.rounds import ratio_note, rotated, row_target
 
 
 def test_the_cost_is_the_median_of_the_pairs_differences() -> None:
@@ -47,14 +47,18 @@ def test_the_control_pair_reads_as_the_methods_own_spread() -> None:
 
 
 def test_rounds_turn_the_order_and_read_the_median_ratio_against_the_target() -> None:
-    """`--rounds`: each round starts one row later, and a row's verdict is its median ratio to
-    the floor of the same round."""
+    """`--rounds`: each round starts one run later, and a row's verdict is its median ratio to
+    its floor in the same round."""
     assert [rotated([1, 2, 3], t) for t in range(4)] == [[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 2, 3]]
-    note = ratio_note("(native)", [2.1, 1.9, 1.95, 2.4], 5)
+    note = ratio_note("HTTP Sluice (native)", [2.1, 1.9, 1.95, 2.4], 5, "the floor", 2.0)
     assert note == (
         "HTTP Sluice (native) ÷ the floor, in turn: 2.02×, the median of 4 of 5 rounds "
         "(1.90 … 2.40) vs target ≤ 2.0 → FAIL"
     )
-    assert ratio_note("(native, full chain)", [2.9, 3.1, 2.8], 3).endswith("→ PASS")
-    assert "target" not in ratio_note("(native, no filters)", [1.5], 1)
-    assert "no round measured" in ratio_note("(native)", [], 3)
+    h2 = ratio_note("HTTP/2 Sluice (native)", [1.3, 1.4, 1.2], 3, "the HTTP/2 floor", 1.5)
+    assert h2.startswith("HTTP/2 Sluice (native) ÷ the HTTP/2 floor, in turn: 1.30×")
+    assert h2.endswith("→ PASS")
+    assert "target" not in ratio_note("HTTP Sluice (aiohttp)", [1.5], 1, "the floor", None)
+    assert "no round measured" in ratio_note("HTTP Sluice (native)", [], 3, "the floor", 2.0)
+    assert row_target("HTTP Sluice (native, full chain)") == 3.0
+    assert row_target("HTTP/2 Sluice (native)") == 1.5

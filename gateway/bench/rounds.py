@@ -1,12 +1,14 @@
-"""`sluice bench --rounds N`: the HTTP ratios to the floor, measured in turn, N rounds.
+"""`sluice bench --rounds N`: the ratios to the floors, measured in turn, N rounds.
 
 One run of the floor and one of a Sluice row, minutes apart, move with the machine: on a shared
 2-core host the floor alone measured 11 to 17.7 µs/request from run to run, and the ratio moved
 with it (the same tree read 1.4× to 2.4× the floor). Here the floor proxy and a gateway of each
-HTTP/1.1 variant run side by side, and each round measures all of them one after the other (the
-order turned by one each round, so no row always runs first); a variant's ratio is the median of
-its rounds' ratios to the floor of the same round, printed with the lowest and highest beside it
-and read against the row's target. `--pair-duration` is each run's length.
+HTTP/1.1 variant run side by side (with h2load, the HTTP/2 floor too, and the native gateways are
+driven over h2c as well), and each round measures all of them one after the other (the order
+turned by one each round, so no run always comes first). A row's ratio is the median of its
+rounds' ratios to the floor of the same round (HTTP/1.1 rows to the HTTP floor, HTTP/2 rows to
+the HTTP/2 floor), printed with the lowest and highest beside it and read against the row's
+target. `--pair-duration` is each run's length.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from __future__ import annotations
 import statistics
 import subprocess
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
-from gateway.bench.gateways import Setup, Variant, start_floor, start_gateway
-from gateway.bench.loads import MakeCmd
-from gateway.bench.report import FLOOR_TARGETS, Row
+from gateway.bench.gateways import Setup, Variant, start_floor, start_gateway, start_h2floor
+from gateway.bench.loads import MakeCmd, Parse, parse_wrk
+from gateway.bench.report import FLOOR_TARGETS, H2_VS_FLOOR_TARGET, Row
 
-__all__ = ["ratio_note", "round_ratios", "rotated"]
+__all__ = ["ratio_note", "round_ratios", "rotated", "row_target"]
 
-MeasureFor = Callable[[Row, MakeCmd, int], Row]
+# Measures one run: (row, load command, its parser, the measured process) → the row.
+Measure = Callable[[Row, MakeCmd, Parse, int], Row]
 T = TypeVar("T")
 
 
@@ -32,57 +35,100 @@ def rotated(items: list[T], turn: int) -> list[T]:
     return items[k:] + items[:k]
 
 
-def ratio_note(label: str, ratios: list[float], rounds: int) -> str:
-    """A variant's ratios to the floor, one per measured round, against its target."""
+def ratio_note(
+    name: str, ratios: list[float], rounds: int, floor: str, target: float | None
+) -> str:
+    """A row's ratios to its floor, one per measured round, against its target."""
     if not ratios:
-        return f"HTTP Sluice {label}: no round measured both it and the floor"
+        return f"{name}: no round measured both it and {floor}"
     mid = statistics.median(ratios)
-    target = FLOOR_TARGETS.get(label.strip("()"))
     verdict = ""
     if target is not None:
         verdict = f" vs target ≤ {target} → {'PASS' if mid <= target else 'FAIL'}"
     return (
-        f"HTTP Sluice {label} ÷ the floor, in turn: {mid:.2f}×, the median of {len(ratios)} of "
-        f"{rounds} rounds ({min(ratios):.2f} … {max(ratios):.2f}){verdict}"
+        f"{name} ÷ {floor}, in turn: {mid:.2f}×, the median of {len(ratios)} of {rounds} "
+        f"rounds ({min(ratios):.2f} … {max(ratios):.2f}){verdict}"
     )
 
 
+class Run(NamedTuple):
+    """One measured run of a round: a row's name, its floor's (None: it is a floor), the load."""
+
+    name: str
+    floor: str | None
+    cmd: MakeCmd
+    parse: Parse
+    pid: int
+
+
+# The HTTP/2 rows' load: (run name, URL, headers) → the h2load command and its parser.
+H2Load = Callable[[str, str, list[str]], tuple[MakeCmd, Parse]]
+
+HTTP_FLOOR = "the floor"
+H2_FLOOR = "the HTTP/2 floor"
+
+
 def round_ratios(
-    s: Setup, http_be: int, variants: list[Variant], rounds: int, measure_for: MeasureFor
+    s: Setup,
+    http_be: int,
+    variants: list[Variant],
+    rounds: int,
+    measure: Measure,
+    h2load: H2Load | None = None,
 ) -> None:
-    """Start the floor and a gateway per variant, measure them in turn `rounds` times, and add a
-    note per variant (`ratio_note`)."""
+    """Start the floors and a gateway per variant, measure them in turn `rounds` times, and add
+    a note per row (`ratio_note`)."""
     procs: list[subprocess.Popen[bytes]] = []
-    runs: list[tuple[str, MakeCmd, int]] = []  # (label, load command, pid); the floor first
+    runs: list[Run] = []
     try:
         floor, port = start_floor(s, http_be)
         procs.append(floor)
-        runs.append(("floor", s.wrk(s.url(port)), floor.pid))
+        runs.append(Run(HTTP_FLOOR, None, s.wrk(s.url(port)), parse_wrk, floor.pid))
+        if h2load is not None:
+            h2floor, port = start_h2floor(s, http_be)
+            procs.append(h2floor)
+            runs.append(
+                Run(H2_FLOOR, None, *h2load("rounds-h2floor", s.url(port), []), h2floor.pid)
+            )
         for i, v in enumerate(variants):
             p, ports = start_gateway(s, http_be, None, v, f"rounds-{i}")
             procs.append(p)
-            runs.append((v.label, s.wrk(s.url(ports["http"]), s.headers(v)), p.pid))
+            url, headers = s.url(ports["http"]), s.headers(v)
+            runs.append(
+                Run(f"HTTP Sluice {v.label}", HTTP_FLOOR, s.wrk(url, headers), parse_wrk, p.pid)
+            )
+            if h2load is not None and v.engine == "native":
+                cmd, parse = h2load(f"rounds-h2-{i}", url, headers)
+                runs.append(Run(f"HTTP/2 Sluice {v.label}", H2_FLOOR, cmd, parse, p.pid))
     except Exception as e:
         s.notes.append(f"rounds: a proxy did not start: {e}")
         for p in procs:
             s.procs.stop(p)
         return
-    ratios: dict[str, list[float]] = {v.label: [] for v in variants}
+    ratios: dict[str, list[float]] = {r.name: [] for r in runs if r.floor is not None}
     try:
         for turn in range(rounds):
             us: dict[str, float] = {}
-            for label, cmd, pid in rotated(runs, turn):
-                row = measure_for(Row(f"rounds {label}"), cmd, pid)
+            for r in rotated(runs, turn):
+                row = measure(Row(f"rounds {r.name}"), r.cmd, r.parse, r.pid)
                 if row.error is not None:
-                    s.notes.append(f"rounds: {label}, round {turn + 1}: {row.error}")
+                    s.notes.append(f"rounds: {r.name}, round {turn + 1}: {row.error}")
                 elif row.cpu_us_per_req:
-                    us[label] = row.cpu_us_per_req
-            base = us.get("floor")
-            for label, got in ratios.items():
-                if base and label in us:
-                    got.append(us[label] / base)
+                    us[r.name] = row.cpu_us_per_req
+            for r in runs:
+                base = us.get(r.floor) if r.floor is not None else None
+                if base and r.name in us:
+                    ratios[r.name].append(us[r.name] / base)
     finally:
         for p in procs:
             s.procs.stop(p)
-    for label, got in ratios.items():
-        s.notes.append(ratio_note(label, got, rounds))
+    for r in runs:
+        if r.floor is not None:
+            s.notes.append(ratio_note(r.name, ratios[r.name], rounds, r.floor, row_target(r.name)))
+
+
+def row_target(name: str) -> float | None:
+    """The row's target: `FLOOR_TARGETS` for an HTTP/1.1 row, `H2_VS_FLOOR_TARGET` for HTTP/2."""
+    if name.startswith("HTTP/2"):
+        return H2_VS_FLOOR_TARGET
+    return FLOOR_TARGETS.get(name.partition("(")[2].rstrip(")"))

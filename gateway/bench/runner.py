@@ -264,10 +264,10 @@ def http_rows(
     if rounds > 0:
         from gateway.bench.rounds import round_ratios
 
-        def measure_round(row: Row, cmd: MakeCmd, pid: int) -> Row:
-            return run(row, cmd, parse_wrk, pid, None, s.args.pair_duration)
+        def measure_round(row: Row, cmd: MakeCmd, parse: Parse, pid: int) -> Row:
+            return run(row, cmd, parse, pid, None, s.args.pair_duration)
 
-        round_ratios(s, http_be, variants, rounds, measure_round)
+        round_ratios(s, http_be, variants, rounds, measure_round, h2c if h2 else None)
     if s.args.full and not s.args.no_leave_one_out and s.args.pairs > 0:
         from gateway.bench.features import feature_costs
 
