@@ -33,10 +33,11 @@ Rows, each after a 2 s warm-up run of the same command:
   the full-chain gateway and the one without that feature measured in turn, `--pairs` times
   for `--pair-duration` s each, the median difference printed against the feature's budget
   (`gateway/bench/features.py`).
-- With `--rounds N`, the floor and a gateway of each HTTP/1.1 Sluice row run side by side and are
-  measured in turn N times; each row's median ratio to the floor of the same round is printed
-  against its target (`gateway/bench/rounds.py`): on a shared machine the ratio of two runs
-  minutes apart moves with the machine.
+- With `--rounds N`, the floor, the HTTP/2 floor and a gateway of each HTTP/1.1 Sluice row run
+  side by side (the native ones driven over h2c too) and are measured in turn N times; each row's
+  median ratio to its floor in the same round is printed against its target
+  (`gateway/bench/rounds.py`): on a shared machine the ratio of two runs minutes apart moves
+  with the machine.
 - With `--auth`, HTTP auth rows (`gateway/bench/auth.py`): the same backend through a Sluice
   with an `auth` section: a route with auth off, a cached token, a fresh token per request
   (RS256, ES256). The "HTTP Sluice" row of the same engine, without `auth`, is the baseline.
@@ -153,9 +154,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rounds",
         type=int,
         default=0,
-        help="also measure the floor and each HTTP/1.1 Sluice row in turn this many times, "
-        "`--pair-duration` s each, and print each row's median ratio to the floor "
-        "(gateway.bench.rounds)",
+        help="also measure the floors and each Sluice row (HTTP/1.1, and HTTP/2 on the native "
+        "engine) in turn this many times, `--pair-duration` s each, and print each row's median "
+        "ratio to its floor (gateway.bench.rounds)",
     )
     parser.add_argument(
         "--pair-duration",
