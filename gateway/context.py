@@ -103,9 +103,8 @@ class Decision:
 
 
 MAX_DECISIONS: Final = 32
-MAX_TRIES: Final = (
-    8  # upstream tries remembered per request for the trace (retries beyond: counted)
-)
+# Upstream tries remembered per request for the trace (retries beyond: counted).
+MAX_TRIES: Final = 8
 
 
 class UpstreamTry:

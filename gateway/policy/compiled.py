@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.core.balancer import SmoothWeightedRoundRobin
-from gateway.core.request import RequestInfo, Wire, first_route, route_matches
+from gateway.core.request import RequestInfo, Wire, first_route
 from gateway.policy.model import Backend, Canary, Policy, Retries, Route, Sticky, Timeouts
 
 if TYPE_CHECKING:
@@ -74,9 +74,6 @@ class CompiledRoute:
     needs_body: bool = False
     api: str | None = None  # its API family (`gateway.core.apis`); None = by path
     _rr: SmoothWeightedRoundRobin | None = field(default=None, repr=False)
-
-    def matches(self, info: RequestInfo) -> bool:
-        return route_matches(self, info)
 
     def pick(self) -> Endpoint | None:
         """A static endpoint by weight, without any live state: for tools and tests. Requests
