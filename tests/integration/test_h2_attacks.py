@@ -21,6 +21,8 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from gateway.adapters.h2.conn import ENDS_PER_TURN, REFUSING_TURN_S
+from gateway.adapters.h2.guard import STREAMS_PER_TURN
 from tests.integration.conftest import Backend
 from tests.integration.h2_support import (
     CHAT,
@@ -291,6 +293,51 @@ def test_streams_past_the_limit_are_refused_one_by_one(gw: H2Gateway) -> None:
     answer = next((f for f in conn.frames(3.0) if isinstance(f, HeadersFrame | GoAwayFrame)), None)
     conn.close()
     assert isinstance(answer, HeadersFrame) and answer.stream_id == 1, answer
+
+
+def test_streams_past_the_limit_are_refused_at_a_pace(gw: H2Gateway) -> None:
+    """A connection holding SETTINGS_MAX_CONCURRENT_STREAMS that opens more gets them refused
+    STREAMS_PER_TURN at a time, one piece every REFUSING_TURN_S (its reading waits meanwhile),
+    not at the loop's speed: 50 refusals take 24 such turns at least. Every one is still refused,
+    with no GOAWAY, and a normal client is served meanwhile."""
+    conn = RawH2(gw.port)
+    make = _streams(50, body=True, reset=False)(conn)
+    conn.send(make(0) + make(1))  # streams 1..199: held, their bodies never sent
+    time.sleep(0.3)  # taken at the loop's speed, under the limit
+    with Bystander(gw) as normal:
+        start = time.monotonic()
+        conn.send(make(2))
+        refused, goaway = refused_streams(conn, 3.0, expect=50)
+        elapsed = time.monotonic() - start
+        wait_until(lambda: normal.results, what="the normal client served")
+    conn.close()
+    assert goaway is None and len(refused) == 50, (goaway, len(refused))
+    turns = 50 // STREAMS_PER_TURN - 1
+    assert elapsed >= 0.8 * turns * REFUSING_TURN_S, elapsed
+
+
+def test_a_closed_connection_ends_every_held_stream(gw: H2Gateway) -> None:
+    """The streams of a connection that closes are ended ENDS_PER_TURN per turn of the loop
+    (so that 100 of them do not hold the other connections at once): all 100 are accounted as
+    cancelled by the client, none is forgotten, none counted twice."""
+    before = -1.0
+    for _ in range(20):  # settled: the streams of the tests before are all accounted
+        now = gw.metric("sluice_client_cancelled_total", protocol="http")
+        if now == before:
+            break
+        before = now
+        time.sleep(0.3)
+    conn = RawH2(gw.port)
+    make = _streams(50, body=True, reset=False)(conn)
+    conn.send(make(0) + make(1))  # 100 held streams, more than ENDS_PER_TURN
+    time.sleep(0.3)
+    conn.close()
+
+    def cancelled() -> float:
+        return gw.metric("sluice_client_cancelled_total", protocol="http") - before
+
+    wait_until(cancelled, ok=lambda n: n >= 100, what="the 100 held streams accounted")
+    assert ENDS_PER_TURN < 100 and cancelled() == 100
 
 
 def test_a_header_block_past_the_cap_ends_the_connection_as_it_arrives(gw: H2Gateway) -> None:
