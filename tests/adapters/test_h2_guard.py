@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import types
+
 import hpack
 import pytest
+from h2.connection import H2Connection
 from hyperframe.frame import (
     ContinuationFrame,
     DataFrame,
+    Frame,
     HeadersFrame,
     PingFrame,
     PriorityFrame,
+    RstStreamFrame,
     SettingsFrame,
     WindowUpdateFrame,
 )
@@ -170,3 +175,77 @@ def test_h2s_walk_of_its_stream_table_is_amortized() -> None:
         h2c.send_headers(sid, [(b":status", b"200")], end_stream=True)  # closed at once
     assert walks <= 1000 // g.SWEEP_MIN, walks  # h2 alone walks 1000 times
     assert len(h2c.streams) < 2 * g.SWEEP_MIN
+
+
+REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/"), (":authority", "x")]
+
+
+def _transcript(h2c: H2Connection, steps: list[bytes | int]) -> list[object]:
+    """Feed each step (frames, or the id of a stream to answer with END_STREAM) to `h2c`; what
+    came out of each: the events' types, the frames sent (type, stream, error code), or the
+    exception raised (which ends the connection)."""
+    g.start_h2(h2c, Http2Limits())
+    h2c.data_to_send()
+    h2c.receive_data(g.PREFACE + SETTINGS)
+    h2c.data_to_send()
+    out: list[object] = []
+    for step in steps:
+        try:
+            if isinstance(step, int):
+                h2c.send_headers(step, [(b":status", b"200")], end_stream=True)
+                out.append("answered")
+            else:
+                out.append([type(e).__name__ for e in h2c.receive_data(step)])
+        except Exception as e:  # noqa: BLE001 - the exception is the transcript
+            out.append(type(e).__name__)
+            break
+        sent, pos = h2c.data_to_send(), 0
+        while pos < len(sent):
+            f, n = Frame.parse_frame_header(memoryview(sent[pos : pos + 9]))
+            f.parse_body(memoryview(sent[pos + 9 : pos + 9 + n]))
+            out.append((type(f).__name__, f.stream_id, getattr(f, "error_code", None)))
+            pos += 9 + n
+    return out
+
+
+def _scenario(case: int) -> list[bytes | int]:
+    enc = hpack.Encoder()  # each scenario on a connection of its own
+
+    def head(sid: int, end: bool = False) -> bytes:
+        flags = {"END_HEADERS", "END_STREAM"} if end else {"END_HEADERS"}
+        return _f(HeadersFrame(sid), data=enc.encode(REQUEST), flags=flags)
+
+    def data(sid: int, end: bool = False) -> bytes:
+        return _f(DataFrame(sid), data=b"{}", flags={"END_STREAM"} if end else set())
+
+    rst = _f(RstStreamFrame(1), error_code=8)
+    scenarios = [  # built lazily: the HPACK state is the one connection's
+        lambda: [head(1) + data(1, True), 1, data(1)],  # DATA on a stream both sides ended
+        lambda: [head(1) + rst, data(1), data(1)],  # DATA on a stream after its reset
+        lambda: [head(1, True), 1, head(1)],  # HEADERS again on an ended stream
+        lambda: [head(1), head(5), data(3)],  # a stream closed implicitly by a higher one
+        lambda: [head(1) + rst, head(3), data(1)],  # a reset stream below the highest
+    ]
+    return scenarios[case]()
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_frames_are_received_as_h2_receives_them_without_formatting(
+    case: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """h2's own `_receive_frame` formats `repr(frame)` for every frame received, for a trace
+    log; the server connection's does not, and otherwise answers as h2's: the same events, the
+    same frames sent (RST_STREAM STREAM_CLOSED for a frame on a stream the client reset), the
+    same connection errors. Each scenario is run through both, with fresh HPACK state."""
+    formatted: list[object] = []
+    ours = _transcript(g.server_h2(Http2Limits()), _scenario(case))
+    monkeypatch.setattr(Frame, "__repr__", lambda f: formatted.append(f) or "frame")
+    ours_again = _transcript(g.server_h2(Http2Limits()), _scenario(case))
+    assert formatted == []
+    stock = g.server_h2(Http2Limits())
+    stock._receive_frame = types.MethodType(H2Connection._receive_frame, stock)  # type: ignore[method-assign]
+    theirs = _transcript(stock, _scenario(case))
+    assert formatted  # h2's formats every frame
+    assert ours == ours_again == theirs, (ours, theirs)
+    last = ours[-1]  # the late frame: answered with RST_STREAM, or the connection ended
+    assert last in ("StreamClosedError", ("RstStreamFrame", last[1], 5)), ours

@@ -18,16 +18,17 @@ Pure: callers pass the bytes and `now`; a breach is returned, never raised. `ser
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import Event
-from h2.exceptions import ProtocolError
+from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError
 from h2.settings import SettingCodes, Settings
 from h2.utilities import CONNECTION_HEADERS
 from hpack.exceptions import HPACKError
-from hyperframe.frame import Frame
+from hyperframe.frame import Frame, RstStreamFrame
 
 from gateway.adapters.h2.codec import Config, PlainEncoder
 from gateway.policy.base import Http2Limits
@@ -353,17 +354,44 @@ class ServerH2(H2Connection):
         super().__init__(config)
 
     def _receive_frame(self, frame: Frame) -> list[Event]:
-        """h2's, except that a header block HPACK cannot decode (a dynamic table size update
-        after a field, a bad index, bad Huffman...) ends the connection with COMPRESSION_ERROR
-        (RFC 9113 §4.3, RFC 7541 §4.2): h2 raises a plain ProtocolError from the HPACKError,
-        whose code its `receive_data` puts in the GOAWAY. An oversized header list stays h2's
-        DenialOfServiceError (ENHANCE_YOUR_CALM): the block decoded, it was too large."""
+        """h2's (4.4), but for two things:
+        - h2's first line formats `repr(frame)` for a trace log, whatever the logger does with
+          it: ~2 µs for every frame received (a tenth of a stream-exhaustion flood's CPU, a few
+          µs of each HTTP/2 request). Not here.
+        - a header block HPACK cannot decode (a dynamic table size update after a field, a bad
+          index, bad Huffman...) ends the connection with COMPRESSION_ERROR (RFC 9113 §4.3, RFC
+          7541 §4.2): h2 raises a plain ProtocolError from the HPACKError, whose code its
+          `receive_data` puts in the GOAWAY. An oversized header list stays h2's
+          DenialOfServiceError (ENHANCE_YOUR_CALM): the block decoded, it was too large."""
+        events: list[Event]
         try:
-            return super()._receive_frame(frame)
+            frames, events = self._frame_dispatch_table[frame.__class__](frame)
+        except StreamClosedError as e:
+            # A frame on a stream closed by RST_STREAM is a stream error (RST_STREAM again);
+            # on one closed otherwise, a connection error.
+            if not self._stream_is_closed_by_reset(e.stream_id):
+                raise
+            reset = RstStreamFrame(e.stream_id)
+            reset.error_code = e.error_code
+            self._prepare_for_sending([reset])
+            return cast("list[Event]", e._events)
+        except StreamIDTooLowError as e:
+            # A stream forgotten since (or closed implicitly by a higher one): a stream error
+            # when it was reset, a connection error otherwise.
+            if self._stream_is_closed_by_reset(e.stream_id):
+                reset = RstStreamFrame(e.stream_id)
+                reset.error_code = ErrorCodes.STREAM_CLOSED
+                self._prepare_for_sending([reset])
+                return []
+            if self._stream_is_closed_by_end(e.stream_id):
+                raise StreamClosedError(e.stream_id) from e
+            raise
         except ProtocolError as e:
             if type(e) is ProtocolError and isinstance(e.__cause__, HPACKError):
                 e.error_code = ErrorCodes.COMPRESSION_ERROR
             raise
+        self._prepare_for_sending(frames)
+        return events
 
     @property
     def open_inbound_streams(self) -> int:
