@@ -1,21 +1,29 @@
 """What an HTTP/2 flood costs the other clients of a live gateway (not part of the test run):
 
-    .venv/bin/python -m tests.bench.bench_h2_floods [--duration 5] [--rate 50] [--only NAME]
+    .venv/bin/python -m tests.bench.bench_h2_floods [--duration 5] [--rounds 3] [--rate 50]
+        [--only NAME] [--target http|grpc]
 
 Starts the simulated backend (no delays) and one gateway with the datapath off: the HTTP listener
 on the native engine (h2c with prior knowledge) and the gRPC listener on the HTTP/2 engine
 (`engine: h2`), access log off. For each flood of the attack table, on each port: a well-behaved
 client (httpx with HTTP/2 on the HTTP port, grpcio on the gRPC port) sends one request every
-1/rate s, first for `duration` s of quiet, then for `duration` s while an attacker process floods
-the same port, reconnecting each time the gateway closes it. Printed per flood: the client's p99
-quiet and under the flood, their ratio (target ≤ 2), the gateway's RSS growth (peak while
-flooding minus before, from /proc/PID/status VmRSS; target ≤ 20 MB), how many attacking
-connections were closed and the slowest close (target ≤ 2 s), the gateway's CPU while flooded
-(in cores, from /proc), and failed client requests.
+1/rate s, for `duration` s of quiet, then for `duration` s while an attacker process floods the
+same port, reconnecting each time the gateway closes it; `rounds` times, the samples of each kind
+pooled (one phase's p99 is its third or fifth slowest request: it moved by half from one run to
+the next). Printed per flood:
+- the client's p99 quiet and under the flood, and their ratio (target ≤ 2);
+- the p99 of the gateway's own time in those answers, quiet / flooded (`x-sluice-overhead-ms`:
+  from the request's start to its answer's head, the upstream's wait left out);
+- the gateway's RSS growth (the largest of the rounds' peak while flooding minus before, from
+  /proc/PID/status VmRSS; target ≤ 20 MB);
+- how many attacking connections were closed, and the slowest close (target ≤ 2 s);
+- the gateway's CPU while flooded (in cores, from /proc), and failed client requests.
 
 The attacker is a child process (`--attack`) so that its send loop does not share a GIL with the
 measuring client. Every loop is bounded by `duration` (a connection that is never closed is
-given up after 5 s). Loopback only; on a small shared machine the p99s are noisy: run it twice.
+given up after 5 s). Loopback only. On a 2-core machine the attacker alone keeps a core busy, and
+the client, the backend and the gateway share what is left: the flooded p99 is the machine's as
+much as the gateway's (the own time tells them apart). Run it twice.
 """
 
 from __future__ import annotations
@@ -62,7 +70,11 @@ routes:
 # The attack table's floods (tests/integration/test_h2_attacks.py), in the issue's order.
 FLOODS = ["continuation", "ping_never_read", "settings", "empty_data", "rapid_reset", "streams"]
 TARGETS = ["http", "grpc"]
-HEADER = "port flood            p99q(ms)  p99f(ms)  ratio  RSS+(MB)  conns  close(s)   CPU fail"
+HEADER = (
+    "port flood            p99q(ms)  p99f(ms)  ratio  own q/f(ms)  RSS+(MB)  conns  close(s)   CPU"
+    " fail"
+)
+OWN = "x-sluice-overhead-ms"
 
 
 def rss_kb(pid: int) -> int:
@@ -124,36 +136,52 @@ class Client:
     def __init__(self, target: str, port: int, rate: float) -> None:
         self.target, self.port, self.interval = target, port, 1.0 / rate
         self.latencies: list[float] = []
+        self.own: list[float] = []  # the gateway's own time per answer (x-sluice-overhead-ms)
         self.failed = 0
 
     def run(self, seconds: float) -> None:
+        """Request for `seconds`; the samples add to those of earlier runs."""
         if self.target == "http":
             import httpx
 
             with httpx.Client(http1=False, http2=True, timeout=5) as c:
                 url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
-                self._loop(seconds, lambda: c.post(url, json=CHAT).status_code == 200)
+
+                def post() -> str | None:
+                    r = c.post(url, json=CHAT)
+                    return r.headers.get(OWN) if r.status_code == 200 else None
+
+                self._loop(seconds, post)
         else:
             import grpc
 
             with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
                 stub, req = pb2_grpc.InferenceStub(ch), pb2.InferRequest(prompt="x", max_tokens=1)
-                self._loop(seconds, lambda: stub.Infer(req, timeout=5).usage.total_tokens > 0)
 
-    def _loop(self, seconds: float, call: Callable[[], bool]) -> None:
+                def infer() -> str | None:
+                    answer, call = stub.Infer.with_call(req, timeout=5)
+                    own = dict(call.initial_metadata()).get(OWN)
+                    return str(own) if answer.usage.total_tokens > 0 else None
+
+                self._loop(seconds, infer)
+
+    def _loop(self, seconds: float, call: Callable[[], str | None]) -> None:
+        """`call` answers the gateway's own time (or "" when not said), None when it failed."""
         call()  # the connection is open before timing starts
         start = next_at = time.monotonic()
         while next_at < start + seconds:
             time.sleep(max(0.0, next_at - time.monotonic()))
             t = time.monotonic()
             try:
-                ok = call()
+                own = call()
             except Exception:  # noqa: BLE001 - any failure counts as one
-                ok = False
-            if ok:
-                self.latencies.append(time.monotonic() - t)
-            else:
+                own = None
+            if own is None:
                 self.failed += 1
+            else:
+                self.latencies.append(time.monotonic() - t)
+                if own:
+                    self.own.append(float(own) / 1000)
             next_at += self.interval  # a fixed schedule: a slow answer is not hidden by a pause
 
 
@@ -163,6 +191,8 @@ class Row:
     flood: str
     p99_quiet_ms: float
     p99_flood_ms: float
+    own_quiet_ms: float  # the gateway's own time (x-sluice-overhead-ms), p99
+    own_flood_ms: float
     rss_growth_mb: float
     connections: int  # attacking connections the gateway closed
     max_close_s: float
@@ -180,34 +210,43 @@ class Row:
     def __str__(self) -> str:
         return (
             f"{self.target:>4} {self.flood:<16} {self.p99_quiet_ms:9.2f} {self.p99_flood_ms:9.2f} "
-            f"{self.ratio:6.2f} {self.rss_growth_mb:8.1f} {self.connections:6d} "
+            f"{self.ratio:6.2f} {self.own_quiet_ms:5.2f}/{self.own_flood_ms:<5.2f} "
+            f"{self.rss_growth_mb:8.1f} {self.connections:6d} "
             f"{self.max_close_s:8.2f} {self.gateway_cpu:5.0%} {self.failed:4d}  "
             f"{'ok' if self.within else 'OVER'}"
         )
 
 
-def measure(gw_pid: int, target: str, port: int, name: str, duration: float, rate: float) -> Row:
-    quiet = Client(target, port, rate)
-    quiet.run(duration)
-    rss0 = peak = rss_kb(gw_pid)
-    cpu0, t0 = cpu_seconds(gw_pid), time.monotonic()
-    cmd = [sys.executable, "-m", "tests.bench.bench_h2_floods", "--attack", name,
-           "--target", target, "--port", str(port), "--duration", str(duration)]  # fmt: skip
-    attacker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    busy = Client(target, port, rate)
-    th = threading.Thread(target=busy.run, args=(duration,))
-    th.start()
-    while th.is_alive() or attacker.poll() is None:
-        peak = max(peak, rss_kb(gw_pid))
-        time.sleep(0.1)
-    th.join()
-    cpu = (cpu_seconds(gw_pid) - cpu0) / (time.monotonic() - t0)
-    out, _ = attacker.communicate(timeout=30)
-    closes = json.loads(out.strip().splitlines()[-1])
+def measure(
+    gw_pid: int, target: str, port: int, name: str, duration: float, rate: float, rounds: int
+) -> Row:
+    """`rounds` rounds of quiet then flooded, the client's samples of each kind pooled."""
+    quiet, busy = Client(target, port, rate), Client(target, port, rate)
+    growth, conns, slowest, cpu_s, flooded_s = 0, 0, 0.0, 0.0, 0.0
+    for _ in range(rounds):
+        quiet.run(duration)
+        rss0 = peak = rss_kb(gw_pid)
+        cpu0, t0 = cpu_seconds(gw_pid), time.monotonic()
+        cmd = [sys.executable, "-m", "tests.bench.bench_h2_floods", "--attack", name,
+               "--target", target, "--port", str(port), "--duration", str(duration)]  # fmt: skip
+        attacker = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        th = threading.Thread(target=busy.run, args=(duration,))
+        th.start()
+        while th.is_alive() or attacker.poll() is None:
+            peak = max(peak, rss_kb(gw_pid))
+            time.sleep(0.1)
+        th.join()
+        cpu_s += cpu_seconds(gw_pid) - cpu0
+        flooded_s += time.monotonic() - t0
+        out, _ = attacker.communicate(timeout=30)
+        closes = json.loads(out.strip().splitlines()[-1])
+        growth = max(growth, peak - rss0)
+        conns += closes["connections"]
+        slowest = max(slowest, closes["max_close_s"])
     return Row(
         target, name, p99(quiet.latencies) * 1000, p99(busy.latencies) * 1000,
-        (peak - rss0) / 1024, closes["connections"], closes["max_close_s"], cpu,
-        quiet.failed + busy.failed,
+        p99(quiet.own) * 1000, p99(busy.own) * 1000, growth / 1024, conns, slowest,
+        cpu_s / flooded_s, quiet.failed + busy.failed,
     )  # fmt: skip
 
 
@@ -215,6 +254,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds of quiet, then of flood")
     p.add_argument("--rate", type=float, default=50.0, help="measuring client requests per second")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of quiet then flood per row")
     p.add_argument("--only", choices=FLOODS, action="append", help="this flood only (repeatable)")
     p.add_argument("--target", choices=TARGETS, action="append", help="this port only")
     p.add_argument("--attack", choices=FLOODS, help=argparse.SUPPRESS)  # the attacker child
@@ -245,15 +285,16 @@ def main() -> int:
                 "gateway", lambda: http_ok(f"http://127.0.0.1:{admin}/readyz"), [gw, backend]
             )
             print(
-                f"duration {a.duration:g} s quiet + {a.duration:g} s flood per row, "
-                f"client {a.rate:g} req/s, gateway pid {gw.pid}, RSS {rss_kb(gw.pid) / 1024:.0f} MB"
+                f"{a.rounds} × ({a.duration:g} s quiet + {a.duration:g} s flood) per row, "
+                f"client {a.rate:g} req/s, gateway pid {gw.pid}, "
+                f"RSS {rss_kb(gw.pid) / 1024:.0f} MB"
             )
             print(HEADER)
             for target in a.target or TARGETS:
                 for name in a.only or FLOODS:
-                    print(
-                        measure(gw.pid, target, ports[target], name, a.duration, a.rate), flush=True
-                    )
+                    row = measure(gw.pid, target, ports[target], name, a.duration, a.rate,
+                                  a.rounds)  # fmt: skip
+                    print(row, flush=True)
             print(f"gateway RSS after the table: {rss_kb(gw.pid) / 1024:.0f} MB")
         finally:
             procs.stop_all()
