@@ -135,7 +135,7 @@ class H2Conn(asyncio.Protocol):
         self.final_sent = -1  # the last stream id of the last GOAWAY sent
         self.answered = False  # response frames were written since the socket last drained
         self.backlog: deque[bytes] = deque()  # pieces of a read for the next turns of the loop
-        self.ending: deque[H2Stream] | None = None  # the streams the closing ends (end_streams)
+        self.ending = False  # the open streams are being ended (end_streams)
 
     # --- transport events ---
 
@@ -200,7 +200,7 @@ class H2Conn(asyncio.Protocol):
             self.calm(breach)
             return
         backlog = self.backlog
-        refusing = guard.new_streams and len(self.streams) >= self.limits.max_concurrent_streams
+        refusing = guard.new_streams > 0 and self._full()
         if not guard.cuts and not backlog and not refusing:
             self._receive(data)
             return
@@ -231,10 +231,14 @@ class H2Conn(asyncio.Protocol):
     def _schedule_turn(self) -> None:
         """The next piece in the next turn of the loop, or REFUSING_TURN_S from now while the
         connection holds all the streams it may."""
-        if len(self.streams) >= self.limits.max_concurrent_streams:
+        if self._full():
             self.loop.call_later(REFUSING_TURN_S, self._next_turn)
         else:
             self.loop.call_soon(self._next_turn)
+
+    def _full(self) -> bool:
+        """The connection holds all the streams it may: a new one is refused."""
+        return len(self.streams) >= self.limits.max_concurrent_streams
 
     def _receive(self, data: bytes) -> None:
         """Feed h2 `data` (counted by the guard already), handle its events, flush once."""
@@ -309,11 +313,7 @@ class H2Conn(asyncio.Protocol):
     def _open(self, e: ev.RequestReceived) -> None:
         sid = e.stream_id or 0
         self.requests += 1
-        if (
-            len(self.streams) >= self.limits.max_concurrent_streams
-            or sid > self.last_sid
-            or self.goaway == 2
-        ):
+        if self._full() or sid > self.last_sid or self.goaway == 2:
             if self.guard.refusal_counts(self.loop.time()):
                 self.early += 1
             metrics.REJECTED.labels("h2_refused_stream", self.server.protocol).inc()
@@ -357,18 +357,15 @@ class H2Conn(asyncio.Protocol):
         them per turn of the loop. Each wakes its task, whose unwinding (the lifecycle's
         accounting, the upstream request's abort) costs ~10 µs: a connection closed with 100
         streams held would otherwise hold every other connection for a millisecond or more."""
-        if self.ending is None:
-            self.ending = deque(self.streams.values())
-            self._end_some()
+        if not self.ending:
+            self.ending = True
+            self._end_some(deque(self.streams.values()))
 
-    def _end_some(self) -> None:
-        ending = self.ending
-        if ending is None:
-            return
-        for _ in range(min(ENDS_PER_TURN, len(ending))):
-            self.stream_gone(ending.popleft())
-        if ending:
-            self.loop.call_soon(self._end_some)
+    def _end_some(self, streams: deque[H2Stream]) -> None:
+        for _ in range(min(ENDS_PER_TURN, len(streams))):
+            self.stream_gone(streams.popleft())
+        if streams:
+            self.loop.call_soon(self._end_some, streams)
 
     def stream_done(self, stream: H2Stream) -> None:
         """Called by the stream's task as it ends."""
