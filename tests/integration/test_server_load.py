@@ -3,8 +3,9 @@ processes: simulated members with 8 generation slots, gateway processes, an outs
 keeps member 1 busy without going through Sluice.
 
 - Two replicas, power of two choices on their own counts, then `load.metrics`: member 1's share
-  of their requests falls to a third or less, their clients' p90 time to first token to 0.6× or
-  less (tests/bench/bench_server_load.py measures the same, longer, with p99).
+  of their requests falls to a third or less, and so does the number of their clients' requests
+  that wait over 200 ms for a first token (10× the members' own; tests/bench/bench_server_load.py
+  measures the same, longer, with p99).
 - The admission queue counts a member whose server is full as full: the pool's slots drop to
   the other member's while the outside client fills member 1, and come back after.
 - A metric name the server does not export is in /admin/state and the log within an interval.
@@ -45,6 +46,9 @@ def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Backend]]
             m.proc.stop()
 
 
+SLOW_S = 0.2  # a first token this late waited for a member's slot (members answer in 20 ms)
+
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))]
@@ -62,16 +66,19 @@ async def test_replicas_steer_around_a_member_busy_with_others_load(
             for gw in gws:
                 assert gw.proc.stop() == 0, gw.proc.output()
         assert not run.refused and run.completed > 20
-        share, p90, p99 = sent[0] / sum(sent), pct(run.ttft, 0.9), pct(run.ttft, 0.99)
-        got[metrics] = (share, p90, p99)
-        print(f"load.metrics={metrics}: member 1 share {share:.1%} of {sent}, "
-              f"p90/p99 TTFT {p90 * 1000:.0f}/{p99 * 1000:.0f} ms")  # fmt: skip
-    (share_p2c, p90_p2c, _), (share, p90, _) = got[False], got[True]
+        share, slow = sent[0] / sum(sent), sum(t > SLOW_S for t in run.ttft)
+        got[metrics] = (share, slow)
+        print(f"load.metrics={metrics}: member 1 share {share:.1%} of {sent}, {slow} of "
+              f"{len(run.ttft)} first tokens over {SLOW_S * 1000:.0f} ms, p90/p99 TTFT "
+              f"{pct(run.ttft, 0.9) * 1000:.0f}/{pct(run.ttft, 0.99) * 1000:.0f} ms")  # fmt: skip
+    (share_p2c, slow_p2c), (share, slow) = got[False], got[True]
     assert share_p2c > 0.05  # blind to the outside load, P2C keeps sending member 1 its share
     assert share <= share_p2c / 3
-    # p90, not p99: a 4 s run's p99 is its slowest request or two, which a stall of this busy
-    # test machine sets as often as the routing does (the benchmark runs longer, for p99).
-    assert p90 <= 0.6 * p90_p2c
+    # A count of slow first tokens, not a percentile: the times are two clusters (~23 ms on a
+    # free member, 250 ms and more behind the outside client's queue), and P2C's share of the
+    # slow cluster sits near 10 %, so its p90 lands in either cluster from run to run.
+    assert slow_p2c >= 3  # the outside load is felt without the servers' figures
+    assert slow <= slow_p2c / 3
 
 
 async def test_a_full_server_gives_the_queue_no_slot(
