@@ -149,7 +149,7 @@ class Client:
 
                 def post() -> str | None:
                     r = c.post(url, json=CHAT)
-                    return r.headers.get(OWN) if r.status_code == 200 else None
+                    return r.headers.get(OWN, "") if r.status_code == 200 else None
 
                 self._loop(seconds, post)
         else:
@@ -160,7 +160,7 @@ class Client:
 
                 def infer() -> str | None:
                     answer, call = stub.Infer.with_call(req, timeout=5)
-                    own = dict(call.initial_metadata()).get(OWN)
+                    own = dict(call.initial_metadata()).get(OWN, "")
                     return str(own) if answer.usage.total_tokens > 0 else None
 
                 self._loop(seconds, infer)
