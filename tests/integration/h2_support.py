@@ -82,11 +82,14 @@ class H2Gateway:
         return int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
 
 
-def start_h2_gateway(backend: Backend, tmp: Path, extra: str = "", timeouts: str = "") -> H2Gateway:
+def start_h2_gateway(
+    backend: Backend, tmp: Path, extra: str = "", timeouts: str = "", log_level: str = "INFO"
+) -> H2Gateway:
     http, admin = free_port(), free_port()
     path = tmp / "policy.yaml"
     path.write_text(policy_text(backend, http, admin, extra, timeouts))
-    proc = Proc(["serve", "--policy", str(path)], tmp / "gateway.log", env={SECRET_ENV: "s" * 32})
+    args = ["serve", "--policy", str(path), "--log-level", log_level]
+    proc = Proc(args, tmp / "gateway.log", env={SECRET_ENV: "s" * 32})
     wait_ready(admin, proc)
     return H2Gateway(proc, http, admin)
 

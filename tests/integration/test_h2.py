@@ -73,6 +73,34 @@ def test_httpx_concurrent_streams_one_connection(gw: H2Gateway) -> None:
     assert asyncio.run(run()) == [200] * 30
 
 
+def test_a_bearer_token_never_reaches_the_log_at_debug(backend: Backend, tmp_path: Path) -> None:
+    """At `--log-level DEBUG` no client's token reaches the log: HPACK decodes a never-indexed
+    `authorization` field on every HTTP/2 request, and hpack's decoder logs each field it decodes
+    at DEBUG, its value in clear (this test fails with hpack's own logger in place)."""
+    curl = require_binary("curl")
+    g = start_h2_gateway(backend, tmp_path, log_level="DEBUG")
+    token = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXBheWxvYWQtb2YtdGhlLXRlc3Q." + "Zk9x_-" * 12
+    try:
+        with client() as c:
+            for _ in range(2):  # the second request finds the first's fields indexed
+                r = c.post(f"{g.url}/v1/chat/completions", json=CHAT,
+                           headers={"authorization": f"Bearer {token}"})  # fmt: skip
+                assert r.http_version == "HTTP/2" and r.status_code == 200, r.text
+        out = subprocess.run(
+            [curl, "-sS", "--http2-prior-knowledge", "-m", "10", "-o", "/dev/null",
+             "-w", "%{http_version} %{http_code}", "-H", f"authorization: Bearer {token}",
+             "-H", "content-type: application/json", "-d", json.dumps(CHAT),
+             f"{g.url}/v1/chat/completions"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
+        assert out == "2 200", out
+    finally:
+        assert g.proc.stop() == 0, g.proc.output()
+    log = g.proc.output()
+    assert "access" in log or "bytes_out" in log  # the requests were logged (access log)
+    assert token not in log and token[-30:] not in log
+
+
 def test_curl_prior_knowledge_json_and_sse(gw: H2Gateway) -> None:
     curl = require_binary("curl")
     base = [curl, "-sS", "--http2-prior-knowledge", "-m", "10",

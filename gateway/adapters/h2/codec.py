@@ -15,6 +15,11 @@ meaning: its configuration read as plain attributes, and header strings encoded 
   `authorization` never indexed). That name is set here to `gateway.adapters.h2.huffman`'s:
   the same table and answers, compiled (≈ 3 µs). It is hpack's module-wide name, so every
   hpack decoder in the process uses it.
+- hpack's logging: its decoder logs every field it decodes at DEBUG, the value in clear (a
+  client's bearer token: `--log-level DEBUG` would write it to the log), and its encoder and
+  decoder make ~35 `log.debug` calls a request even when DEBUG is off (a Python call and a
+  level check each, ≈ 2 µs a request). hpack's module-wide `log` names are set here to `QUIET`,
+  which says nothing: no level shows a header's value.
 """
 
 from __future__ import annotations
@@ -23,14 +28,29 @@ from collections.abc import Iterable
 from typing import Any
 
 import hpack.hpack
+import hpack.table
 from h2.config import H2Configuration
 from hpack import Encoder
 
 from gateway.adapters.h2.huffman import decode_huffman
 
-__all__ = ["Config", "PlainEncoder"]
+__all__ = ["QUIET", "Config", "PlainEncoder"]
+
+
+class _Quiet:
+    """A logger for hpack's modules that writes nothing (hpack calls only `debug`)."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def debug(*args: object, **kwargs: object) -> None:
+        return None
+
+
+QUIET: Any = _Quiet()
 
 hpack.hpack.decode_huffman = decode_huffman  # type: ignore[attr-defined]  # (imported there)
+hpack.hpack.log = hpack.table.log = QUIET
 
 
 class Config(H2Configuration):
