@@ -105,6 +105,37 @@ def test_huffman_decoding_answers_as_hpacks_own_for_every_octet_and_at_random() 
         huffman.decode_huffman(coder.encode(b"token")[:-1] + b"\x00")
 
 
+def test_a_long_string_is_decoded_once_and_the_kept_decodings_stay_bounded() -> None:
+    """A token's coded bytes seen again are answered from the kept decoding (the same object);
+    short and over-long strings and invalid ones are not kept; past `CACHE_ENTRIES` the oldest
+    goes first, so the kept strings never exceed the bound."""
+    coder = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+    kept = huffman.DECODED
+    kept.clear()
+    token = b"Bearer eyJhbGciOiJIUzI1NiJ9." + b"x9_-Qz" * 40
+    coded = coder.encode(token)
+    assert huffman.CACHE_MIN <= len(coded) <= huffman.CACHE_MAX
+    first = huffman.decode_huffman(coded)
+    assert first == token == _stock(coded)
+    assert kept[coded] is first and huffman.decode_huffman(bytes(coded)) is first
+    assert huffman.decode_huffman(memoryview(coded)) is first
+    short, long = coder.encode(b"gzip, deflate"), coder.encode(b"a" * 2000)
+    assert len(short) < huffman.CACHE_MIN and len(long) > huffman.CACHE_MAX
+    assert huffman.decode_huffman(short) == b"gzip, deflate"
+    assert huffman.decode_huffman(long) == b"a" * 2000
+    bad = coded + b"\xff\xff\xff\xff"  # EOS inside the string
+    with pytest.raises(HPACKDecodingError):
+        huffman.decode_huffman(bad)
+    assert set(kept) == {coded}  # neither the short, the over-long nor the invalid one
+    many = [coder.encode(b"Bearer %06d" % i + b"-" * 90) for i in range(huffman.CACHE_ENTRIES + 5)]
+    for c in many:
+        huffman.decode_huffman(c)
+    assert len(kept) == huffman.CACHE_ENTRIES
+    assert coded not in kept and many[4] not in kept and many[5] in kept and many[-1] in kept
+    assert kept[many[-1]] == b"Bearer %06d" % (huffman.CACHE_ENTRIES + 4) + b"-" * 90
+    kept.clear()
+
+
 def test_hpacks_decoder_decodes_a_never_indexed_token_with_the_compiled_decoder() -> None:
     """The engine's h2 state decodes header blocks with `huffman.decode_huffman` (the codec set
     it in hpack), and a stock client's Huffman-coded, never-indexed bearer token arrives whole."""

@@ -23,6 +23,10 @@ class StreamConn(typing.Protocol):
     def peer(self) -> str: ...
 
     @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The connection's loop (asking asyncio costs a getpid() system call on 3.11)."""
+
+    @property
     def client_cert(self) -> str:
         """The verified client certificate's identity ("" without mTLS)."""
 
@@ -119,14 +123,14 @@ class H2Stream:
         """Until more body, its end, or the stream is gone."""
         if self.reset:
             raise ConnectionResetError("stream reset")
-        fut = self.waiter = asyncio.get_running_loop().create_future()
+        fut = self.waiter = self.conn.loop.create_future()
         await fut
 
     async def wait_window(self) -> None:
         """Until the client opens this stream's (or the connection's) send window."""
         if self.reset:
             raise ConnectionResetError("stream reset")
-        fut = self.window_waiter = asyncio.get_running_loop().create_future()
+        fut = self.window_waiter = self.conn.loop.create_future()
         await fut
         if self.reset:
             raise ConnectionResetError("stream reset")
