@@ -1,7 +1,7 @@
 """Function calls per request in the gateway: `python -m tests.bench.count_calls [options]`.
 
     python -m tests.bench.count_calls [--seconds 4] [--engine native|aiohttp] [--full] [--get]
-        [--top 40] [--by-caller]
+        [--top 40] [--by-caller] [--h2c]
 
 A count, not a time: the same on every run, so it shows what a small change to the hot path
 takes away where the CPU figures of `sluice bench` move by more than that from run to run.
@@ -12,9 +12,11 @@ event-loop thread (`sys.setprofile`: a call event, and another each time a corou
 and every call into C (`len`, `list.append`, a socket write); drives it with wrk (8
 connections, the bench's chat POST, or `--get`) and prints the calls per request and the
 functions called most. `--by-caller` names each call by the line that makes it. The counting
-makes the gateway several times slower: read the counts, not its speed.
+makes the gateway several times slower: read the counts, not its speed. `--h2c`: the same
+gateway driven over HTTP/2 (h2c, prior knowledge) by h2load, 8 streams in flight over 2
+connections, the native engine's HTTP/2 path.
 
-Needs nginx and wrk, as `sluice bench` does.
+Needs nginx and wrk (h2load for `--h2c`), as `sluice bench` does.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from types import FrameType
 from typing import Any
 
 from gateway.bench.gateways import Setup, Variant, start_gateway
-from gateway.bench.loads import parse_wrk
+from gateway.bench.loads import CHAT_BODY, h2c_load, parse_wrk
 from gateway.bench.procs import Procs, start_nginx, wait_until
 from gateway.bench.report import Row
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--by-caller", action="store_true")
+    ap.add_argument("--h2c", action="store_true", help="HTTP/2 (h2c) with h2load instead of wrk")
     a = ap.parse_args(args)
     a.gateway_cpus, a.load_cpus, a.connections = "0", "1", 8
     a.method, a.no_access_log, a.policy_extra = ("get" if a.get else "post"), False, None
@@ -101,7 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["SLUICE_COUNT_BY_CALLER"] = "1" if a.by_caller else "0"
             runner = ("-m", "tests.bench.count_calls", "--child")
             gw, ports = start_gateway(s, backend, None, variant, "sluice", runner=runner)
-            make = s.wrk(s.url(ports["http"]), s.headers(variant))
+            url = s.url(ports["http"])
+            if a.h2c:
+                chat = tmp / "chat.json" if s.post else None
+                if chat is not None:
+                    chat.write_text(CHAT_BODY)
+                make, parse = h2c_load(tmp, s.load_cpus, 2, 4, "h2", url, chat, s.headers(variant))
+            else:
+                make, parse = s.wrk(url, s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             os.kill(gw.pid, signal.SIGUSR1)
             time.sleep(0.2)
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             os.kill(gw.pid, signal.SIGUSR2)
             wait_until("the counts", counts.exists, [gw])
             row = Row("Sluice")
-            parse_wrk(out, row)
+            parse(out, row)
             print(report(counts.read_text(), row.requests, a))
         finally:
             procs.stop_all()
@@ -125,6 +135,7 @@ def report(text: str, requests: int, a: argparse.Namespace) -> str:
     python = sum(int(c) for c, w, _ in rows if not w.startswith("C@"))
     c_calls = sum(int(c) for c, w, _ in rows if w.startswith("C@"))
     what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
+    what += ", h2c" if getattr(a, "h2c", False) else ""
     lines = [
         f"{a.engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} requests",
         f"per request: {python / n:.1f} Python calls (and coroutine resumes), "
