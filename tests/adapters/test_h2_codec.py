@@ -105,6 +105,25 @@ def test_huffman_decoding_answers_as_hpacks_own_for_every_octet_and_at_random() 
         huffman.decode_huffman(coder.encode(b"token")[:-1] + b"\x00")
 
 
+def test_hpack_and_h2_log_nothing_whatever_the_level(caplog: pytest.LogCaptureFixture) -> None:
+    """hpack's modules and the engine's h2 state log through `QUIET`: a decoded never-indexed
+    token is not logged at DEBUG (the gateway-level test is in tests/integration/test_h2.py)."""
+    import hpack.table
+
+    from gateway.adapters.h2.codec import QUIET
+
+    assert hpack.hpack.log is QUIET and hpack.table.log is QUIET  # type: ignore[attr-defined]
+    limits = Http2Limits()
+    srv = server_h2(limits)
+    assert srv.config.logger is QUIET
+    assert QUIET.debug("%s %d", b"x", 1) == "" and QUIET.trace("%s", b"x", k=1) == ""
+    enc, dec = Encoder(), Decoder()
+    caplog.set_level("DEBUG")
+    block = enc.encode([NeverIndexedHeaderTuple(b"authorization", b"Bearer not-in-the-log")])
+    assert dec.decode(block, raw=True) == [(b"authorization", b"Bearer not-in-the-log")]
+    assert "not-in-the-log" not in caplog.text
+
+
 def test_a_long_string_is_decoded_once_and_the_kept_decodings_stay_bounded() -> None:
     """A token's coded bytes seen again are answered from the kept decoding (the same object);
     short and over-long strings and invalid ones are not kept; past `CACHE_ENTRIES` the oldest

@@ -30,7 +30,7 @@ from h2.utilities import CONNECTION_HEADERS
 from hpack.exceptions import HPACKError
 from hyperframe.frame import Frame, RstStreamFrame
 
-from gateway.adapters.h2.codec import Config, PlainEncoder
+from gateway.adapters.h2.codec import QUIET, Config, PlainEncoder
 from gateway.policy.base import Http2Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -431,6 +431,7 @@ def server_h2(limits: Http2Limits) -> H2Connection:
             validate_inbound_headers=False,
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
+            logger=QUIET,
         ),
         closed_streams_kept(limits),
     )
