@@ -302,3 +302,29 @@ async def test_header_read_deadline(tmp_path: Path, engine: str) -> None:
         assert await asyncio.wait_for(reader.read(), 2) == b""  # closed by the gateway
         assert time.monotonic() - t0 < 1.5
         writer.close()
+
+
+async def test_header_read_deadline_moves_with_each_head(tmp_path: Path, engine: str) -> None:
+    """One keep-alive connection sends a whole request every 0.1 s for longer than
+    `header_read_s` (0.3 s) and each is answered (the connection's one deadline moves with
+    each head, it does not cut the connection at the first head's), then a head that never
+    ends is cut at `header_read_s` from its first byte."""
+    async with upstream() as up, gateway(tmp_path, up.port, engine=engine) as (_, listener, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        t0 = time.monotonic()
+        answered = 0
+        while time.monotonic() - t0 < 1.2:
+            await asyncio.sleep(0.1)
+            writer.write(b"GET /api/x HTTP/1.1\r\nHost: a\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await asyncio.wait_for(reader.readexactly(length), 2)
+            answered += 1
+        assert answered >= 8
+        await asyncio.sleep(0.2)  # idle, within keepalive_s
+        writer.write(b"GET /api/x HTTP/1.1\r\nHost: a\r\n")  # and never the blank line
+        t1 = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 2) == b""  # closed by the gateway
+        assert 0.25 <= time.monotonic() - t1 < 1.5
+        writer.close()

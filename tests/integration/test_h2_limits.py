@@ -65,6 +65,25 @@ def test_header_timeout_closes_a_header_block_left_open(gw: H2Gateway) -> None:
     assert elapsed is not None and elapsed < 2.5
 
 
+def test_a_header_block_left_open_on_a_kept_connection_is_cut_at_header_read_s(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A connection served one request, idle past `header_read_s` (its deadline now the
+    keep-alive one, 30 s away), then a header block left open: cut `header_read_s` after it
+    opened, not at the keep-alive deadline."""
+    g = start_h2_gateway(backend, tmp_path, "", ", header_read_s: 0.5, keepalive_s: 30")
+    try:
+        conn = RawH2(g.port)
+        conn.send(conn.headers(1))  # GET /v1/models
+        assert any(isinstance(f, HeadersFrame) and f.stream_id == 1 for f in conn.frames(1.2))
+        conn.send(conn.headers(3, end_headers=False))  # and never the CONTINUATION
+        elapsed = closed_after(conn, 5.0)
+        conn.close()
+        assert elapsed is not None and 0.3 < elapsed < 2.0, elapsed
+    finally:
+        assert g.proc.stop() == 0, g.proc.output()
+
+
 def test_idle_connection_gets_goaway_and_close(gw: H2Gateway) -> None:
     conn = RawH2(gw.port)
     conn.send(conn.headers(1))  # GET /v1/models

@@ -266,8 +266,11 @@ class H2Conn(asyncio.Protocol):
             self.calm(RAPID_RESET)
             return
         if guard.block_open:
-            if self.deadline is None:
-                self.arm(self.server.header_read_s)
+            read_s = self.server.header_read_s
+            # (nearer than an idle connection's keep-alive deadline; a block already timed keeps
+            # its own)
+            if self.deadline is None or self.deadline > self.loop.time() + read_s:
+                self.arm(read_s)
         elif self.streams and self.deadline is not None:
             self.deadline = None
         self.flush()
@@ -466,19 +469,26 @@ class H2Conn(asyncio.Protocol):
     # --- timer ---
 
     def arm(self, seconds: float) -> None:
-        self.deadline = self.loop.time() + seconds
+        """The deadline is `seconds` from now; the timer is made only when none is pending and
+        never sleeps past `header_read_s` (a header block opened on an idle connection moves the
+        deadline nearer than its keep-alive one)."""
+        now = self.loop.time()
+        self.deadline = now + seconds
         if self.timer is None:
-            self.timer = self.loop.call_at(self.deadline, self.expired)
+            at = min(self.deadline, now + self.server.header_read_s)
+            self.timer = self.loop.call_at(at, self.expired)
 
     def expired(self) -> None:
         self.timer = None
         if self.deadline is None or self.closed:
             return
-        if self.loop.time() >= self.deadline:
+        now = self.loop.time()
+        if now >= self.deadline:
             self.send_goaway(self.h2.highest_inbound_stream_id)  # idle, or headers not in time
             self.close()
         else:
-            self.timer = self.loop.call_at(self.deadline, self.expired)
+            at = min(self.deadline, now + self.server.header_read_s)
+            self.timer = self.loop.call_at(at, self.expired)
 
     # --- what streams call (`gateway.adapters.h2.stream.StreamConn`) ---
 

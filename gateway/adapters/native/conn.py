@@ -10,7 +10,9 @@ per-request bytes are in `gateway.adapters.native.exchange`, the request logic i
 What a connection does and refuses:
 - timers: one lazily moved deadline per connection (no timer per request): `header_read_s` from
   the first byte of a request head (and from accept) to its end (slowloris), `keepalive_s` while
-  idle between requests; none while a request is served (the route's `total_s` covers that).
+  idle between requests; none while a request is served (the route's `total_s` covers that). An
+  idle connection's timer wakes every `header_read_s` at most, so that a head begun on a kept
+  connection is cut at its own deadline, not at the keep-alive one.
 - refused by the parser, answered with a JSON 400/431 and closed (lingering), counted in
   `REJECTED`, never seen by the chain or `finish`: malformed requests (llhttp strict: CL+TE,
   duplicate or invalid Content-Length, bare LF, obs-fold, CR/NUL in values, bad chunks), a
@@ -492,20 +494,28 @@ class H1Conn(asyncio.Protocol):
     # --- timer ---
 
     def arm(self, seconds: float) -> None:
-        self.deadline = self.loop.time() + seconds
+        """The connection's deadline is `seconds` from now. The timer is made only when none is
+        pending, and never sleeps past `header_read_s` from when it is set: a head that begins
+        while the connection idles on its (longer) keep-alive deadline moves the deadline nearer,
+        and the timer wakes in time to see it."""
+        now = self.loop.time()
+        self.deadline = now + seconds
         if self.timer is None:
-            self.timer = self.loop.call_at(self.deadline, self._expired)
+            at = min(self.deadline, now + self.server.header_read_s)
+            self.timer = self.loop.call_at(at, self._expired)
 
     def _expired(self) -> None:
         self.timer = None
         if self.deadline is None or self.closed or self.active is not None:
             return
-        if self.loop.time() >= self.deadline:
+        now = self.loop.time()
+        if now >= self.deadline:
             assert self.transport is not None
             self.flush_out()
             self.transport.close()  # idle keep-alive, or a head not complete in time
         else:
-            self.timer = self.loop.call_at(self.deadline, self._expired)
+            at = min(self.deadline, now + self.server.header_read_s)
+            self.timer = self.loop.call_at(at, self._expired)
 
     def shutdown(self) -> None:
         self.stopping = True
