@@ -109,7 +109,7 @@ class _Handler(RequestHandler):
 
     __slots__ = (
         "sluice_peer", "sluice_cert", "_header_deadline", "_header_timer", "_heads_before",
-        "_max_line", "_mtls", "_last_payload",
+        "_head_due", "_max_line", "_mtls", "_last_payload",
     )  # fmt: skip
 
     def __init__(self, manager: _Server, **kwargs: Any) -> None:
@@ -120,7 +120,8 @@ class _Handler(RequestHandler):
         self._header_deadline = manager.header_read_s
         self._max_line = manager.max_line_bytes
         self._header_timer: asyncio.TimerHandle | None = None
-        self._heads_before = 0  # heads parsed when the running deadline was armed
+        self._heads_before = -1  # heads parsed when the running deadline was armed
+        self._head_due = 0.0  # when the head begun after those must be complete
         self._last_payload: StreamReader | None = None  # the body of the last request parsed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,12 +137,8 @@ class _Handler(RequestHandler):
         # Idle between requests (aiohttp's loop waits for the next message): these bytes begin
         # the next request head, which gets header_read_s, like the first one.
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            timer = self._header_timer
-            if timer is None or self._heads_before != self._request_count:
-                if timer is not None:  # the deadline of a head that already arrived
-                    timer.cancel()
-                self._arm_header_deadline()
+        if waiter is not None and not waiter.done() and self._heads_before != self._request_count:
+            self._arm_header_deadline()  # (not again for more bytes of the same head)
         super().data_received(data)
         msgs = self._messages
         if not msgs:
@@ -176,13 +173,23 @@ class _Handler(RequestHandler):
         super().connection_lost(exc)
 
     def _arm_header_deadline(self) -> None:
+        """The head now begun must be complete by `header_read_s` from now. One timer per
+        connection, moved lazily: it is set only when none is pending, and a timer that fires
+        before the latest deadline sets itself again for it (no timer made and cancelled per
+        request)."""
         self._heads_before = self._request_count
-        self._header_timer = self._loop.call_later(self._header_deadline, self._header_expired)
+        self._head_due = self._loop.time() + self._header_deadline
+        if self._header_timer is None:
+            self._header_timer = self._loop.call_at(self._head_due, self._header_expired)
 
     def _header_expired(self) -> None:
         self._header_timer = None
-        if self._request_count == self._heads_before and self.transport is not None:
+        if self._request_count != self._heads_before or self.transport is None:
+            return  # the head came in time; the next one arms its own deadline
+        if self._loop.time() >= self._head_due:
             self.transport.close()  # no complete request head in time (slowloris)
+        else:  # a later head's deadline: wait for it
+            self._header_timer = self._loop.call_at(self._head_due, self._header_expired)
 
     def handle_error(
         self,
