@@ -47,6 +47,9 @@ class _Quiet:
     __slots__ = ()
     debug = trace = "".format
 
+    def __getattr__(self, name: str) -> Any:
+        return "".format  # any other logger method a later hpack or h2 may call: nothing
+
 
 QUIET: Any = _Quiet()
 
