@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gateway.bench.loads import (
+    CHAT_BODY,
     CHAT_PATH,
     INFER,
     MakeCmd,
     Parse,
     grpc_load,
     grpc_ok,
+    h2c_load,
     post_script,
     wrk_cmd,
 )
@@ -68,6 +70,17 @@ class Setup:
         """wrk on `url` (from `url()`), sending the chat POST unless `--method get`."""
         script = ["-s", str(post_script(self.procs.tmp))] if self.post else []
         return wrk_cmd(self.load_cpus, self.args.connections, url, [*script, *extra])
+
+    def h2load(
+        self, name: str, url: str, extra: Sequence[str], connections: int, streams: int
+    ) -> tuple[MakeCmd, Parse]:
+        """h2load on `url` over h2c, `connections` × `streams` in flight, sending the chat POST
+        unless `--method get` (as `wrk`, over HTTP/2)."""
+        chat = self.procs.tmp / "chat.json" if self.post else None
+        if chat is not None:
+            chat.write_text(CHAT_BODY)
+        tmp, cpus = self.procs.tmp, self.load_cpus
+        return h2c_load(tmp, cpus, connections, streams, name, url, chat, extra)
 
     def full_chain(self) -> FullChain:
         """The full chain's secret and token (made once per run)."""

@@ -25,11 +25,9 @@ from gateway.bench.gateways import (
     start_mock,
 )
 from gateway.bench.loads import (
-    CHAT_BODY,
     MakeCmd,
     Parse,
     grpc_ok,
-    h2c_load,
     parse_wrk,
     run_load,
 )
@@ -209,11 +207,7 @@ def http_rows(
     def h2c(name: str, url: str, headers: list[str]) -> tuple[MakeCmd, Parse]:
         """The HTTP/2 rows' h2load: as many requests in flight as wrk's, over fewer connections."""
         conns = getattr(s.args, "h2_connections", H2_CONNECTIONS)  # tests build partial args
-        streams = max(1, s.args.connections // conns)
-        chat = s.procs.tmp / "chat.json" if s.post else None
-        if chat is not None:
-            chat.write_text(CHAT_BODY)
-        return h2c_load(s.procs.tmp, s.load_cpus, conns, streams, name, url, chat, headers)
+        return s.h2load(name, url, headers, conns, max(1, s.args.connections // conns))
 
     h2 = shutil.which("h2load") is not None
     if h2 and "native" in engines:  # the HTTP/2 floor: the HTTP/2 rows' denominator

@@ -34,7 +34,7 @@ from types import FrameType
 from typing import Any
 
 from gateway.bench.gateways import Setup, Variant, start_gateway
-from gateway.bench.loads import CHAT_BODY, h2c_load, parse_wrk
+from gateway.bench.loads import parse_wrk
 from gateway.bench.procs import Procs, start_nginx, wait_until
 from gateway.bench.report import Row
 
@@ -106,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             gw, ports = start_gateway(s, backend, None, variant, "sluice", runner=runner)
             url = s.url(ports["http"])
             if a.h2c:
-                chat = tmp / "chat.json" if s.post else None
-                if chat is not None:
-                    chat.write_text(CHAT_BODY)
-                make, parse = h2c_load(tmp, s.load_cpus, 2, 4, "h2", url, chat, s.headers(variant))
+                make, parse = s.h2load("h2", url, s.headers(variant), 2, 4)
             else:
                 make, parse = s.wrk(url, s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
@@ -135,7 +132,7 @@ def report(text: str, requests: int, a: argparse.Namespace) -> str:
     python = sum(int(c) for c, w, _ in rows if not w.startswith("C@"))
     c_calls = sum(int(c) for c, w, _ in rows if w.startswith("C@"))
     what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
-    what += ", h2c" if getattr(a, "h2c", False) else ""
+    what += ", h2c" if a.h2c else ""
     lines = [
         f"{a.engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} requests",
         f"per request: {python / n:.1f} Python calls (and coroutine resumes), "

@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 from gateway.bench.gateways import Setup, Variant, parse_chains, start_gateway
-from gateway.bench.loads import CHAT_BODY, h2c_load, parse_wrk
+from gateway.bench.loads import parse_wrk
 from gateway.bench.procs import Procs, cpu_seconds, pinned, start_nginx
 from gateway.bench.report import Row
 
@@ -139,13 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             url = s.url(ports["http"])
             row = Row("Sluice")
             if a.h2c:
-                chat = tmp / "chat.json" if s.post else None
-                if chat is not None:
-                    chat.write_text(CHAT_BODY)
                 streams = max(1, a.connections // a.h2_connections)
-                make, parse = h2c_load(
-                    tmp, s.load_cpus, a.h2_connections, streams, "h2", url, chat, s.headers(variant)
-                )
+                make, parse = s.h2load("h2", url, s.headers(variant), a.h2_connections, streams)
             else:
                 make, parse = s.wrk(url, s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
