@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hpack import NeverIndexedHeaderTuple
 
 from gateway.adapters.h2.grpc import grpc_message, metadata_headers, parse_timeout
 
@@ -53,3 +54,11 @@ def test_binary_metadata_is_base64_without_padding() -> None:
         (b"x-a-bin", b"AP8"),
         (b"x-t", b"v"),
     ]
+
+
+def test_the_overhead_figure_is_never_indexed() -> None:
+    """New in every answer: kept out of the HPACK dynamic table (`codec.UNIQUE`)."""
+    fields = metadata_headers([("x-sluice-overhead-ms", "0.120"), ("x-t", "v")])
+    assert fields == [(b"x-sluice-overhead-ms", b"0.120"), (b"x-t", b"v")]
+    assert isinstance(fields[0], NeverIndexedHeaderTuple)
+    assert not isinstance(fields[1], NeverIndexedHeaderTuple)

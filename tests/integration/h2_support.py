@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import h2.connection
+import h2.events
 from hpack import Encoder
 from hyperframe.frame import (
     ContinuationFrame,
@@ -228,3 +230,30 @@ def refused_streams(
         elif isinstance(f, GoAwayFrame):
             goaway = f
     return refused, goaway
+
+
+def exchange(
+    sock: socket.socket, conn: h2.connection.H2Connection, sid: int, head: list, body: bytes
+) -> tuple[dict, dict]:
+    """One request on a client `conn` (h2) over `sock`: `head` and `body` on stream `sid`, then
+    the events read until the stream ends. Returns its response headers and trailers."""
+    conn.send_headers(sid, head)
+    conn.send_data(sid, body, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    headers: dict = {}
+    trailers: dict = {}
+    ended = False
+    while not ended:
+        data = sock.recv(65536)
+        assert data, "connection closed"
+        for e in conn.receive_data(data):
+            if isinstance(e, h2.events.ResponseReceived):
+                headers = dict(e.headers)
+            elif isinstance(e, h2.events.TrailersReceived):
+                trailers = dict(e.headers)
+            elif isinstance(e, h2.events.DataReceived):
+                conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+            elif isinstance(e, h2.events.StreamEnded) and e.stream_id == sid:
+                ended = True
+        sock.sendall(conn.data_to_send())
+    return headers, trailers

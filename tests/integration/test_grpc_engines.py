@@ -6,6 +6,7 @@ backend, messages near and over the size limit, a rate-limit refusal and an auth
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from gateway.proto import load
 from tests.integration.conftest import Backend, wait_ready
+from tests.integration.h2_support import exchange
 from tests.support import Proc, free_port, until
 
 pytestmark = pytest.mark.integration
@@ -307,3 +309,29 @@ async def test_a_connection_storm_is_accounted_call_by_call(gw: GrpcGateway) -> 
         await asyncio.gather(*storm[i : i + 50])
     await until(lambda: gw.calls_recorded() - before, ok=lambda k: k >= n, interval=0.2)
     assert gw.calls_recorded() - before == n
+
+
+@pytest.mark.parametrize("gw", ["h2"], indirect=True)
+def test_the_overhead_figure_stays_out_of_the_hpack_table(gw: GrpcGateway) -> None:
+    """Calls on one HTTP/2 connection: each answer's overhead figure is new, so the h2 engine
+    sends it as a literal never indexed; in the dynamic table it would push out the fields that
+    repeat (and hpack's encoder searches that table for every field it sends)."""
+    assert gw.engine == "h2"
+    sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    message = pb2.InferRequest(model="m", prompt="hi", max_tokens=1).SerializeToString()
+    headers = [(":method", "POST"), (":scheme", "http"), (":authority", "t"),
+               (":path", "/sluice.inference.v1.Inference/Infer"),
+               ("content-type", "application/grpc"), ("te", "trailers")]  # fmt: skip
+    body = b"\x00" + len(message).to_bytes(4, "big") + message
+    figures: list[bytes] = []
+    for sid in range(1, 30, 2):
+        initial, trailing = exchange(sock, conn, sid, headers, body)
+        assert trailing[b"grpc-status"] == b"0"
+        figures.append(initial[b"x-sluice-overhead-ms"])
+    sock.close()
+    assert len(figures) == 15 and all(float(f) >= 0 for f in figures)
+    table = {n for n, _ in conn.decoder.header_table.dynamic_entries}
+    assert b"content-type" in table  # the table is in use
+    assert b"x-sluice-overhead-ms" not in table

@@ -18,7 +18,14 @@ import pytest
 from hyperframe.frame import DataFrame, GoAwayFrame
 
 from tests.integration.conftest import Backend
-from tests.integration.h2_support import CHAT, H2Gateway, RawH2, frame, start_h2_gateway
+from tests.integration.h2_support import (
+    CHAT,
+    H2Gateway,
+    RawH2,
+    exchange,
+    frame,
+    start_h2_gateway,
+)
 from tests.support import require_binary, wait_until
 
 pytestmark = pytest.mark.integration
@@ -251,23 +258,9 @@ def test_values_new_in_each_answer_stay_out_of_the_hpack_table(gw: H2Gateway) ->
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
     base = [(":scheme", "http"), (":authority", "127.0.0.1"), ("content-type", "application/json")]
-    answers: list[dict[str, str]] = []
-    for sid in range(1, 40, 2):
-        conn.send_headers(sid, [(":method", "POST"), (":path", "/v1/chat/completions"), *base])
-        conn.send_data(sid, json.dumps(CHAT).encode(), end_stream=True)
-        sock.sendall(conn.data_to_send())
-        ended = False
-        while not ended:
-            data = sock.recv(65536)
-            assert data, "connection closed"
-            for e in conn.receive_data(data):
-                if isinstance(e, h2.events.ResponseReceived):
-                    answers.append(dict(e.headers))
-                elif isinstance(e, h2.events.DataReceived):
-                    conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
-                elif isinstance(e, h2.events.StreamEnded):
-                    ended = True
-            sock.sendall(conn.data_to_send())
+    head = [(":method", "POST"), (":path", "/v1/chat/completions"), *base]
+    body = json.dumps(CHAT).encode()
+    answers = [exchange(sock, conn, sid, head, body)[0] for sid in range(1, 40, 2)]
     sock.close()
     assert len(answers) == 20 and all(a[":status"] == "200" for a in answers)
     assert len({a["x-request-id"] for a in answers}) == 20

@@ -19,6 +19,7 @@ from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
 from gateway.adapters.common import date_value
+from gateway.adapters.h2.codec import UNIQUE
 from gateway.adapters.h2.stream import H2Stream, StreamConn
 from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
@@ -32,7 +33,6 @@ log: Final = logging.getLogger(__name__)
 
 _STATUS: Final = {s: b"%d" % s for s in range(100, 600)}
 _JSON_LINES: Final = b"content-type: application/json\r\n"
-_UNIQUE: Final = frozenset((b"x-request-id", b"x-sluice-overhead-ms"))  # new in each answer
 
 
 class H2Exchange:
@@ -191,16 +191,14 @@ class H2BodyChunks:
 
 def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]:
     """The HTTP/1.1-shaped header lines of the lifecycle as an HTTP/2 header list (names
-    lower-case, as HTTP/2 requires). A value that is new in every answer (the request id,
-    Sluice's overhead) is sent as a literal never indexed: in the dynamic table it would only
-    push out the values that repeat, and lengthen each search of it (hpack searches it
-    linearly: ~7 µs per answer)."""
+    lower-case, as HTTP/2 requires). A value that is new in every answer (`codec.UNIQUE`) is
+    sent as a literal never indexed."""
     out = [(b":status", _STATUS.get(status) or b"%d" % status)]
     for line in lines.split(b"\r\n"):
         if line:
             n, _, v = line.partition(b":")
             n = n.strip().lower()
-            if n in _UNIQUE:  # new in each answer: kept out of the HPACK table
+            if n in UNIQUE:  # new in each answer: kept out of the HPACK table
                 out.append(NeverIndexedHeaderTuple(n, v.strip()))
             else:
                 out.append((n, v.strip()))

@@ -37,7 +37,9 @@ import zlib
 from typing import TYPE_CHECKING
 
 from h2.errors import ErrorCodes
+from hpack import NeverIndexedHeaderTuple
 
+from gateway.adapters.h2.codec import UNIQUE
 from gateway.adapters.h2.stream import H2Stream, StreamConn
 from gateway.core.outcome import Outcome
 from gateway.core.verdict import (
@@ -84,13 +86,18 @@ def grpc_message(details: str) -> bytes:
 
 
 def metadata_headers(md: Metadata) -> list[tuple[bytes, bytes]]:
-    """Metadata as HTTP/2 header fields: binary values base64 encoded, without padding."""
+    """Metadata as HTTP/2 header fields: binary values base64 encoded, without padding; a value
+    new in every answer (`codec.UNIQUE`: the overhead figure, the request id) as a literal never
+    indexed."""
     out: list[tuple[bytes, bytes]] = []
     for k, v in md:
+        name = k.encode("latin-1")
         if isinstance(v, bytes):
-            out.append((k.encode("latin-1"), base64.b64encode(v).rstrip(b"=")))
+            out.append((name, base64.b64encode(v).rstrip(b"=")))
+        elif name in UNIQUE:
+            out.append(NeverIndexedHeaderTuple(name, v.encode("utf-8", "surrogateescape")))
         else:
-            out.append((k.encode("latin-1"), v.encode("utf-8", "surrogateescape")))
+            out.append((name, v.encode("utf-8", "surrogateescape")))
     return out
 
 
