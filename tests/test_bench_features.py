@@ -62,3 +62,35 @@ def test_rounds_turn_the_order_and_read_the_median_ratio_against_the_target() ->
     assert "no round measured" in ratio_note("HTTP Sluice (native)", [], 3, "the floor", 2.0)
     assert row_target("HTTP Sluice (native, full chain)") == 3.0
     assert row_target("HTTP/2 Sluice (native)") == 1.5
+
+
+def test_in_turn_pairs_each_run_with_its_floor_of_the_same_round() -> None:
+    """A round's ratio uses that round's floor; a round whose floor or row failed is left out
+    with a note; each round starts one run later."""
+    from types import SimpleNamespace
+
+    from gateway.bench.report import Row
+    from gateway.bench.rounds import Run, in_turn
+
+    floor = Run("gRPC Sluice (grpcio)", None, lambda d: [], lambda o, r: None, 1)
+    row = Run("gRPC Sluice (h2)", floor.name, lambda d: [], lambda o, r: None, 2)
+    cost = {  # (round, run) → µs per call; round 2's grpcio run failed
+        (0, 1): 600.0, (0, 2): 360.0, (1, 1): 500.0, (1, 2): 350.0, (2, 2): 300.0,
+        (3, 1): 640.0, (3, 2): 320.0,
+    }  # fmt: skip
+    order: list[str] = []
+    rnd = iter(r // 2 for r in range(8))
+
+    def measure(r: Row, cmd: object, parse: object, pid: int) -> Row:
+        order.append(r.name)
+        us = cost.get((next(rnd), pid))
+        if us is None:
+            r.error = "h2load failed"
+        r.cpu_us_per_req = us
+        return r
+
+    s = SimpleNamespace(notes=[])
+    ratios = in_turn(s, [floor, row], 4, measure)  # type: ignore[arg-type]
+    assert ratios == {"gRPC Sluice (h2)": [0.6, 0.7, 0.5]}
+    assert s.notes == ["rounds: gRPC Sluice (grpcio), round 3: h2load failed"]
+    assert order[:4] == [f"rounds {n}" for n in (floor.name, row.name, row.name, floor.name)]

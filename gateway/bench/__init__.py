@@ -37,7 +37,8 @@ Rows, each after a 2 s warm-up run of the same command:
   side by side (the native ones driven over h2c too) and are measured in turn N times; each row's
   median ratio to its floor in the same round is printed against its target
   (`gateway/bench/rounds.py`): on a shared machine the ratio of two runs minutes apart moves
-  with the machine.
+  with the machine. With `--grpc-engine both`, a gateway of each gRPC engine too: the h2
+  engine's median ratio to the grpcio engine's CPU per call.
 - With `--auth`, HTTP auth rows (`gateway/bench/auth.py`): the same backend through a Sluice
   with an `auth` section: a route with auth off, a cached token, a fresh token per request
   (RS256, ES256). The "HTTP Sluice" row of the same engine, without `auth`, is the baseline.
@@ -156,7 +157,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="also measure the floors and each Sluice row (HTTP/1.1, and HTTP/2 on the native "
         "engine) in turn this many times, `--pair-duration` s each, and print each row's median "
-        "ratio to its floor (gateway.bench.rounds)",
+        "ratio to its floor; with --grpc-engine both, the two gRPC engines too "
+        "(gateway.bench.rounds)",
     )
     parser.add_argument(
         "--pair-duration",

@@ -164,6 +164,13 @@ def run_all(s: Setup) -> list[Row]:
                 run(row, cmd, parse, p.pid, stats)
 
             rows.append(gateway_row(s, row, v, (None, mock_grpc), probe))
+        if getattr(a, "rounds", 0) > 0 and a.grpc_engine == "both":
+            from gateway.bench.rounds import grpc_round_ratios
+
+            def measure_grpc(row: Row, cmd: MakeCmd, parse: Parse, pid: int) -> Row:
+                return run(row, cmd, parse, pid, stats, a.pair_duration)
+
+            grpc_round_ratios(s, mock_grpc, chains[0], a.rounds, measure_grpc)
     return rows
 
 
