@@ -1,7 +1,7 @@
 """Function calls per request in the gateway: `python -m tests.bench.count_calls [options]`.
 
     python -m tests.bench.count_calls [--seconds 4] [--engine native|aiohttp] [--full] [--get]
-        [--top 40] [--by-caller] [--h2c]
+        [--top 40] [--by-caller] [--h2c | --grpc]
 
 A count, not a time: the same on every run, so it shows what a small change to the hot path
 takes away where the CPU figures of `sluice bench` move by more than that from run to run.
@@ -14,9 +14,11 @@ connections, the bench's chat POST, or `--get`) and prints the calls per request
 functions called most. `--by-caller` names each call by the line that makes it. The counting
 makes the gateway several times slower: read the counts, not its speed. `--h2c`: the same
 gateway driven over HTTP/2 (h2c, prior knowledge) by h2load, 8 streams in flight over 2
-connections, the native engine's HTTP/2 path.
+connections, the native engine's HTTP/2 path. `--grpc`: gRPC unary calls on the h2 engine (the
+simulated backend's `Infer` with `sluice bench`'s gRPC load: h2load, 8 calls in flight over 2
+connections); the counts are per call.
 
-Needs nginx and wrk (h2load for `--h2c`), as `sluice bench` does.
+Needs nginx and wrk (h2load for `--h2c` and `--grpc`), as `sluice bench` does.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gateway.bench.gateways import Setup, Variant, start_gateway
+from gateway.bench.gateways import Setup, Variant, start_gateway, start_mock
 from gateway.bench.loads import parse_wrk
 from gateway.bench.procs import Procs, start_nginx, wait_until
 from gateway.bench.report import Row
@@ -89,26 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--by-caller", action="store_true")
     ap.add_argument("--h2c", action="store_true", help="HTTP/2 (h2c) with h2load instead of wrk")
+    ap.add_argument("--grpc", action="store_true", help="gRPC unary calls on the h2 engine")
     a = ap.parse_args(args)
     a.gateway_cpus, a.load_cpus, a.connections = "0", "1", 8
+    a.grpc_connections, a.grpc_streams = 2, 8
     a.method, a.no_access_log, a.policy_extra = ("get" if a.get else "post"), False, None
     with tempfile.TemporaryDirectory(prefix="sluice-calls-") as d:
         tmp = Path(d)
         procs = Procs(tmp)
         s = Setup(a, procs)
         try:
-            backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
-            variant = Variant(a.engine, None, full=a.full)
             counts = tmp / "counts.txt"
             os.environ["SLUICE_COUNT_CALLS"] = str(counts)
             os.environ["SLUICE_COUNT_BY_CALLER"] = "1" if a.by_caller else "0"
             runner = ("-m", "tests.bench.count_calls", "--child")
-            gw, ports = start_gateway(s, backend, None, variant, "sluice", runner=runner)
-            url = s.url(ports["http"])
-            if a.h2c:
+            if a.grpc:  # the mock backend's unary Infer, as `sluice bench`'s gRPC rows
+                grpc_backend = start_mock(s)[1]
+                variant = Variant(None, None, grpc_engine="h2", full=a.full)
+                gw, ports = start_gateway(s, None, grpc_backend, variant, "sluice", runner=runner)
+            else:
+                backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
+                variant = Variant(a.engine, None, full=a.full)
+                gw, ports = start_gateway(s, backend, None, variant, "sluice", runner=runner)
+            if a.grpc:
+                make, parse = s.grpc("grpc", ports["grpc"])
+            elif a.h2c:
+                url = s.url(ports["http"])
                 make, parse = s.h2load("h2", url, s.headers(variant), 2, 4)
             else:
-                make, parse = s.wrk(url, s.headers(variant)), parse_wrk
+                make, parse = s.wrk(s.url(ports["http"]), s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             os.kill(gw.pid, signal.SIGUSR1)
             time.sleep(0.2)
@@ -133,9 +144,12 @@ def report(text: str, requests: int, a: argparse.Namespace) -> str:
     c_calls = sum(int(c) for c, w, _ in rows if w.startswith("C@"))
     what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
     what += ", h2c" if a.h2c else ""
+    engine, unit = a.engine, "requests"
+    if a.grpc:
+        engine, what, unit = "h2", "gRPC unary Infer", "calls"
     lines = [
-        f"{a.engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} requests",
-        f"per request: {python / n:.1f} Python calls (and coroutine resumes), "
+        f"{engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} {unit}",
+        f"per {unit[:-1]}: {python / n:.1f} Python calls (and coroutine resumes), "
         f"{c_calls / n:.1f} calls into C",
     ]
     for c, w, name in rows[: a.top]:
