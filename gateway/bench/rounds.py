@@ -75,8 +75,8 @@ class Run(NamedTuple):
 H2Load = Callable[[str, str, list[str]], tuple[MakeCmd, Parse]]
 
 HTTP_FLOOR = "the floor"
-GRPC_ENGINES = ("grpcio", "h2")  # the gRPC rounds: the h2 engine read against the grpcio one
 H2_FLOOR = "the HTTP/2 floor"
+GRPC_ENGINES = ("grpcio", "h2")  # the gRPC rounds: the h2 engine read against the grpcio one
 
 
 def round_ratios(
@@ -111,8 +111,7 @@ def round_ratios(
                 cmd, parse = h2load(f"rounds-h2-{i}", url, headers)
                 runs.append(Run(f"HTTP/2 Sluice {v.label}", H2_FLOOR, cmd, parse, p.pid))
 
-    done = side_by_side(s, start, rounds, measure)
-    for r, ratios in done.items() if done is not None else ():
+    for r, ratios in side_by_side(s, start, rounds, measure):
         s.notes.append(ratio_note(r.name, ratios, rounds, str(r.floor), row_target(r.name)))
 
 
@@ -133,8 +132,7 @@ def grpc_round_ratios(
             label = f"gRPC Sluice {v.label}"
             runs.append(Run(label, None if label == base else base, cmd, parse, p.pid))
 
-    done = side_by_side(s, start, rounds, measure)
-    for r, ratios in done.items() if done is not None else ():
+    for r, ratios in side_by_side(s, start, rounds, measure):
         s.notes.append(ratio_note(r.name, ratios, rounds, base, GRPC_H2_TARGET))
 
 
@@ -145,9 +143,9 @@ Start = Callable[[list[subprocess.Popen[bytes]], list[Run]], None]
 
 def side_by_side(
     s: Setup, start: Start, rounds: int, measure: Measure
-) -> dict[Run, list[float]] | None:
-    """`start`, then `in_turn`, then every process started is stopped. Per run with a floor, its
-    ratios; None (and a note) when a process did not start."""
+) -> list[tuple[Run, list[float]]]:
+    """`start`, then `in_turn`, then every process started is stopped. Each run with a floor and
+    its ratios; none (and a note) when a process did not start."""
     procs: list[subprocess.Popen[bytes]] = []
     runs: list[Run] = []
     try:
@@ -155,9 +153,9 @@ def side_by_side(
             start(procs, runs)
         except Exception as e:
             s.notes.append(f"rounds: a proxy did not start: {e}")
-            return None
+            return []
         ratios = in_turn(s, runs, rounds, measure)
-        return {r: ratios[r.name] for r in runs if r.floor is not None}
+        return [(r, ratios[r.name]) for r in runs if r.floor is not None]
     finally:
         for p in procs:
             s.procs.stop(p)

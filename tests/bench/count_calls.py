@@ -109,17 +109,16 @@ def main(argv: list[str] | None = None) -> int:
                 grpc_backend = start_mock(s)[1]
                 variant = Variant(None, None, grpc_engine="h2", full=a.full)
                 gw, ports = start_gateway(s, None, grpc_backend, variant, "sluice", runner=runner)
+                make, parse = s.grpc("grpc", ports["grpc"])
             else:
                 backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
                 variant = Variant(a.engine, None, full=a.full)
                 gw, ports = start_gateway(s, backend, None, variant, "sluice", runner=runner)
-            if a.grpc:
-                make, parse = s.grpc("grpc", ports["grpc"])
-            elif a.h2c:
                 url = s.url(ports["http"])
-                make, parse = s.h2load("h2", url, s.headers(variant), 2, 4)
-            else:
-                make, parse = s.wrk(s.url(ports["http"]), s.headers(variant)), parse_wrk
+                if a.h2c:
+                    make, parse = s.h2load("h2", url, s.headers(variant), 2, 4)
+                else:
+                    make, parse = s.wrk(url, s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             os.kill(gw.pid, signal.SIGUSR1)
             time.sleep(0.2)

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h2.connection
 import h2.events
@@ -233,15 +234,19 @@ def refused_streams(
 
 
 def exchange(
-    sock: socket.socket, conn: h2.connection.H2Connection, sid: int, head: list, body: bytes
-) -> tuple[dict, dict]:
+    sock: socket.socket,
+    conn: h2.connection.H2Connection,
+    sid: int,
+    head: list[tuple[str, str]],
+    body: bytes,
+) -> tuple[dict[Any, Any], dict[Any, Any]]:
     """One request on a client `conn` (h2) over `sock`: `head` and `body` on stream `sid`, then
     the events read until the stream ends. Returns its response headers and trailers."""
     conn.send_headers(sid, head)
     conn.send_data(sid, body, end_stream=True)
     sock.sendall(conn.data_to_send())
-    headers: dict = {}
-    trailers: dict = {}
+    headers: dict[Any, Any] = {}
+    trailers: dict[Any, Any] = {}
     ended = False
     while not ended:
         data = sock.recv(65536)
