@@ -143,12 +143,12 @@ def report(text: str, requests: int, a: argparse.Namespace) -> str:
     c_calls = sum(int(c) for c, w, _ in rows if w.startswith("C@"))
     what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
     what += ", h2c" if a.h2c else ""
-    engine, unit = a.engine, "requests"
+    engine, unit = a.engine, "request"
     if a.grpc:
-        engine, what, unit = "h2", "gRPC unary Infer", "calls"
+        engine, what, unit = "h2", "gRPC unary Infer", "call"
     lines = [
-        f"{engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} {unit}",
-        f"per {unit[:-1]}: {python / n:.1f} Python calls (and coroutine resumes), "
+        f"{engine} engine, chain {'full' if a.full else 'default'}, {what}: {requests} {unit}s",
+        f"per {unit}: {python / n:.1f} Python calls (and coroutine resumes), "
         f"{c_calls / n:.1f} calls into C",
     ]
     for c, w, name in rows[: a.top]:
