@@ -72,7 +72,9 @@ class UpstreamConn(asyncio.Protocol):
         self.phase = SEND
         self.deadline = 0.0
         # llhttp starts over after each complete message: one parser per connection suffices.
-        self.parser = httptools.HttpResponseParser(self)
+        # It holds this connection's bound methods (its callbacks): a reference cycle, broken in
+        # `connection_lost` so that a closed connection is freed at once, not by the collector.
+        self.parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.chunks: deque[bytes] = deque()
         self.reset(65536)
 
@@ -118,8 +120,11 @@ class UpstreamConn(asyncio.Protocol):
         head_done = self.head_done
         if not head_done:
             self.feeding = len(data)
+        parser = self.parser
+        if parser is None:  # closed
+            return
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._fail(UpstreamProtocolError(f"bad upstream response: {e}"))
             return
@@ -162,6 +167,7 @@ class UpstreamConn(asyncio.Protocol):
                 )
             self._wake()
         self.host.forget(self)
+        self.parser = None  # the cycle (see __init__)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -185,7 +191,9 @@ class UpstreamConn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self.complete:
             return
-        status = self.parser.get_status_code()
+        parser = self.parser
+        assert parser is not None  # (called by the parser)
+        status = parser.get_status_code()
         if status < 200 and status != 101:  # 1xx interim (e.g. 103): drop, wait for the real head
             self.informational = True
             self.headers = []
@@ -202,7 +210,7 @@ class UpstreamConn(asyncio.Protocol):
                 self.exc = UpstreamProtocolError("upstream response headers too large")
                 return
         self.status = status
-        self.keep_alive = self.parser.should_keep_alive()
+        self.keep_alive = parser.should_keep_alive()
         self.head_done = True
         if self.head_only:  # HEAD: llhttp cannot skip the announced body, so never reuse
             self.complete = True

@@ -171,6 +171,9 @@ class _Handler(RequestHandler):
             self._header_timer.cancel()
             self._header_timer = None
         super().connection_lost(exc)
+        # The body holds this protocol (its flow control): a reference cycle, broken so that a
+        # closed connection is freed at once rather than by the collector.
+        self._last_payload = None
 
     def _arm_header_deadline(self) -> None:
         """The head now begun must be complete by `header_read_s` from now. One timer per

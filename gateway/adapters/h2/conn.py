@@ -157,6 +157,7 @@ class H2Conn(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self.server.conns.discard(self)
+        self.h2.release()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

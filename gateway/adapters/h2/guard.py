@@ -401,6 +401,14 @@ class ServerH2(H2Connection):
         for f in frames:
             out += f.serialize()
 
+    def release(self) -> None:
+        """The connection is closed: no frame will be received. h2's table of frame handlers
+        holds bound methods of this object, a reference cycle that kept each closed connection's
+        h2 state (~70 objects: HPACK tables, settings, windows, streams) for the collector;
+        emptied, they go at once, by their reference counts. Sending still works (streams that
+        are ending may still ask to), receiving does not."""
+        self._frame_dispatch_table = {}
+
     @property
     def open_inbound_streams(self) -> int:
         """At most this many inbound streams are open: h2 asks on every new stream, to hold
@@ -426,7 +434,7 @@ def closed_streams_kept(limits: Http2Limits) -> int:
     return max(256, 4 * limits.max_concurrent_streams)
 
 
-def server_h2(limits: Http2Limits) -> H2Connection:
+def server_h2(limits: Http2Limits) -> ServerH2:
     """h2's server state for one connection, with `limits`' SETTINGS. Inbound request headers
     are checked per stream (`request_headers`) rather than by h2. Outbound headers come from
     the lifecycle already checked (`forward.headers`: values, hop-by-hop names dropped) and
