@@ -1,7 +1,7 @@
 """Function calls per request in the gateway: `python -m tests.bench.count_calls [options]`.
 
     python -m tests.bench.count_calls [--seconds 4] [--engine native|aiohttp] [--full] [--get]
-        [--top 40] [--by-caller] [--h2c | --grpc]
+        [--top 40] [--by-caller] [--h2c | --grpc | --close]
 
 A count, not a time: the same on every run, so it shows what a small change to the hot path
 takes away where the CPU figures of `sluice bench` move by more than that from run to run.
@@ -16,7 +16,9 @@ makes the gateway several times slower: read the counts, not its speed. `--h2c`:
 gateway driven over HTTP/2 (h2c, prior knowledge) by h2load, 8 streams in flight over 2
 connections, the native engine's HTTP/2 path. `--grpc`: gRPC unary calls on the h2 engine (the
 simulated backend's `Infer` with `sluice bench`'s gRPC load: h2load, 8 calls in flight over 2
-connections); the counts are per call.
+connections); the counts are per call. `--close`: HTTP/1.1 with a connection per request (wrk
+with `Connection: close`), what a client that does not keep its connection costs: accepting,
+the request, the answer and the close.
 
 Needs nginx and wrk (h2load for `--h2c` and `--grpc`), as `sluice bench` does.
 """
@@ -92,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by-caller", action="store_true")
     ap.add_argument("--h2c", action="store_true", help="HTTP/2 (h2c) with h2load instead of wrk")
     ap.add_argument("--grpc", action="store_true", help="gRPC unary calls on the h2 engine")
+    ap.add_argument("--close", action="store_true", help="a connection per request (HTTP/1.1)")
     a = ap.parse_args(args)
     a.gateway_cpus, a.load_cpus, a.connections = "0", "1", 8
     a.grpc_connections, a.grpc_streams = 2, 8
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                 if a.h2c:
                     make, parse = s.h2load("h2", url, s.headers(variant), 2, 4)
                 else:
-                    make, parse = s.wrk(url, s.headers(variant)), parse_wrk
+                    close = ["-H", "Connection: close"] if a.close else []
+                    make, parse = s.wrk(url, [*s.headers(variant), *close]), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             os.kill(gw.pid, signal.SIGUSR1)
             time.sleep(0.2)
@@ -142,7 +146,7 @@ def report(text: str, requests: int, a: argparse.Namespace) -> str:
     python = sum(int(c) for c, w, _ in rows if not w.startswith("C@"))
     c_calls = sum(int(c) for c, w, _ in rows if w.startswith("C@"))
     what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
-    what += ", h2c" if a.h2c else ""
+    what += ", h2c" if a.h2c else ", a connection per request" if a.close else ""
     engine, unit = a.engine, "request"
     if a.grpc:
         engine, what, unit = "h2", "gRPC unary Infer", "call"
