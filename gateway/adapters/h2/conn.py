@@ -243,7 +243,7 @@ class H2Conn(asyncio.Protocol):
 
     def _receive(self, data: bytes) -> None:
         """Feed h2 `data` (counted by the guard already), handle its events, flush once."""
-        if self.closing:
+        if self.closing or self.closed:  # (a closed connection's h2 receives no more: release)
             return
         guard = self.guard
         try:

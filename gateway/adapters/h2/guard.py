@@ -404,7 +404,7 @@ class ServerH2(H2Connection):
     def release(self) -> None:
         """The connection is closed: no frame will be received. h2's table of frame handlers
         holds bound methods of this object, a reference cycle that kept each closed connection's
-        h2 state (~70 objects: HPACK tables, settings, windows, streams) for the collector;
+        h2 state (~50 objects: HPACK tables, settings, windows, streams) for the collector;
         emptied, they go at once, by their reference counts. Sending still works (streams that
         are ending may still ask to), receiving does not."""
         self._frame_dispatch_table = {}
