@@ -101,9 +101,9 @@ class H1Conn(asyncio.Protocol):
         self.server = server
         self.loop = server.loop
         # The parser holds this connection's bound methods (its callbacks): a reference cycle,
-        # broken when the connection ends (`connection_lost`, `to_h2`) so that its objects go
-        # at once, by their reference counts. Left to the collector, the ~20 objects each closed
-        # connection held made it run every ~500 connections.
+        # broken when the connection ends (`detach`) so that its objects go at once, by their
+        # reference counts. Left to the collector, the ~20 objects each closed connection held
+        # made it run every ~500 connections.
         self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
@@ -165,12 +165,7 @@ class H1Conn(asyncio.Protocol):
             self.to_h2(b"")
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.closed = True
-        self.server.conns.discard(self)
-        self.parser = None  # the cycle (see __init__)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.detach()
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client left: the pool aborts the upstream request
         self.task = None
@@ -240,14 +235,20 @@ class H1Conn(asyncio.Protocol):
     def to_h2(self, data: bytes) -> None:
         """Hand the connection to the HTTP/2 engine (no HTTP/1.1 request was read on it)."""
         self.sniff = None
-        self.ignore = self.closed = True
+        self.ignore = True
+        self.detach()
+        assert self.transport is not None
+        serve_h2(self.server.h2, self.transport, data, self.client_cert)
+
+    def detach(self) -> None:
+        """The socket is no longer this object's (closed, or handed to HTTP/2): out of the
+        server's connections, its timer off, its parser dropped (the cycle, see __init__)."""
+        self.closed = True
         self.server.conns.discard(self)
-        self.parser = None  # the cycle (see __init__)
+        self.parser = None
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        assert self.transport is not None
-        serve_h2(self.server.h2, self.transport, data, self.client_cert)
 
     # --- parser callbacks ---
 
