@@ -114,7 +114,10 @@ class FleetStore:
         """The policy's store (`gateway.policy.store.effective_store`); idempotent."""
         old, self.cfg = self.cfg, cfg
         if cfg is None:
+            from gateway.store.redis_client import release_redis
+
             self.client = None
+            release_redis(self.services, self)
             self._set_mode("none")
             return
         same = old is not None and (old.url, old.cluster, old.key_prefix) == (
@@ -123,7 +126,7 @@ class FleetStore:
         if not same or self.client is None:
             from gateway.store.redis_client import redis_for
 
-            self.client = redis_for(self.services, cfg.url, cluster=cfg.cluster)
+            self.client = redis_for(self.services, cfg.url, cluster=cfg.cluster, holder=self)
             self._set_mode("fallback", "not connected yet")
             self.wake.set()
         if self.task is None or self.task.done():

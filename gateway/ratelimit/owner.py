@@ -141,7 +141,10 @@ class Limiter:
         old = self.store_cfg
         self.store_cfg = cfg
         if cfg is None:
+            from gateway.store.redis_client import release_redis
+
             self.store = None
+            release_redis(self.services, self)
             self.set_mode("memory")
         else:
             from gateway.store.redis import RedisStore
@@ -155,7 +158,7 @@ class Limiter:
             if same and isinstance(self.store, RedisStore):
                 self.store.deadline_s, self.store.sync_deadline_s = deadline, background
                 return
-            client = redis_for(self.services, cfg.url, cluster=cfg.cluster)
+            client = redis_for(self.services, cfg.url, cluster=cfg.cluster, holder=self)
             self.store = RedisStore(
                 client, prefix=cfg.key_prefix, deadline_s=deadline, sync_deadline_s=background
             )

@@ -169,7 +169,7 @@ class Watcher:
         from gateway.store.redis_client import redis_for
 
         reg = self.reg
-        client = redis_for(self.services, reg.redis)
+        client = redis_for(self.services, reg.redis, holder=self)
         try:
             async with asyncio.timeout(reg.timeout_s):
                 redis_now, beats = await read(client, reg.service, reg.max_members)
@@ -238,6 +238,9 @@ class Watcher:
             self.task = self.services.spawn(self.run(), f"registry:{self.backend}")
 
     def stop(self) -> None:
+        from gateway.store.redis_client import release_redis
+
         if self.task is not None:
             self.task.cancel()
             self.task = None
+        release_redis(self.services, self)

@@ -24,6 +24,7 @@ from gateway.registry.heartbeats import (
 from gateway.registry.pool import BACKENDS, BackendPool
 from gateway.registry.view import BackendView
 from gateway.services import Services
+from gateway.store.redis_client import REDIS
 from tests.redis_support import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -160,3 +161,25 @@ async def test_version_filter_and_first_sight_of_a_stale_heartbeat(
     assert rotation(st) == {"127.0.0.1:9201"}  # `late` is known but its heartbeat is old
     assert set(st.members) == {"127.0.0.1:9201", "127.0.0.1:9202"}
     assert rotation(st) == {"127.0.0.1:9201"}  # `late` is known but its heartbeat is old
+
+
+async def test_a_stopped_watcher_lets_its_redis_client_go(
+    redis_server: RedisServer, services: Services
+) -> None:
+    """A registry no policy names any more (its watcher stopped): its Redis client is closed
+    once its grace ends, unless another feature still holds it."""
+    w = view_of(services, backend(redis_server.url)).watcher
+    assert w is not None
+    await w.poll_once()
+    assert w.up is True
+    clients = services.peek(REDIS)
+    assert clients is not None
+    assert clients.readiness()["clients"] == [redis_server.url]
+    w.stop()
+    assert clients.readiness()["clients"] == [f"{redis_server.url} (unused)"]
+    clients.retire_after_s = 0.05
+    await w.poll_once()  # held again (a poll that raced the stop) ...
+    assert clients.readiness()["clients"] == [redis_server.url]
+    w.stop()  # ... and let go again: closed after the (shortened) grace
+    await asyncio.sleep(0.2)
+    assert clients.readiness() == {"clients": [], "retired": 1}
