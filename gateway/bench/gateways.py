@@ -31,7 +31,15 @@ from gateway.bench.loads import (
     post_script,
     wrk_cmd,
 )
-from gateway.bench.procs import Procs, free_port, http_ok, models_ok, pinned, wait_until
+from gateway.bench.procs import (
+    READY_TIMEOUT_S,
+    Procs,
+    free_port,
+    http_ok,
+    models_ok,
+    pinned,
+    wait_until,
+)
 from gateway.bench.report import Row
 
 if TYPE_CHECKING:
@@ -220,10 +228,12 @@ def start_gateway(
     name: str,
     edit: Edit | None = None,
     runner: Sequence[str] = ("-m", "gateway"),
+    under: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], dict[str, int]]:
     """`sluice serve` with the bench policy of `variant` (then `edit`), ready on `/readyz`;
     `runner`: what the interpreter runs in place of `-m gateway` (a wrapper that takes the same
-    arguments, e.g. `tests/bench/count_calls.py`'s counting child)."""
+    arguments, e.g. `tests/bench/count_calls.py`'s counting child); `under`: a command the
+    interpreter runs under (valgrind), given ten times longer to be ready."""
     from gateway.policy.model import Policy
 
     ports = {"http": free_port(), "grpc": free_port(), "admin": free_port()}
@@ -238,13 +248,14 @@ def start_gateway(
     Policy.model_validate(doc)  # fail here, with the reason, rather than in the child
     path = s.procs.tmp / f"{name}-policy.yaml"
     path.write_text(json.dumps(doc, indent=2) + "\n")  # JSON is YAML
-    cmd = [sys.executable, *runner, "serve", "--policy", str(path), "--log-level", "INFO"]
+    cmd = [*under, sys.executable, *runner, "serve", "--policy", str(path), "--log-level", "INFO"]
     workers = getattr(s.args, "workers", 1)
     if workers > 1 and variant.engine is not None:
         cmd += ["--workers", str(workers)]
     p = s.procs.start(name, pinned(s.gw_cpus, cmd))
     try:
-        wait_until(name, lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz"), [p])
+        ready = lambda: http_ok(f"http://127.0.0.1:{ports['admin']}/readyz")  # noqa: E731
+        wait_until(name, ready, [p], READY_TIMEOUT_S * (10 if under else 1))
     except Exception as e:
         raise RuntimeError(f"{e}\n{s.procs.tail(name)}") from e
     return p, ports

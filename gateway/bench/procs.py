@@ -170,10 +170,13 @@ def core_ticks(cores: set[int]) -> tuple[int, int]:
 
 
 def wait_until(
-    what: str, check: Callable[[], bool], procs: Sequence[subprocess.Popen[bytes]]
+    what: str,
+    check: Callable[[], bool],
+    procs: Sequence[subprocess.Popen[bytes]],
+    timeout_s: float = READY_TIMEOUT_S,
 ) -> None:
     """Call `check()` until it returns True; fail if a process in `procs` exits or time runs out."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
         for p in procs:
@@ -185,7 +188,7 @@ def wait_until(
         except Exception as e:
             last = e
         time.sleep(0.1)
-    raise TimeoutError(f"{what}: not ready after {READY_TIMEOUT_S:.0f}s ({last})")
+    raise TimeoutError(f"{what}: not ready after {timeout_s:.0f}s ({last})")
 
 
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

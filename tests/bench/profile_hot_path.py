@@ -20,8 +20,16 @@ sample, which slows it: read shares, not the CPU figure). `--h2c`: the same gate
 HTTP/2 (h2c, prior knowledge) by h2load with `sluice bench`'s HTTP/2 command (`--connections`
 requests in flight as streams over `--h2-connections` connections), the native engine's h2c path.
 
+`--callgrind` counts instead of sampling: the gateway runs under valgrind's callgrind, its
+counters are zeroed after the warm-up and dumped after `--duration` seconds of load, and the
+instructions per request are printed with the dump's path (`callgrind_annotate --inclusive=yes
+FILE` for the functions). Instructions do not move with the machine's load as CPU time does, so
+two gateways (the default and the full chain, two engines, before and after a change) compare
+even on a noisy machine; valgrind runs the gateway ~50 times slower and hides the CPU's SHA and
+AES instructions from OpenSSL, so read its hashing as dearer than it is.
+
 Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk (h2load for `--h2c`), as
-`sluice bench` does.
+`sluice bench` does; valgrind for `--callgrind`.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gateway.bench.gateways import Setup, Variant, parse_chains, start_gateway
 from gateway.bench.loads import parse_wrk
@@ -95,6 +104,33 @@ def report(own: collections.Counter[str], under: collections.Counter[str], total
     return "\n".join(lines)
 
 
+def count_instructions(
+    a: argparse.Namespace, pid: int, make: Any, parse: Any, row: Row, dump: Path
+) -> int:
+    """The gateway's instructions per request over `a.duration` s of load (callgrind)."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], capture_output=True, check=True)
+    out = subprocess.run(
+        make(a.duration), capture_output=True, text=True, timeout=a.duration + 60
+    ).stdout
+    subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True)
+    parse(out, row)
+    # The dump after the zeroing is the newest `FILE.N`; its `summary:` line is the total.
+    parts = sorted(dump.parent.glob(f"{dump.name}.*"), key=lambda f: f.stat().st_mtime)
+    if not parts or not row.requests:
+        print(f"no dump or no requests ({parts}, {row.requests})", file=sys.stderr)
+        return 1
+    total = next(
+        int(line.split()[1])
+        for line in parts[-1].read_text(errors="replace").splitlines()
+        if line.startswith(("summary:", "totals:"))
+    )
+    chain_name = "full" if a.full else a.filters or "default"
+    print(f"{a.engine} engine, chain {chain_name}, {'h2c' if a.h2c else 'HTTP/1.1'}: "
+          f"{row.requests} requests, {total / row.requests / 1000:.1f} k instructions per "
+          f"request\ncallgrind_annotate --inclusive=yes {parts[-1]}")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.bench.profile_hot_path")
     ap.add_argument("--duration", type=int, default=10)
@@ -105,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=250)
     ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
     ap.add_argument("--full", action="store_true", help="the full chain (gateway.bench.full)")
-    ap.add_argument("--keep", default=None, help="write py-spy's raw stacks here")
+    ap.add_argument(
+        "--keep", default=None, help="write py-spy's raw stacks here (--callgrind: its dumps)"
+    )
     ap.add_argument(
         "--native",
         action="store_true",
@@ -116,14 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--h2c", action="store_true", help="HTTP/2 (h2c) with h2load instead of wrk")
     ap.add_argument("--h2-connections", type=int, default=4, help="h2load -c with --h2c")
+    ap.add_argument(
+        "--callgrind", action="store_true", help="instructions per request (valgrind's callgrind)"
+    )
     a = ap.parse_args(argv)
     a.no_access_log = False
     a.method = "get" if a.get else "post"
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(spy).exists():
+    if not a.callgrind and not Path(spy).exists():
         print("py-spy not found: pip install py-spy", file=sys.stderr)
         return 2
-    for tool in ("nginx", "h2load" if a.h2c else "wrk"):
+    for tool in ("nginx", "h2load" if a.h2c else "wrk", *(("valgrind",) if a.callgrind else ())):
         if shutil.which(tool) is None:
             print(f"{tool} not found", file=sys.stderr)
             return 2
@@ -135,7 +176,13 @@ def main(argv: list[str] | None = None) -> int:
             backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
             chain = parse_chains([a.filters] if a.filters else None)[0]
             variant = Variant(a.engine, chain, full=a.full)
-            gw, ports = start_gateway(s, backend, None, variant, "sluice")
+            # (kept after the run: `--keep`, or a directory of its own)
+            kept = Path(a.keep) if a.keep else None
+            dump = (kept or Path(tempfile.mkdtemp(prefix="sluice-callgrind-")) / "out").resolve()
+            under = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}"]
+            gw, ports = start_gateway(
+                s, backend, None, variant, "sluice", under=under if a.callgrind else ()
+            )
             url = s.url(ports["http"])
             row = Row("Sluice")
             if a.h2c:
@@ -144,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 make, parse = s.wrk(url, s.headers(variant)), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
+            if a.callgrind:
+                return count_instructions(a, gw.pid, make, parse, row, dump)
             raw = tmp / "stacks.txt"
             spy_cmd = [spy, "record", "--pid", str(gw.pid), "--duration", str(a.duration)]
             spy_cmd += ["--rate", str(a.rate), "--format", "raw"]
