@@ -1,7 +1,8 @@
 """Redis credentials rotated by policy reloads, more times than the gateway keeps clients: two
 gateway processes share a private redis-server, each rotation is a new ACL user in the store's
 URL, and after every one both share their limits through it again. The clients of the old
-credentials are closed (Redis sees their connections go) and no password reaches a log."""
+credentials are closed (Redis sees their connections go) and no password reaches a log. Then a
+replica is killed (SIGKILL) and Redis restarted mid-run, and the survivor rotates once more."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from gateway.store.redis_client import MAX_CLIENTS
 from tests.integration.conftest import Backend, Gateway, start_gateway
+from tests.integration.fleet_support import kill
 from tests.integration.test_ratelimit_shared import admin_json, tail, wait_mode
 from tests.redis_support import RedisServer
 from tests.support import wait_until
@@ -89,8 +91,27 @@ def test_rotating_credentials_past_the_client_bound(
             admin.acl_deluser(f"sluice-{n}")
         wait_until(lambda: users_connected(admin), 5, ok=lambda u: u == {f"sluice-{ROTATIONS}"})
         wait_mode(gws, "redis", replicas=2)
+        # A replica crashes and Redis restarts (its users come back: an operator's ACL file;
+        # here, written again), then one more rotation: the survivor follows each.
+        kill(gws[1])
+        wait_mode(gws[:1], "redis", replicas=1)
+        server.stop()
+        server.start()
+        admin.connection_pool.disconnect()
+        credential(admin, server, ROTATIONS)
+        wait_mode(gws[:1], "redis", replicas=1)
+        reload(gws[0], credential(admin, server, ROTATIONS + 1))
+        wait_mode(gws[:1], "redis", replicas=1)
+        connected = users_connected(admin)
+        assert f"sluice-{ROTATIONS + 1}" in connected and len(connected) <= 2, connected
+        # One client held; the last credential's (and those of the last rotations above, if
+        # their 30 s have not passed) waiting to close.
+        shown = f"redis://127.0.0.1:{server.port}/0"
+        clients = admin_json(gws[0], "/readyz")["redis"]["clients"]
+        assert clients[0] == shown and clients[1:] == [f"{shown} (unused)"] * (len(clients) - 1)
+        assert len(clients) >= 2, clients
     finally:
-        for g in gws:
-            assert g.proc.stop() == 0, g.proc.output()
+        codes = [g.proc.stop() for g in gws]
+    assert codes[0] == 0, gws[0].proc.output()
     for g in gws:
         assert "secret-" not in g.proc.output()
