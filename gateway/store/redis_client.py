@@ -105,12 +105,8 @@ class RedisClients:
         except RuntimeError:  # no loop (a policy compiled offline): nothing ever connected
             self._clients.pop(key, None)
             return
-        self._timers[key] = loop.call_later(self.retire_after_s, self._retire_if_unheld, key)
-
-    def _retire_if_unheld(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        if key not in self._holds.values():
-            self._retire(key)
+        # (a holder taking the key again cancels the timer: when it fires, nobody holds it)
+        self._timers[key] = loop.call_later(self.retire_after_s, self._retire, key)
 
     def _retire(self, key: Key) -> None:
         timer = self._timers.pop(key, None)

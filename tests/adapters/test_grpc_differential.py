@@ -45,7 +45,6 @@ def _handler(backend: Backend) -> grpc.GenericRpcHandler:  # type: ignore[type-a
             "md": sorted((k, v) for k, v in md if k not in NOT_COMPARED and k != "x-spec"),
             "cancelled": False,
         }
-        spec["md_in"] = md
         return spec
 
     @contextlib.asynccontextmanager
@@ -57,7 +56,8 @@ def _handler(backend: Backend) -> grpc.GenericRpcHandler:  # type: ignore[type-a
         final sleep, or earlier on a loaded machine (a streaming handler suspended at a yield is
         closed). For the others, when the backend hears of an ending is a race: not compared."""
         try:
-            echo = tuple((k, v) for k, v in spec["md_in"] if k.startswith("x-echo-"))
+            md = context.invocation_metadata() or ()
+            echo = tuple((k, v) for k, v in md if k.startswith("x-echo-"))
             if echo:
                 await context.send_initial_metadata(echo)
             yield

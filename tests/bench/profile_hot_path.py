@@ -176,13 +176,12 @@ def main(argv: list[str] | None = None) -> int:
             backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
             chain = parse_chains([a.filters] if a.filters else None)[0]
             variant = Variant(a.engine, chain, full=a.full)
-            # (kept after the run: `--keep`, or a directory of its own)
-            kept = Path(a.keep) if a.keep else None
-            dump = (kept or Path(tempfile.mkdtemp(prefix="sluice-callgrind-")) / "out").resolve()
-            under = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}"]
-            gw, ports = start_gateway(
-                s, backend, None, variant, "sluice", under=under if a.callgrind else ()
-            )
+            under: list[str] = []
+            if a.callgrind:  # the dumps outlive the run: `--keep`, or a directory of their own
+                where = a.keep or Path(tempfile.mkdtemp(prefix="sluice-callgrind-")) / "out"
+                dump = Path(where).resolve()
+                under = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}"]
+            gw, ports = start_gateway(s, backend, None, variant, "sluice", under=under)
             url = s.url(ports["http"])
             row = Row("Sluice")
             if a.h2c:
