@@ -83,6 +83,11 @@ MODULES = (
     "gateway.registry.member",
     "gateway.registry.view",
     "gateway.snapshot",
+    "gateway.policy.compiled",
+    "gateway.ratelimit.compiled",
+    "gateway.ratelimit.state",
+    "gateway.budgets.compiled",
+    "gateway.budgets.entries",
     *(
         f"gateway.core.{m}"
         for m in [

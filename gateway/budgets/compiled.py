@@ -1,4 +1,5 @@
-"""The `budgets:` section compiled once per policy: key extractors, periods, weights, amounts.
+"""(compiled) The `budgets:` section compiled once per policy: key extractors, periods, weights,
+amounts.
 
 Pure but for `amounts: {file: ...}`, read here (at each policy load). A rule's identity
 (`ident`: name, key parts, period) names its tallies: a reload that keeps it keeps them; one
@@ -14,14 +15,14 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from gateway.core.budgets import Cost, Period, Weights, cost, parse_duration
 from gateway.core.keys import KeyFn, compile_key
 from gateway.errors import PolicyError
 from gateway.policy.budgets import BudgetRule, Budgets
 
-MAX_AMOUNTS = 1_000_000  # keys an amounts file may name
+MAX_AMOUNTS: Final = 1_000_000  # keys an amounts file may name
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,13 +25,13 @@ import asyncio
 import logging
 import os
 import time
-from collections import Counter, OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Final
 
 from gateway.budgets.compiled import CompiledBudget, CompiledBudgets
+from gateway.budgets.entries import Entry, RuleBook
 from gateway.budgets.store import BudgetStore, Figures, Msg, Reply, expire_at, redis_key
 from gateway.core.budgets import Ledger, crossed, share_plan, window
 from gateway.errors import StoreUnavailable
@@ -39,7 +39,6 @@ from gateway.fleet.store import FleetStore, fleet_for
 from gateway.policy.budgets import Budgets
 from gateway.services import ServiceKey, Services
 from gateway.telemetry import metrics
-from gateway.telemetry.tally import CountTally
 
 log = logging.getLogger("sluice.budgets")
 audit = logging.getLogger("sluice.audit")
@@ -48,41 +47,6 @@ MAX_RETIRING = 10_000  # ledgers of ended periods or evicted keys still to repor
 BATCH = 200  # messages per pipelined round trip
 IDLE_S = 2.0  # a key unused this long gives its free share back
 STATE_KEYS = 20  # keys per rule in /admin/state (the most recently used)
-
-
-class Entry:
-    """One key of one rule in one period: its ledger and its sync state."""
-
-    __slots__ = (
-        "key", "ledger", "rkey", "seq", "pending", "need", "event", "last_sync", "last_use",
-        "dirty", "length", "exhausted", "flow", "low",
-    )  # fmt: skip
-
-    def __init__(self, key: str, ledger: Ledger, rkey: str, length: float) -> None:
-        self.key = key
-        self.ledger = ledger
-        self.rkey = rkey  # its hash in the store
-        self.seq = 0
-        self.pending: Msg | None = None  # sent, reply not seen yet (sent again as it is)
-        self.need = 0  # requests wait for this much free share (their sum)
-        self.exhausted = False  # the store's last answer gave less than was asked
-        self.flow = 0  # tokens used per sync interval, lately (sizes the share)
-        self.low = 1  # below this free share, sync at once
-        self.event: asyncio.Event | None = None
-        self.last_sync = 0.0
-        self.last_use = 0.0
-        self.dirty = False
-        self.length = length  # the period's length (s), for the hash's expiry
-
-
-class RuleBook:
-    """A rule's ledgers (LRU, at most `max_keys`) and counts."""
-
-    def __init__(self, rule: CompiledBudget) -> None:
-        self.rule = rule
-        self.entries: OrderedDict[str, Entry] = OrderedDict()
-        self.counts: Counter[str] = Counter()
-        self.tokens = CountTally(metrics.BUDGET_TOKENS.labels(rule.name))  # charged, weighted
 
 
 class Book:

@@ -26,7 +26,8 @@ from collections.abc import Awaitable
 from typing import ClassVar, Final
 
 from gateway.budgets.compiled import CompiledBudgets, compile_budgets
-from gateway.budgets.owner import Book, Entry, RuleBook, book_for, iso
+from gateway.budgets.entries import Entry, RuleBook
+from gateway.budgets.owner import Book, book_for, iso
 from gateway.budgets.verdicts import exhausted, store_down
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core.body import RequestBody

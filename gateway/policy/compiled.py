@@ -1,4 +1,5 @@
-"""The compiled policy: frozen lookup structures built once at load, used on every request.
+"""(compiled) The compiled policy: frozen lookup structures built once at load, used on every
+request.
 
 Pure (no I/O; a backend's TLS contexts come built by the loader). Route matching is a linear
 scan over pre-lowered matchers in policy order; the first match wins. Which member of which
@@ -133,7 +134,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         for e in backends[name].endpoints
     ]
     shares = [
-        w * e.weight / (sum(x.weight for x in backends[name].endpoints) or 1)
+        w * e.weight / (sum((x.weight for x in backends[name].endpoints), 0) or 1)
         for name, w in targets
         for e in backends[name].endpoints
     ]

@@ -1,4 +1,5 @@
-"""The `rate_limits:` section compiled once per policy: key extractors, rule numbers, priority.
+"""(compiled) The `rate_limits:` section compiled once per policy: key extractors, rule numbers,
+priority.
 
 Pure. A rule's *identity* (`CompiledRule.ident`) is its name, key parts and numbers (qps,
 window, tokens per second, burst): a reload that leaves it alone finds the rule's buckets where

@@ -1,4 +1,4 @@
-"""Per-rule and per-pool runtime state of the limiter (what outlives a reload).
+"""(compiled) Per-rule and per-pool runtime state of the limiter (what outlives a reload).
 
 `RuleState` holds one rule's keys (bounded LRU: `max_keys`; a key forgotten leaves the keys to
 report and the leased ones too, unless it holds a share, see `RuleState.evict`), its local
@@ -10,21 +10,31 @@ Both are plain containers: the decisions are `gateway.core`'s, the I/O is the sy
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
 
 from gateway.core.concurrency import GradientLimit, LimitParams
 from gateway.core.keystate import KeyState, RuleMath
 from gateway.core.overload import Colour, ColourMachine, Thresholds, step
 from gateway.ratelimit.compiled import CompiledRule
 
-POOL_DWELL_S = 0.5
+POOL_DWELL_S: Final = 0.5
 
 # Decision counters, by index (flushed into sluice_ratelimit_decisions_total every second).
-DECISIONS = (
+DECISIONS: Final = (
     "admit", "reject_qps", "reject_tokens", "reject_pressure", "shed_yellow", "shed_red",
     "shadow_reject", "shadow_shed", "queued", "strict_fallback", "token_cut",
 )  # fmt: skip
-ADMIT, REJECT_QPS, REJECT_TOKENS, REJECT_PRESSURE, SHED_YELLOW, SHED_RED = range(6)
-SHADOW_REJECT, SHADOW_SHED, QUEUED, STRICT_FALLBACK, TOKEN_CUT = range(6, 11)
+ADMIT: Final = 0
+REJECT_QPS: Final = 1
+REJECT_TOKENS: Final = 2
+REJECT_PRESSURE: Final = 3
+SHED_YELLOW: Final = 4
+SHED_RED: Final = 5
+SHADOW_REJECT: Final = 6
+SHADOW_SHED: Final = 7
+QUEUED: Final = 8
+STRICT_FALLBACK: Final = 9
+TOKEN_CUT: Final = 10
 
 
 class RuleState:
@@ -85,7 +95,7 @@ class RuleState:
             self.hot[k] = ks
 
     def colours(self) -> tuple[int, int, int]:
-        y = sum(1 for ks in self.hot.values() if ks.colour is Colour.YELLOW)
+        y = sum((1 for ks in self.hot.values() if ks.colour is Colour.YELLOW), 0)
         r = len(self.hot) - y
         return len(self.keys) - len(self.hot), y, r
 
