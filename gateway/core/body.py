@@ -9,6 +9,7 @@ serialises it again before it goes upstream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 CHARS_PER_TOKEN: Final = 4  # the usual estimate for English text: prompt bytes / 4
@@ -160,13 +161,98 @@ def usage_from(doc: Any) -> Usage | None:
     """`usage` of an OpenAI-style response or final stream chunk, if it carries one."""
     if not isinstance(doc, dict):
         return None
-    u = doc.get("usage")
+    return usage_in(doc.get("usage"))
+
+
+def usage_in(u: Any) -> Usage | None:
+    """The counts of a parsed `usage` object (None: not one, or its counts missing)."""
     if not isinstance(u, dict):
         return None
     p, c = u.get("prompt_tokens"), u.get("completion_tokens")
     if type(p) is not int or type(c) is not int or p < 0 or c < 0:
         return None
     return Usage(p, c)
+
+
+_USAGE_KEY: Final = b'"usage"'
+_SPACE: Final = b" \t\r\n"
+_MAX_USAGE_BYTES: Final = 4096  # a usage object is ~100 bytes; past this, parse the answer
+_MAX_TAIL_BYTES: Final = 8192  # searched for it at the end of the answer (a long one: not all)
+
+
+def _object_end(raw: bytes, j: int, end: int) -> int:
+    """Past the `}` that closes the object opening at `raw[j]`, braces counted outside strings;
+    -1 when it does not close before `end`."""
+    depth = 0
+    in_str = esc = False
+    for k in range(j, end):
+        c = raw[k]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 0x5C:  # a backslash
+                esc = True
+            elif c == 0x22:  # '"'
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c == 0x7B:  # "{"
+            depth += 1
+        elif c == 0x7D:  # "}"
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return -1
+
+
+def usage_tail(raw: bytes, loads: Callable[[bytes], Any]) -> Usage | None:
+    """The `usage` of a whole JSON answer read from the few bytes at its end, where servers
+    write it (last, or followed by a few scalar fields: vLLM's nulls), without parsing the
+    answer: only the usage object and what follows it are parsed (`loads`: None for what does
+    not parse). None: not found so (the caller parses the whole answer; the result is then the
+    same for a valid answer).
+
+    Why what is found is the top-level `usage`:
+    - `"usage"` not preceded by a backslash and followed by `:` is a key (in a string, a quote
+      followed by `usage"` and a colon cannot be valid JSON);
+    - its value is the object from its `{` to the `}` that closes it (braces counted outside
+      strings), and parses as one;
+    - what follows is the answer's closing `}`, or more members and it (parsed as an object):
+      the object holding the key closes where the answer ends, so it is the outermost one.
+    A later `usage` nested deeper is found first and fails the last test: the whole answer
+    is parsed then."""
+    end = len(raw)
+    while end and raw[end - 1] in _SPACE:
+        end -= 1
+    if end < 2 or raw[end - 1] != 0x7D:  # "}"
+        return None
+    i = raw.rfind(_USAGE_KEY, max(0, end - _MAX_TAIL_BYTES), end)
+    if i <= 0 or raw[i - 1] == 0x5C:  # a backslash: inside a string
+        return None
+    j = i + len(_USAGE_KEY)
+    while j < end and raw[j] in _SPACE:
+        j += 1
+    if j >= end or raw[j] != 0x3A:  # ":"
+        return None
+    j += 1
+    while j < end and raw[j] in _SPACE:
+        j += 1
+    if j >= end or raw[j] != 0x7B:  # "{"
+        return None
+    k = _object_end(raw, j, min(end - 1, j + _MAX_USAGE_BYTES))
+    if k < 0:
+        return None
+    u = loads(raw[j:k])
+    if not isinstance(u, dict):
+        return None
+    rest = k
+    while rest < end and raw[rest] in _SPACE:
+        rest += 1
+    if rest == end - 1:  # the usage is the last member
+        return usage_in(u)
+    if raw[rest] != 0x2C or not isinstance(loads(b"{" + raw[rest + 1 : end]), dict):  # ","
+        return None
+    return usage_in(u)
 
 
 _JSON_SEEN: Final[dict[str, bool]] = {}  # Content-Type value → is_json_type (bounded)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from gateway import jsonfast
 from gateway.context import EventKind, RequestContext, Status, StreamEvent
 from gateway.core import apis
-from gateway.core.body import usage_from
+from gateway.core.body import usage_from, usage_tail
 from gateway.core.outcome import Outcome
 from gateway.core.sse import SseParser, error_event
 from gateway.core.verdict import Verdict
@@ -194,9 +194,16 @@ def on_head(
 
 def on_json(ctx: RequestContext, chain: Chain, status: int, chunk: bytes) -> Status:
     """A complete JSON answer: its `usage` into `ctx.usage`, the parsed answer shown to the
-    listening filters that read JSON answers."""
-    doc = _loads(chunk)
+    listening filters that read JSON answers. When only the usage is wanted (no filter reads
+    JSON answers; a chat or completions answer), the usage object alone is parsed if the
+    answer ends with it (`usage_tail`), as servers write it."""
     b = ctx.body
+    if not chain.hears_json and (b is None or b.api == apis.CHAT or b.api == apis.COMPLETIONS):
+        u = usage_tail(chunk, _loads)
+        if u is not None:
+            ctx.usage = u
+            return Status.CONTINUE
+    doc = _loads(chunk)
     if b is None or b.api == apis.CHAT:
         u = usage_from(doc)
     else:
