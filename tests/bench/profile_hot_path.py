@@ -23,10 +23,12 @@ requests in flight as streams over `--h2-connections` connections), the native e
 `--callgrind` counts instead of sampling: the gateway runs under valgrind's callgrind, its
 counters are zeroed after the warm-up and dumped after `--duration` seconds of load, and the
 instructions per request are printed with the dump's path (`callgrind_annotate --inclusive=yes
-FILE` for the functions). Instructions do not move with the machine's load as CPU time does, so
-two gateways (the default and the full chain, two engines, before and after a change) compare
-even on a noisy machine; valgrind runs the gateway ~50 times slower and hides the CPU's SHA and
-AES instructions from OpenSSL, so read its hashing as dearer than it is.
+FILE` for the functions), and the compiled functions that read attributes by name most (a
+generic lookup, ~175 instructions, where a compiled class's field is one load). Instructions do
+not move with the machine's load as CPU time does, so two gateways (the default and the full
+chain, two engines, before and after a change) compare even on a noisy machine; valgrind runs
+the gateway ~50 times slower and hides the CPU's SHA and AES instructions from OpenSSL, so read
+its hashing as dearer than it is.
 
 Needs py-spy (`pip install py-spy`, in the dev extras), nginx and wrk (h2load for `--h2c`), as
 `sluice bench` does; valgrind for `--callgrind`.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import shutil
 import subprocess
 import sys
@@ -128,7 +131,52 @@ def count_instructions(
     print(f"{a.engine} engine, chain {chain_name}, {'h2c' if a.h2c else 'HTTP/1.1'}: "
           f"{row.requests} requests, {total / row.requests / 1000:.1f} k instructions per "
           f"request\ncallgrind_annotate --inclusive=yes {parts[-1]}")  # fmt: skip
+    lookups = generic_lookups(parts[-1], row.requests)
+    if lookups:
+        print(f"generic attribute lookups per request: {sum(n for n, _ in lookups):.0f}; "
+              "the compiled functions that make most:")  # fmt: skip
+        for n, fn in lookups[: a.top if a.top < 20 else 12]:
+            print(f"  {n:5.1f}  {fn}")
     return 0
+
+
+_CALLER = re.compile(r"^\s*[\d,]+ \([ \d.]+%\)\s+<\s+(\S+:)?(\S+?)(?:'\d+)? \(([\d,]+)x\)")
+
+
+def generic_lookups(dump: Path, requests: int) -> list[tuple[float, str]]:
+    """The callers of `PyObject_GetAttr` (an attribute read by name: on an interpreted object,
+    or a compiled one seen through a Protocol), per request, most first, from
+    `callgrind_annotate --tree=caller`. A compiled function reading a compiled class's field
+    makes none."""
+    try:
+        tree = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--tree=caller", str(dump)],
+            capture_output=True, text=True, timeout=300, check=True,
+        ).stdout.splitlines()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return lookups_in(tree, requests)
+
+
+def lookups_in(tree: list[str], requests: int) -> list[tuple[float, str]]:
+    """`generic_lookups` from the lines of `callgrind_annotate --tree=caller`."""
+    block: list[str] = []
+    for line in tree:
+        if not line.strip():
+            block = []
+        elif re.search(r"\*\s+\S*Objects/object\.c:PyObject_GetAttr( |$)", line):
+            break
+        else:
+            block.append(line)
+    else:
+        return []
+    calls: dict[str, int] = {}
+    for line in block:
+        m = _CALLER.match(line)
+        if m:
+            fn = m.group(2).removeprefix("CPyDef_")
+            calls[fn] = calls.get(fn, 0) + int(m.group(3).replace(",", ""))
+    return sorted(((n / requests, fn) for fn, n in calls.items()), reverse=True)
 
 
 def main(argv: list[str] | None = None) -> int:
