@@ -106,8 +106,7 @@ class CompiledPolicy:
     def match(self, info: RequestInfo, model: str | None = None) -> CompiledRoute | None:
         """The first route that matches; a route with `match.model` only for a `model` one of
         its globs matches (a request without a model never takes it). The filters on the
-        request path call `first_route` over `routes` themselves (this method runs
-        interpreted)."""
+        request path call `first_route` over `routes` themselves."""
         return first_route(self.routes, info, model)
 
     def match_head(self, info: RequestInfo) -> CompiledRoute | None:

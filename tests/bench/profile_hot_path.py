@@ -133,8 +133,9 @@ def count_instructions(
           f"request\ncallgrind_annotate --inclusive=yes {parts[-1]}")  # fmt: skip
     lookups = generic_lookups(parts[-1], row.requests)
     if lookups:
-        print(f"generic attribute lookups per request: {sum(n for n, _ in lookups):.0f}; "
-              "the compiled functions that make most:")  # fmt: skip
+        print(f"reads by name per request: {sum(n for n, _ in lookups):.0f}; the callers that "
+              "make most (compiled functions by their C names; interpreted code, as h2's, shows "
+              "as _PyEval_EvalFrameDefault and _PyObject_GetMethod):")  # fmt: skip
         for n, fn in lookups[: a.top if a.top < 20 else 12]:
             print(f"  {n:5.1f}  {fn}")
     return 0
