@@ -229,30 +229,30 @@ def usage_tail(raw: bytes, loads: Callable[[bytes], Any]) -> Usage | None:
     i = raw.rfind(_USAGE_KEY, max(0, end - _MAX_TAIL_BYTES), end)
     if i <= 0 or raw[i - 1] == 0x5C:  # a backslash: inside a string
         return None
-    j = i + len(_USAGE_KEY)
-    while j < end and raw[j] in _SPACE:
-        j += 1
+    j = _past_space(raw, i + len(_USAGE_KEY), end)
     if j >= end or raw[j] != 0x3A:  # ":"
         return None
-    j += 1
-    while j < end and raw[j] in _SPACE:
-        j += 1
+    j = _past_space(raw, j + 1, end)
     if j >= end or raw[j] != 0x7B:  # "{"
         return None
     k = _object_end(raw, j, min(end - 1, j + _MAX_USAGE_BYTES))
     if k < 0:
         return None
-    u = loads(raw[j:k])
-    if not isinstance(u, dict):
+    u = usage_in(loads(raw[j:k]))
+    if u is None:
         return None
-    rest = k
-    while rest < end and raw[rest] in _SPACE:
-        rest += 1
-    if rest == end - 1:  # the usage is the last member
-        return usage_in(u)
-    if raw[rest] != 0x2C or not isinstance(loads(b"{" + raw[rest + 1 : end]), dict):  # ","
-        return None
-    return usage_in(u)
+    rest = _past_space(raw, k, end)
+    if rest == end - 1:  # the last member
+        return u
+    # Else members follow ("," first), and the closing "}": they parse as an object.
+    more = raw[rest] == 0x2C and isinstance(loads(b"{" + raw[rest + 1 : end]), dict)
+    return u if more else None
+
+
+def _past_space(raw: bytes, j: int, end: int) -> int:
+    while j < end and raw[j] in _SPACE:
+        j += 1
+    return j
 
 
 _JSON_SEEN: Final[dict[str, bool]] = {}  # Content-Type value → is_json_type (bounded)

@@ -198,16 +198,14 @@ def on_json(ctx: RequestContext, chain: Chain, status: int, chunk: bytes) -> Sta
     JSON answers; a chat or completions answer), the usage object alone is parsed if the
     answer ends with it (`usage_tail`), as servers write it."""
     b = ctx.body
-    if not chain.hears_json and (b is None or b.api == apis.CHAT or b.api == apis.COMPLETIONS):
+    openai = b is None or b.api == apis.CHAT or b.api == apis.COMPLETIONS
+    if openai and not chain.hears_json:
         u = usage_tail(chunk, _loads)
         if u is not None:
             ctx.usage = u
             return Status.CONTINUE
     doc = _loads(chunk)
-    if b is None or b.api == apis.CHAT:
-        u = usage_from(doc)
-    else:
-        u = usage_from(doc) if b.api == apis.COMPLETIONS else apis.usage_of(b.api, doc, None)
+    u = usage_from(doc) if b is None or openai else apis.usage_of(b.api, doc, None)
     if u is not None:
         ctx.usage = u
     if not chain.hears_json:

@@ -136,7 +136,7 @@ def count_instructions(
         print(f"reads by name per request: {sum(n for n, _ in lookups):.0f}; the callers that "
               "make most (compiled functions by their C names; interpreted code, as h2's, shows "
               "as _PyEval_EvalFrameDefault and _PyObject_GetMethod):")  # fmt: skip
-        for n, fn in lookups[: a.top if a.top < 20 else 12]:
+        for n, fn in lookups[: a.top]:
             print(f"  {n:5.1f}  {fn}")
     return 0
 
