@@ -67,7 +67,7 @@ class _Handle:
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         proto: Any = request.protocol
         ex = AiohttpExchange(
-            request, proto.sluice_peer, self.forward.gateway.draining, proto.sluice_cert
+            request, proto, proto.sluice_peer, self.forward.gateway.draining, proto.sluice_cert
         )
         await self.forward.serve(ex)
         if ex.resp is None:  # every path answers; this is a bug guard, not a code path
