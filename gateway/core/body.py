@@ -216,7 +216,9 @@ def usage_tail(raw: bytes, loads: Callable[[bytes], Any]) -> Usage | None:
     - `"usage"` not preceded by a backslash and followed by `:` is a key (in a string, a quote
       followed by `usage"` and a colon cannot be valid JSON);
     - its value is the object from its `{` to the `}` that closes it (braces counted outside
-      strings), and parses as one;
+      strings), and parses as one; or, when it is likely the last member (a `}` before the
+      answer's own), what lies between its `{` and the answer's last `}` parses as one object
+      (one parse, no counting): then nothing follows it;
     - what follows is the answer's closing `}`, or more members and it (parsed as an object):
       the object holding the key closes where the answer ends, so it is the outermost one.
     A later `usage` nested deeper is found first and fails the last test: the whole answer
@@ -235,6 +237,15 @@ def usage_tail(raw: bytes, loads: Callable[[bytes], Any]) -> Usage | None:
     j = _past_space(raw, j + 1, end)
     if j >= end or raw[j] != 0x7B:  # "{"
         return None
+    last = end - 1  # the answer's closing "}"
+    while last > j and raw[last - 1] in _SPACE:
+        last -= 1
+    if raw[last - 1] == 0x7D and last - j <= _MAX_USAGE_BYTES:
+        # Likely the last member (OpenAI's and most servers' order): what lies between its
+        # "{" and the answer's closing "}" is one object, or not (then counted out below).
+        parsed = loads(raw[j:last])
+        if parsed is not None:
+            return usage_in(parsed)
     k = _object_end(raw, j, min(end - 1, j + _MAX_USAGE_BYTES))
     if k < 0:
         return None

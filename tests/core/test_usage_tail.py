@@ -40,6 +40,8 @@ VLLM_TAIL = ',"prompt_logprobs":null,"prompt_token_ids":null,"kv_transfer_params
         json.dumps({"id": "c1", "choices": [], "usage": USAGE}, indent=2) + "\n",
         json.dumps({"id": "c1", "usage": DETAILS})[:-1] + VLLM_TAIL,
         '{"id": "x", "usage" : { "prompt_tokens" : 12, "completion_tokens" : 34, "n": "a}\\"b{"} }',
+        # followed by an object: the one-parse guess (last member) fails, the count finds it
+        json.dumps({"id": "c1", "usage": USAGE, "meta": {"a": {"b": 1}}}),
     ],
 )
 def test_the_usage_is_read_from_the_tail(raw: str) -> None:
@@ -51,6 +53,19 @@ def test_the_usage_is_read_from_the_tail(raw: str) -> None:
 
     assert usage_tail(raw.encode(), spy) == Usage(12, 34)
     assert seen and all(len(b) < len(raw.strip()) for b in seen)  # never the whole answer
+
+
+def test_a_last_usage_is_one_parse_of_its_object() -> None:
+    """The common case (OpenAI's order, the usage last): one parse, of the usage object alone."""
+    seen: list[bytes] = []
+
+    def spy(b: bytes) -> Any:
+        seen.append(b)
+        return loads(b)
+
+    raw = json.dumps({"id": "c1", "choices": [{"message": {"content": "}"}}], "usage": DETAILS})
+    assert usage_tail(raw.encode(), spy) == Usage(12, 34)
+    assert seen == [json.dumps(DETAILS).encode()]
 
 
 @pytest.mark.parametrize(
