@@ -29,7 +29,7 @@ from gateway.telemetry import metrics
 if TYPE_CHECKING:
     from gateway.context import RequestContext
     from gateway.forward.exchange import Exchange
-    from gateway.policy.model import Timeouts
+    from gateway.policy.compiled import RouteTimeouts
     from gateway.snapshot import Snapshot
     from gateway.upstream.response import UpstreamResponse
 
@@ -38,7 +38,15 @@ _monotonic: Final = time.monotonic  # a static: no module attribute lookup per c
 
 # The forwarder's upstream call with its retries (`gateway.forward.http.HttpForward.tries`).
 Tries = Callable[
-    ["RequestContext", "Exchange", str, str, list[tuple[bytes, bytes]], "bytes | None", "Timeouts"],
+    [
+        "RequestContext",
+        "Exchange",
+        str,
+        str,
+        list[tuple[bytes, bytes]],
+        "bytes | None",
+        "RouteTimeouts",
+    ],
     Awaitable["UpstreamResponse"],
 ]
 

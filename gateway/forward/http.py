@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable
 
     from gateway.app import Gateway
-    from gateway.policy.model import Timeouts
+    from gateway.policy.compiled import RouteTimeouts
     from gateway.snapshot import Bounds, Snapshot
     from gateway.upstream.pool import UpstreamPool
     from gateway.upstream.response import UpstreamResponse
@@ -299,7 +299,7 @@ class HttpForward:
         path: str,
         headers: list[tuple[bytes, bytes]],
         body: bytes | None,
-        timeouts: Timeouts,
+        timeouts: RouteTimeouts,
     ) -> UpstreamResponse:
         """The upstream call, tried again where the route allows and it is safe
         (`gateway.forward.lifecycle.retry`: a connection that could not be had, or a 503

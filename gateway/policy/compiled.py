@@ -51,6 +51,22 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+@dataclass(frozen=True, slots=True)
+class RouteTimeouts:
+    """A route's `timeouts` as the request path reads them: a compiled class's fields are
+    loads, a policy model's are lookups by name."""
+
+    connect_s: float
+    first_byte_s: float
+    idle_s: float
+    total_s: float
+    body_read_s: float
+
+
+def route_timeouts(t: Timeouts) -> RouteTimeouts:
+    return RouteTimeouts(t.connect_s, t.first_byte_s, t.idle_s, t.total_s, t.body_read_s)
+
+
 @dataclass(slots=True)
 class CompiledRoute:
     name: str
@@ -59,13 +75,14 @@ class CompiledRoute:
     methods: frozenset[str]
     headers: tuple[tuple[str, str | None], ...]
     endpoints: tuple[Endpoint, ...]  # the static members of its backends
-    timeouts: Timeouts
+    timeouts: RouteTimeouts
     strip_prefix: str
     targets: tuple[tuple[str, int], ...] = ()  # (backend name, weight) of the split
     canary: Canary | None = None
     retries: Retries | None = None
     sticky: Sticky | None = None
-    try_timeouts: Timeouts | None = None  # `timeouts` with connect and first byte capped per try
+    # `timeouts` with connect and first byte capped per try
+    try_timeouts: RouteTimeouts | None = None
     static_weights: tuple[float, ...] = ()  # each static endpoint's share of the route
     model_re: re.Pattern[str] | None = None  # `match.model` globs, compiled into one
     by_model: bool = False
@@ -142,11 +159,13 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
     try_timeouts = None
     if r.retries is not None and r.retries.per_try_timeout_s is not None:
         cap = r.retries.per_try_timeout_s
-        try_timeouts = timeouts.model_copy(
-            update={
-                "connect_s": min(timeouts.connect_s, cap),
-                "first_byte_s": min(timeouts.first_byte_s, cap),
-            }  # fmt: skip
+        try_timeouts = route_timeouts(
+            timeouts.model_copy(
+                update={
+                    "connect_s": min(timeouts.connect_s, cap),
+                    "first_byte_s": min(timeouts.first_byte_s, cap),
+                }  # fmt: skip
+            )
         )
     return CompiledRoute(
         name=r.name,
@@ -155,7 +174,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
         endpoints=tuple(static),
-        timeouts=timeouts,
+        timeouts=route_timeouts(timeouts),
         strip_prefix=r.strip_prefix,
         targets=tuple(targets),
         canary=r.canary,

@@ -56,8 +56,8 @@ from gateway.upstream.request import (
 from gateway.upstream.response import UpstreamResponse
 
 if TYPE_CHECKING:
-    from gateway.policy.compiled import Endpoint
-    from gateway.policy.model import Limits, Timeouts
+    from gateway.policy.compiled import Endpoint, RouteTimeouts
+    from gateway.policy.model import Limits
 
 __all__ = [
     "HIGH_WATER",
@@ -310,7 +310,7 @@ class UpstreamPool:
         path: str,
         headers: list[tuple[bytes, bytes]],
         body: Body,
-        timeouts: Timeouts,
+        timeouts: RouteTimeouts,
         *,
         content_length: int | None = None,
     ) -> UpstreamResponse:

@@ -24,7 +24,7 @@ from gateway.upstream.conn import FIRST_BYTE, IDLE, SEND, Stale, UpstreamConn
 from gateway.upstream.response import UpstreamResponse
 
 if TYPE_CHECKING:
-    from gateway.policy.model import Timeouts
+    from gateway.policy.compiled import RouteTimeouts
     from gateway.telemetry.tally import HistTally
 
 REPLAY_LIMIT: Final = 64 * 1024  # streamed request bytes kept for a stale-connection retry
@@ -126,7 +126,7 @@ def send_now(conn: UpstreamConn, head: bytearray, body: bytes, batch: WriteBatch
 
 
 async def send_bytes(
-    conn: UpstreamConn, head: bytearray, body: bytes, t: Timeouts, batch: WriteBatch
+    conn: UpstreamConn, head: bytearray, body: bytes, t: RouteTimeouts, batch: WriteBatch
 ) -> None:
     assert conn.transport is not None
     if send_now(conn, head, body, batch):
@@ -142,7 +142,7 @@ async def send_bytes(
 
 
 async def send_stream(
-    conn: UpstreamConn, head: bytearray, stream: ReplayStream, chunked: bool, t: Timeouts
+    conn: UpstreamConn, head: bytearray, stream: ReplayStream, chunked: bool, t: RouteTimeouts
 ) -> None:
     """Write the head, replay what a stale connection lost, then pull the stream through."""
     transport = conn.transport
@@ -190,7 +190,9 @@ async def drain(conn: UpstreamConn) -> None:
         raise conn.exc
 
 
-async def wait_head(conn: UpstreamConn, first_byte: HistTally, t: Timeouts) -> UpstreamResponse:
+async def wait_head(
+    conn: UpstreamConn, first_byte: HistTally, t: RouteTimeouts
+) -> UpstreamResponse:
     """Wait for the response head (first-byte timeout), observe the wait in `first_byte`, and
     arm the idle timer for the body."""
     loop = conn.loop

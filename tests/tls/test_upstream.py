@@ -5,6 +5,7 @@ never ends, and how connections and channels are keyed by the TLS settings."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from gateway.errors import UpstreamTimeout, UpstreamTlsError
 from gateway.mockbackend.server import MockBackendHandle, start_mock_backend
 from gateway.mockbackend.tls import ServerTls
-from gateway.policy.compiled import Endpoint, endpoint_of
+from gateway.policy.compiled import Endpoint, endpoint_of, route_timeouts
 from gateway.policy.model import Limits, Policy, Timeouts
 from gateway.registry.health import check_grpc, check_http
 from gateway.tls.upstream import client_tls
@@ -24,7 +25,7 @@ from gateway.upstream.pool import UpstreamPool
 from tests.support import until
 from tests.tls_support import SERVER_NAME, Pki, make_pki
 
-T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
+T = route_timeouts(Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0))
 H = [(b"host", b"u")]
 
 
@@ -138,7 +139,7 @@ async def test_the_connect_deadline_covers_the_handshake(pki: Pki) -> None:
         t0 = loop.time()
         with pytest.raises(UpstreamTimeout) as e:
             ep = endpoint(port, ca=str(pki.ca.path))
-            await pool.request(ep, "GET", "/", H, None, T.model_copy(update={"connect_s": 0.3}))
+            await pool.request(ep, "GET", "/", H, None, dataclasses.replace(T, connect_s=0.3))
         assert e.value.phase == "connect"
         assert loop.time() - t0 < 2.0
         async with asyncio.timeout(5):  # the abandoned handshake's socket was closed

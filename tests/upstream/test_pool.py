@@ -14,13 +14,13 @@ from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.errors import UpstreamConnectError, UpstreamProtocolError, UpstreamTimeout
-from gateway.policy.compiled import Endpoint
+from gateway.policy.compiled import Endpoint, route_timeouts
 from gateway.policy.model import Timeouts
 from gateway.telemetry import metrics
 from gateway.upstream.pool import HIGH_WATER, UpstreamHost, UpstreamPool
 from tests.support import until
 
-T = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0)
+T = route_timeouts(Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0))
 H = [(b"host", b"u")]
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -175,7 +175,7 @@ async def test_bounded_connections_wait_then_fail(tmp_path: Path) -> None:
 
     lim = "max_connections_per_backend: 2"
     async with aiohttp_upstream(h) as (port, peers), make_pool(tmp_path, port, limits=lim) as pool:
-        t = Timeouts(connect_s=0.3, first_byte_s=5, idle_s=5)
+        t = route_timeouts(Timeouts(connect_s=0.3, first_byte_s=5, idle_s=5))
         busy = [asyncio.create_task(pool.request(ep(port), "GET", "/", H, None, t)) for _ in "ab"]
         await until(lambda: len(peers), ok=lambda n: n == 2, interval=0.01)  # both connections busy
         with pytest.raises(UpstreamConnectError):
@@ -269,7 +269,7 @@ async def test_connect_timeout(tmp_path: Path) -> None:
         fillers.append(c)
     try:
         async with make_pool(tmp_path, port) as pool:
-            t = Timeouts(connect_s=0.3)
+            t = route_timeouts(Timeouts(connect_s=0.3))
             with pytest.raises((UpstreamTimeout, UpstreamConnectError)) as ei:
                 await pool.request(ep(port), "GET", "/", H, None, t)
             if isinstance(ei.value, UpstreamTimeout):
@@ -288,7 +288,7 @@ async def test_first_byte_and_idle_timeouts(tmp_path: Path) -> None:
         await r.read()  # then silence until the client gives up
 
     async with Raw(h) as up, make_pool(tmp_path, up.port) as pool:
-        t = Timeouts(first_byte_s=0.2, idle_s=0.2)
+        t = route_timeouts(Timeouts(first_byte_s=0.2, idle_s=0.2))
         with pytest.raises(UpstreamTimeout) as ei:
             await pool.request(ep(up.port), "GET", "/fb", [], None, t)
         assert ei.value.phase == "first_byte"
@@ -410,7 +410,7 @@ async def test_stalled_request_body_times_out(tmp_path: Path) -> None:
         yield b"b"
 
     async with Raw(h) as up, make_pool(tmp_path, up.port) as pool:
-        t = Timeouts(idle_s=0.2)
+        t = route_timeouts(Timeouts(idle_s=0.2))
         t0 = asyncio.get_running_loop().time()
         with pytest.raises(UpstreamTimeout) as ei:
             await pool.request(ep(up.port), "POST", "/", H, slow_body(), t)
