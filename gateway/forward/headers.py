@@ -45,8 +45,29 @@ REQUEST_DROP: Final = HOP_BY_HOP | {
 # An upstream's own overhead figure (a Sluice in front of a Sluice) is replaced by this one's.
 RESPONSE_DROP: Final = HOP_BY_HOP | {b"content-length", b"x-sluice-overhead-ms"}
 
-# Response fields `client_head` looks at: the dropped ones and the ones it notes.
-_NOTED: Final = RESPONSE_DROP | {b"date", b"content-type", b"x-request-id"}
+# What `client_head` does with a response field, by its lowercased name.
+_PASS: Final = 0
+_CONTENT_LENGTH: Final = 1
+_TRANSFER_ENCODING: Final = 2
+_CONNECTION: Final = 3
+_DROP: Final = 4
+_DATE: Final = 5
+_CONTENT_TYPE: Final = 6
+_REQUEST_ID: Final = 7
+_KIND_OF: Final = {
+    **dict.fromkeys(RESPONSE_DROP, _DROP),
+    b"content-length": _CONTENT_LENGTH,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"connection": _CONNECTION,
+    b"date": _DATE,
+    b"content-type": _CONTENT_TYPE,
+    b"x-request-id": _REQUEST_ID,
+}
+# The same by the name as the upstream spelled it, learned: backends send the same few names in
+# the same case on every answer, and one lookup replaces a lowercasing and two set lookups a
+# field. Bounded: past it, names are lowercased as they come.
+_KINDS_SEEN: Final[dict[bytes, int]] = {}
+_MAX_KINDS_SEEN: Final = 512
 
 JSON = "application/json"  # content type of `error_body`
 
@@ -150,23 +171,27 @@ def client_head(
     has_rid = False
     parts: list[bytes] = []
     for n, v in headers:
-        ln = n.lower()
-        if ln in _NOTED:
-            if ln in RESPONSE_DROP:
-                if ln == b"content-length":
+        kind = _KINDS_SEEN.get(n)
+        if kind is None:
+            kind = _KIND_OF.get(n.lower(), _PASS)
+            if len(_KINDS_SEEN) < _MAX_KINDS_SEEN:
+                _KINDS_SEEN[n] = kind
+        if kind != _PASS:
+            if kind <= _DROP:
+                if kind == _CONTENT_LENGTH:
                     if not v.isdigit():
                         raise BadUpstreamHead("invalid upstream Content-Length")
                     head.length = int(v)
-                elif ln == b"transfer-encoding":
+                elif kind == _TRANSFER_ENCODING:
                     head.chunked = True
-                elif ln == b"connection":  # `keep-alive` / `close` name nothing left to drop
+                elif kind == _CONNECTION:  # `keep-alive` / `close` name nothing left to drop
                     listed = connection_listed(v) - RESPONSE_DROP
                     if listed:
                         conn_listed = listed if conn_listed is None else conn_listed | listed
                 continue
-            if ln == b"date":
+            if kind == _DATE:
                 head.date = True
-            elif ln == b"content-type":
+            elif kind == _CONTENT_TYPE:
                 head.content_type = v.lower()
             else:
                 has_rid = True
@@ -192,7 +217,8 @@ def overhead_line(ctx: RequestContext) -> bytes:
     """`x-sluice-overhead-ms`: the time since the request arrived, the upstream's time to its
     heads excluded (as LiteLLM's `x-litellm-overhead-duration-ms`); kept for the metric."""
     s = ctx.overhead_s = max(0.0, _monotonic() - ctx.started - ctx.upstream_s)
-    return b"x-sluice-overhead-ms: %.3f\r\n" % (s * 1000.0)
+    us = int(s * 1_000_000.0 + 0.5)  # as "%.3f" of the milliseconds, without a float format
+    return b"x-sluice-overhead-ms: %d.%03d\r\n" % (us // 1000, us % 1000)
 
 
 def response_lines(
