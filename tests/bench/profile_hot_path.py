@@ -22,9 +22,12 @@ requests in flight as streams over `--h2-connections` connections), the native e
 
 `--callgrind` counts instead of sampling: the gateway runs under valgrind's callgrind, its
 counters are zeroed after the warm-up and dumped after `--duration` seconds of load, and the
-instructions per request are printed with the dump's path (`callgrind_annotate --inclusive=yes
-FILE` for the functions), and the compiled functions that read attributes by name most (a
-generic lookup, ~175 instructions, where a compiled class's field is one load). Instructions do
+instructions per request are printed, all threads' and the event loop's thread's alone (the
+other threads' periodic work, as the span exporter's, weighs ~50× more a request under valgrind
+and moves from run to run: compare the loop's), with the loop's dump's path
+(`callgrind_annotate --inclusive=yes FILE` for the functions), and the compiled functions that
+read attributes by name most (a generic lookup, ~175 instructions, where a compiled class's
+field is one load). Instructions do
 not move with the machine's load as CPU time does, so two gateways (the default and the full
 chain, two engines, before and after a change) compare even on a noisy machine; valgrind runs
 the gateway ~50 times slower and hides the CPU's SHA and AES instructions from OpenSSL, so read
@@ -117,27 +120,48 @@ def count_instructions(
     ).stdout
     subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True)
     parse(out, row)
-    # The dump after the zeroing is the newest `FILE.N`; its `summary:` line is the total.
-    parts = sorted(dump.parent.glob(f"{dump.name}.*"), key=lambda f: f.stat().st_mtime)
-    if not parts or not row.requests:
-        print(f"no dump or no requests ({parts}, {row.requests})", file=sys.stderr)
+    # Threads are dumped apart (`--separate-threads=yes`): FILE.N-TT, N the dump, TT the
+    # thread (01 the main one, where the event loop runs). The newest N is the dump after the
+    # zeroing; each file's `summary:` line is its thread's total.
+    threads = dump_threads(dump)
+    if not threads or not row.requests:
+        print(f"no dump or no requests ({threads}, {row.requests})", file=sys.stderr)
         return 1
-    total = next(
-        int(line.split()[1])
-        for line in parts[-1].read_text(errors="replace").splitlines()
-        if line.startswith(("summary:", "totals:"))
-    )
+    totals = {tt: summary_of(f) for tt, f in threads.items()}
+    total, loop = sum(totals.values()), totals.get("01", 0)
     chain_name = "full" if a.full else a.filters or "default"
     print(f"{a.engine} engine, chain {chain_name}, {'h2c' if a.h2c else 'HTTP/1.1'}: "
           f"{row.requests} requests, {total / row.requests / 1000:.1f} k instructions per "
-          f"request\ncallgrind_annotate --inclusive=yes {parts[-1]}")  # fmt: skip
-    lookups = generic_lookups(parts[-1], row.requests)
+          f"request; the event loop's thread {loop / row.requests / 1000:.1f} k (the other "
+          f"threads' periodic work weighs ~50x under valgrind)\n"
+          f"callgrind_annotate --inclusive=yes {threads.get('01')}")  # fmt: skip
+    main = threads.get("01")
+    lookups = generic_lookups(main, row.requests) if main is not None else []
     if lookups:
         print(f"reads by name per request: {sum(n for n, _ in lookups):.0f}; the callers that "
               "make most (compiled functions by their C names; interpreted code, as h2's, shows "
               "as _PyEval_EvalFrameDefault and _PyObject_GetMethod):")  # fmt: skip
         for n, fn in lookups[: a.top]:
             print(f"  {n:5.1f}  {fn}")
+    return 0
+
+
+def dump_threads(dump: Path) -> dict[str, Path]:
+    """The newest dump's file of each thread, by thread number ("01", "02", ...), from the
+    files `--separate-threads=yes` writes (FILE.N-TT)."""
+    found: dict[int, dict[str, Path]] = {}
+    for f in dump.parent.glob(f"{dump.name}.*-*"):
+        n, _, tt = f.name[len(dump.name) + 1 :].partition("-")
+        if n.isdigit() and tt.isdigit():
+            found.setdefault(int(n), {})[tt] = f
+    return found[max(found)] if found else {}
+
+
+def summary_of(part: Path) -> int:
+    """A dump file's total (its `summary:` or `totals:` line)."""
+    for line in part.read_text(errors="replace").splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
     return 0
 
 
@@ -229,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             if a.callgrind:  # the dumps outlive the run: `--keep`, or a directory of their own
                 where = a.keep or Path(tempfile.mkdtemp(prefix="sluice-callgrind-")) / "out"
                 dump = Path(where).resolve()
-                under = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}"]
+                under = ["valgrind", "--tool=callgrind", "--separate-threads=yes"]
+                under += [f"--callgrind-out-file={dump}"]
             gw, ports = start_gateway(s, backend, None, variant, "sluice", under=under)
             url = s.url(ports["http"])
             row = Row("Sluice")

@@ -1,9 +1,12 @@
 """`profile_hot_path --callgrind`'s report of attribute reads by name, from the lines
-`callgrind_annotate --tree=caller` prints (as it printed them for a gateway under load)."""
+`callgrind_annotate --tree=caller` prints (as it printed them for a gateway under load), and its
+choice of the dump files to count."""
 
 from __future__ import annotations
 
-from tests.bench.profile_hot_path import lookups_in
+from pathlib import Path
+
+from tests.bench.profile_hot_path import dump_threads, lookups_in, summary_of
 
 NATIVE = "/work/main/build/native/gateway/__native__native.c"
 LIB = "python-build.1/Python-3.11.7/Objects/object.c"
@@ -35,3 +38,16 @@ def test_the_callers_of_a_read_by_name_per_request() -> None:
 
 def test_no_such_block_gives_nothing() -> None:
     assert lookups_in(TREE[:3], 10) == []
+
+
+def test_the_newest_dump_of_each_thread_and_its_total(tmp_path: Path) -> None:
+    """`--separate-threads=yes` writes FILE.N-TT (dump N, thread TT) and FILE-TT at exit; the
+    newest N is the dump after the zeroing."""
+    dump = tmp_path / "out"
+    for name, total in [("out.1-01", 5), ("out.1-02", 6), ("out.2-01", 700), ("out.2-02", 30),
+                        ("out-01", 9), ("out.x-01", 1)]:  # fmt: skip
+        (tmp_path / name).write_text(f"events: Ir\nsummary: {total}\n")
+    threads = dump_threads(dump)
+    assert sorted(threads) == ["01", "02"]
+    assert [summary_of(threads[t]) for t in ("01", "02")] == [700, 30]
+    assert dump_threads(tmp_path / "none") == {}
