@@ -80,7 +80,7 @@ _BODILESS = (204, 304)
 
 class AiohttpExchange:
     """One request, read from aiohttp's parsed message once: the request's own properties are
-    computed and cached per request, each a Python call (six of them were ~5 % of this
+    computed and cached per request, each a Python call (six of them were ~3 % of this
     engine's instructions a request); its public `message` warns (deprecated) on every read."""
 
     __slots__ = (
