@@ -65,9 +65,13 @@ _KIND_OF: Final = {
 }
 # The same by the name as the upstream spelled it, learned: backends send the same few names in
 # the same case on every answer, and one lookup replaces a lowercasing and two set lookups a
-# field. Bounded: past it, names are lowercased as they come.
+# field. Bounded in names and in their length: past it, names are lowercased as they come.
 _KINDS_SEEN: Final[dict[bytes, int]] = {}
-_MAX_KINDS_SEEN: Final = 512
+_MAX_SEEN: Final = 512
+_MAX_SEEN_NAME: Final = 64
+# A client's field names as sent → lowercased, learned the same way (clients send the same few
+# names in the same case): the lowercased name comes with its hash made, for the set lookups.
+_LOWER_SEEN: Final[dict[bytes, bytes]] = {}
 
 JSON = "application/json"  # content type of `error_body`
 
@@ -115,7 +119,11 @@ def request_headers(
     xff = b""
     out: list[tuple[bytes, bytes]] = [(b"host", endpoint.address.encode())]
     for n, v in raw:
-        ln = n.lower()
+        ln = _LOWER_SEEN.get(n)
+        if ln is None:
+            ln = n.lower()
+            if len(_LOWER_SEEN) < _MAX_SEEN and len(n) <= _MAX_SEEN_NAME:
+                _LOWER_SEEN[n] = ln
         if ln in drop:
             if ln == b"connection":  # `keep-alive` / `close` name nothing left to drop
                 listed = connection_listed(v) - drop
@@ -174,7 +182,7 @@ def client_head(
         kind = _KINDS_SEEN.get(n)
         if kind is None:
             kind = _KIND_OF.get(n.lower(), _PASS)
-            if len(_KINDS_SEEN) < _MAX_KINDS_SEEN:
+            if len(_KINDS_SEEN) < _MAX_SEEN and len(n) <= _MAX_SEEN_NAME:
                 _KINDS_SEEN[n] = kind
         if kind != _PASS:
             if kind <= _DROP:
