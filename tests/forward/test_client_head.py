@@ -6,27 +6,17 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 import pytest
 
 from gateway.context import RequestContext
-from gateway.core.request import RequestInfo, Wire
 from gateway.forward.headers import BadUpstreamHead, client_head
-from gateway.policy.compiled import compile_policy
-from gateway.policy.model import Policy
-
-POLICY = compile_policy(
-    Policy.model_validate(
-        {
-            "backends": [{"name": "b", "endpoints": [{"address": "127.0.0.1:1"}]}],
-            "routes": [{"name": "r", "backend": "b"}],
-        }
-    )
-)
+from tests.forward.heads import SPELLINGS, request_context
 
 
 def ctx(request_id: str = "rid-1") -> RequestContext:
-    c = RequestContext(RequestInfo(Wire.HTTP, "POST", "/v1/x", {}, peer="10.0.0.1"), POLICY)
+    c = request_context()
     c.request_id = request_id
     c.started = c.upstream_s = 0.0
     return c
@@ -36,10 +26,10 @@ def lines_of(block: bytes) -> list[bytes]:
     return [line for line in block.split(b"\r\n") if line]
 
 
-@pytest.mark.parametrize("case", [str.lower, str.upper, str.title])
-def test_dropped_noted_and_passed_in_any_case(case: object) -> None:
+@pytest.mark.parametrize("case", SPELLINGS)
+def test_dropped_noted_and_passed_in_any_case(case: Callable[[str], str]) -> None:
     def name(s: str) -> bytes:
-        return case(s).encode()  # type: ignore[operator]
+        return case(s).encode()
 
     upstream = [
         (name("Content-Length"), b"12"),
