@@ -11,7 +11,9 @@ from typing import Any, Final
 from gateway.context import RequestContext, Status
 from gateway.services import Services
 
-_VALID: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+# Whole-string match: `$` would let a trailing newline through. The access log writes the id
+# unescaped on the strength of this pattern.
+_VALID: Final = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
 # Request ids must be unique, not secret: a per-process PRNG seeded from the OS (at import, so
@@ -29,7 +31,7 @@ class RequestIdFilter:
 
     def on_request(self, ctx: RequestContext) -> Status:
         incoming = ctx.info.headers.get("x-request-id")
-        rid = incoming if incoming is not None and _VALID.match(incoming) else new_request_id()
+        rid = incoming if incoming is not None and _VALID.fullmatch(incoming) else new_request_id()
         ctx.request_id = rid
         ctx.upstream_headers["x-request-id"] = rid
         return Status.CONTINUE

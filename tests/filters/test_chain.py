@@ -133,7 +133,13 @@ async def test_weighted_split_follows_weights() -> None:
 
 @pytest.mark.parametrize(
     ("incoming", "kept"),
-    [("abc-123", True), ("x" * 129, False), ("bad id\r\n", False), (None, False)],
+    [
+        ("abc-123", True),
+        ("x" * 129, False),
+        ("bad id\r\n", False),
+        ("abc\n", False),  # `$` alone would match before the newline
+        (None, False),
+    ],
 )
 async def test_request_id(incoming: str | None, kept: bool) -> None:
     ctx = ctx_for("/v1/x", headers={"x-request-id": incoming} if incoming else {})
@@ -177,3 +183,34 @@ async def test_access_log_sink_is_bounded(monkeypatch: pytest.MonkeyPatch) -> No
         sink.emit("x" * 30)
     sink.flush()
     assert written == [b"\n".join([b"x" * 30] * 3) + b"\n"]
+
+
+async def test_access_log_learns_repeated_values_as_literals_within_bounds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import gateway.filters.access_log as access_log
+
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    written: list[bytes] = []
+    f = AccessLogFilter(POLICY.policy.access_log, sink=AccessLogSink(written.append))
+    route = RouteFilter(POLICY)
+    paths = ['/v1/"q"\u00e9', "/v1/x", "/v1/" + "y" * access_log.LEARNED_CHARS]
+    paths += [f"/v1/n{i}" for i in range(access_log.LEARNED_MAX + 5)]
+    for path in paths * 2:  # each value twice: learned, then used
+        ctx = ctx_for(path)
+        route.on_request(ctx)
+        RequestIdFilter().on_request(ctx)
+        ctx.http_status = 200
+        f.on_response(ctx)
+    f._sink.flush()
+    entries = [json.loads(line) for line in b"".join(written).decode().splitlines()]
+    assert [e["path"] for e in entries] == paths * 2  # escaped exactly, learned or not
+    assert {e["route"] for e in entries} == {"split"}
+    assert {e["backend"] for e in entries} == {"a", "b"}
+    assert {e["upstream"] for e in entries} == {"127.0.0.1:1", "127.0.0.1:2"}
+    assert all(len(e["request_id"]) == 32 and e["peer"] == "10.0.0.1" for e in entries)
+    learned = f._learned
+    assert len(learned) == access_log.LEARNED_MAX
+    assert learned['/v1/"q"\u00e9'] == '"/v1/\\"q\\"\\u00e9"'
+    assert all(len(v) <= access_log.LEARNED_CHARS for v in learned)
+    assert paths[2] not in learned  # over the length bound: escaped as it comes
