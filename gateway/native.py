@@ -38,6 +38,7 @@ from types import ModuleType
 MODULES = (
     "gateway.context",
     "gateway.adapters.common",
+    "gateway.adapters.aiohttp.exchange",
     "gateway.auth.tokens",
     "gateway.adapters.native.conn",
     "gateway.adapters.native.exchange",

@@ -1,15 +1,16 @@
 """HTTP/1.1 ingress on aiohttp's low-level `web.Server` (`listeners.http.engine: aiohttp`);
 `gateway.adapters.engines.start_http` starts it when the policy names it.
 
-The engine moves bytes only: each request is wrapped in an `AiohttpExchange`
-(`gateway.adapters.aiohttp.exchange`) and handed to `HttpForward.serve` (`gateway.forward.http`),
-which owns everything else: the chain, the header-total and body bounds (431, 413), the upstream
-call through the pool, deadlines, the response phase and the bookkeeping.
+The engine moves bytes only: each request is wrapped in an `AiohttpExchange` by `Handle`
+(`gateway.adapters.aiohttp.exchange`, compiled) and handed to `HttpForward.serve`
+(`gateway.forward.http`), which owns everything else: the chain, the header-total and body
+bounds (431, 413), the upstream call through the pool, deadlines, the response phase and the
+bookkeeping.
 
 What this module adds to aiohttp's server, so that both engines answer the same bytes the same
 way (`tests/adapters/test_differential.py` checks it):
 - parser refusals: a header line over `max_line_bytes` (aiohttp's `max_line_size` /
-  `max_field_size`, and `_refusal`'s exact per-line bound) or more than `max_header_count`
+  `max_field_size`, and `exchange.refusal`'s exact per-line bound) or more than `max_header_count`
   headers (aiohttp's `max_headers`) → 431 with a JSON body, connection closed; a request line
   over `max_line_bytes` gets the same 431 (aiohttp raises the same LineTooLong; 414 would need a
   guess). What the native parser refuses and aiohttp's accepts (CONNECT, a Transfer-Encoding
@@ -38,12 +39,11 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
-from aiohttp.http import HttpVersion10
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 
-from gateway.adapters.aiohttp.exchange import AiohttpExchange
+from gateway.adapters.aiohttp.exchange import Handle, refusal
 from gateway.forward.headers import JSON, error_body
 from gateway.forward.http import HttpForward
 from gateway.telemetry import metrics
@@ -54,49 +54,6 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 __all__ = ["HttpListener", "start_aiohttp"]
-
-
-class _Handle:
-    """aiohttp's request handler: wraps the request in an exchange for the forwarding path."""
-
-    __slots__ = ("forward",)
-
-    def __init__(self, forward: HttpForward) -> None:
-        self.forward = forward
-
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
-        proto: Any = request.protocol
-        ex = AiohttpExchange(
-            request, proto, proto.sluice_peer, self.forward.gateway.draining, proto.sluice_cert
-        )
-        await self.forward.serve(ex)
-        if ex.resp is None:  # every path answers; this is a bug guard, not a code path
-            return web.Response(status=500, body=error_body("internal", "gateway error"))
-        return ex.resp
-
-
-def _refusal(msg: Any, max_line: int) -> BadHttpMessage | None:
-    """What the native engine's parser refuses in a message aiohttp's parser accepted:
-    - CONNECT (nothing is tunnelled);
-    - a Transfer-Encoding other than one `chunked` in HTTP/1.1 (RFC 9112 §6.1: a transfer
-      coding we do not apply would reach the upstream undone; HTTP/1.0 has none);
-    - an upgrade request with a body (nothing is upgraded: the request is served as a plain one,
-      and the native engine's llhttp would not read its body);
-    - a header line (name, ": ", value) over `max_line_bytes` (aiohttp checks the value alone
-      for every header but the first; its own limit is set above ours)."""
-    headers = msg.headers
-    if msg.method == "CONNECT":
-        return BadHttpMessage("CONNECT is not supported")
-    if "Transfer-Encoding" in headers:
-        te = headers.getall("Transfer-Encoding")
-        if len(te) != 1 or te[0].lower() != "chunked" or msg.version == HttpVersion10:
-            return BadHttpMessage("unsupported Transfer-Encoding")
-    if msg.upgrade and (msg.chunked or headers.get("Content-Length", "0").lstrip("0")):
-        return BadHttpMessage("upgrade request with a body")
-    for n, v in msg.raw_headers:
-        if len(n) + len(v) + 2 > max_line:
-            return LineTooLong(n[:100], max_line)
-    return None
 
 
 class _Handler(RequestHandler):
@@ -147,7 +104,7 @@ class _Handler(RequestHandler):
             if not isinstance(msg, _ErrInfo):
                 self._last_payload = body
                 # What the native engine's parser refuses and aiohttp's accepts: 400/431, closed.
-                err = _refusal(msg, self._max_line)
+                err = refusal(msg, self._max_line)
                 if err is not None:
                     msgs[i] = (_ErrInfo(status=400, exc=err, message=str(err)), EMPTY_PAYLOAD)
             else:
@@ -261,12 +218,12 @@ async def start_aiohttp(
     policy = gateway.active.policy.policy
     limits, timeouts = policy.limits, policy.timeouts
     server = _Server(
-        _Handle(HttpForward(gateway, asyncio.get_running_loop())),
+        Handle(HttpForward(gateway, asyncio.get_running_loop())),
         handler_cancellation=True,
         header_read_s=timeouts.header_read_s,
         keepalive_timeout=timeouts.keepalive_s,
         max_line_size=limits.max_line_bytes,
-        max_field_size=limits.max_line_bytes,  # exact per-line bound: `_refusal`
+        max_field_size=limits.max_line_bytes,  # exact per-line bound: `refusal`
         max_headers=limits.max_header_count,
         access_log=None,
         auto_decompress=False,
