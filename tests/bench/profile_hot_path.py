@@ -1,7 +1,8 @@
 """Where the gateway's CPU goes per request: `python -m tests.bench.profile_hot_path [options]`.
 
     python -m tests.bench.profile_hot_path [--duration 10] [--engine native|aiohttp]
-        [--policy-extra sections.yaml] [--filters a,b,c] [--full] [--top 25] [--rate 250] [--get]
+        [--policy-extra sections.yaml] [--filters a,b,c] [--full [--without FEATURE]] [--top 25]
+        [--rate 250] [--get]
         [--native] [--h2c [--h2-connections 4]]
 
 Starts an nginx backend (serving `/v1/models` and `/v1/chat/completions` itself) on the load
@@ -49,6 +50,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.full import FEATURES
 from gateway.bench.gateways import Setup, Variant, parse_chains, start_gateway
 from gateway.bench.loads import parse_wrk
 from gateway.bench.procs import Procs, cpu_seconds, pinned, start_nginx
@@ -215,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--get", action="store_true", help="GET /v1/models instead of the POST")
     ap.add_argument("--full", action="store_true", help="the full chain (gateway.bench.full)")
     ap.add_argument(
+        "--without",
+        choices=FEATURES,
+        default=None,
+        help="with --full: the full chain minus this feature (sluice bench's pairs)",
+    )
+    ap.add_argument(
         "--keep", default=None, help="write py-spy's raw stacks here (--callgrind: its dumps)"
     )
     ap.add_argument(
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             backend = start_nginx(procs, "nginx-backend", s.load_cpus, None)[1]
             chain = parse_chains([a.filters] if a.filters else None)[0]
-            variant = Variant(a.engine, chain, full=a.full)
+            variant = Variant(a.engine, chain, full=a.full, without=a.without)
             under: list[str] = []
             if a.callgrind:  # the dumps outlive the run: `--keep`, or a directory of their own
                 where = a.keep or Path(tempfile.mkdtemp(prefix="sluice-callgrind-")) / "out"
