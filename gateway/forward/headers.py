@@ -72,6 +72,10 @@ _MAX_SEEN_NAME: Final = 64
 # A client's field names as sent → lowercased, learned the same way (clients send the same few
 # names in the same case): the lowercased name comes with its hash made, for the set lookups.
 _LOWER_SEEN: Final[dict[bytes, bytes]] = {}
+# The filters' header names (a policy's few: the request id, traceparent, the auth filter's claim
+# headers) as bytes, learned by the name: encoded once, their hash made once, for the set of
+# names the client's copies are dropped by.
+_NAME_BYTES: Final[dict[str, bytes]] = {}
 
 JSON = "application/json"  # content type of `error_body`
 
@@ -111,9 +115,14 @@ def request_headers(
     if extra:
         names = set()
         for key, val in extra.items():
-            kb = key.encode("latin-1")
+            kb = _NAME_BYTES.get(key)
+            if kb is None:
+                kb = key.encode("latin-1")
+                if len(_NAME_BYTES) < _MAX_SEEN and len(key) <= _MAX_SEEN_NAME:
+                    _NAME_BYTES[key] = kb
             names.add(kb)
-            added.append((kb, val.encode("latin-1")))
+            if val:  # an empty value only strips the client's copy (e.g. a claim header)
+                added.append((kb, val.encode("latin-1")))
     drop = REQUEST_DROP
     conn_listed: AbstractSet[bytes] | None = None
     xff = b""
@@ -140,9 +149,7 @@ def request_headers(
     peer = ctx.info.peer.encode()
     out.append((b"x-forwarded-for", xff + b", " + peer if xff else peer))
     out.append((b"x-forwarded-proto", b"http"))
-    for name, value in added:
-        if value:  # an empty value only strips the client's copy (e.g. a claim header)
-            out.append((name, value))
+    out += added
     return out
 
 

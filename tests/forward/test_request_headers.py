@@ -57,3 +57,24 @@ def test_a_connection_listed_long_name_is_dropped_too() -> None:
     for _ in range(2):
         out = request_headers(client, ctx(), UPSTREAM)
         assert [n for n, _ in out] == [b"host", b"Accept", b"x-forwarded-for", b"x-forwarded-proto"]
+
+
+def test_the_filters_names_are_learned_and_their_empty_values_only_strip() -> None:
+    import gateway.forward.headers as headers
+
+    long_filter_name = "x-" + "claim-" * 12  # past what is learned
+    extra = {"x-user": "u1", "x-claim": "", long_filter_name: "v"}
+    client = [(b"X-Claim", b"spoofed"), (b"X-User", b"spoofed"), (b"Accept", b"*/*")]
+    for _ in range(2):  # the second time, by the names learned from the first
+        out = request_headers(client, ctx(extra), UPSTREAM)
+        assert out == [
+            (b"host", b"10.1.2.3:8000"),
+            (b"Accept", b"*/*"),
+            (b"x-forwarded-for", b"10.0.0.1"),
+            (b"x-forwarded-proto", b"http"),
+            (b"x-user", b"u1"),
+            (long_filter_name.encode(), b"v"),
+        ]
+    learned = headers._NAME_BYTES
+    assert learned["x-user"] == b"x-user" and learned["x-claim"] == b"x-claim"
+    assert long_filter_name not in learned
