@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
@@ -77,6 +77,18 @@ _LOWER_SEEN: Final[dict[bytes, bytes]] = {}
 # names the client's copies are dropped by.
 _NAME_BYTES: Final[dict[str, bytes]] = {}
 
+
+_K = TypeVar("_K", str, bytes)
+_V = TypeVar("_V")
+
+
+def _learn(seen: dict[_K, _V], name: _K, value: _V) -> _V:
+    """`value` for `name`, kept in `seen` while it has room and the name is short."""
+    if len(seen) < _MAX_SEEN and len(name) <= _MAX_SEEN_NAME:
+        seen[name] = value
+    return value
+
+
 JSON = "application/json"  # content type of `error_body`
 
 
@@ -117,9 +129,7 @@ def request_headers(
         for key, val in extra.items():
             kb = _NAME_BYTES.get(key)
             if kb is None:
-                kb = key.encode("latin-1")
-                if len(_NAME_BYTES) < _MAX_SEEN and len(key) <= _MAX_SEEN_NAME:
-                    _NAME_BYTES[key] = kb
+                kb = _learn(_NAME_BYTES, key, key.encode("latin-1"))
             names.add(kb)
             if val:  # an empty value only strips the client's copy (e.g. a claim header)
                 added.append((kb, val.encode("latin-1")))
@@ -130,9 +140,7 @@ def request_headers(
     for n, v in raw:
         ln = _LOWER_SEEN.get(n)
         if ln is None:
-            ln = n.lower()
-            if len(_LOWER_SEEN) < _MAX_SEEN and len(n) <= _MAX_SEEN_NAME:
-                _LOWER_SEEN[n] = ln
+            ln = _learn(_LOWER_SEEN, n, n.lower())
         if ln in drop:
             if ln == b"connection":  # `keep-alive` / `close` name nothing left to drop
                 listed = connection_listed(v) - drop
@@ -188,9 +196,7 @@ def client_head(
     for n, v in headers:
         kind = _KINDS_SEEN.get(n)
         if kind is None:
-            kind = _KIND_OF.get(n.lower(), _PASS)
-            if len(_KINDS_SEEN) < _MAX_SEEN and len(n) <= _MAX_SEEN_NAME:
-                _KINDS_SEEN[n] = kind
+            kind = _learn(_KINDS_SEEN, n, _KIND_OF.get(n.lower(), _PASS))
         if kind != _PASS:
             if kind <= _DROP:
                 if kind == _CONTENT_LENGTH:

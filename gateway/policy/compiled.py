@@ -154,18 +154,14 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         for name, w in targets
         for e in backends[name].endpoints
     ]
-    timeouts = r.timeouts or p.timeouts
+    timeouts = route_timeouts(r.timeouts or p.timeouts)
     prefix = r.affinity.prefix if r.affinity is not None else None
     try_timeouts = None
     if r.retries is not None and r.retries.per_try_timeout_s is not None:
         cap = r.retries.per_try_timeout_s
-        try_timeouts = route_timeouts(
-            timeouts.model_copy(
-                update={
-                    "connect_s": min(timeouts.connect_s, cap),
-                    "first_byte_s": min(timeouts.first_byte_s, cap),
-                }  # fmt: skip
-            )
+        t = timeouts
+        try_timeouts = RouteTimeouts(
+            min(t.connect_s, cap), min(t.first_byte_s, cap), t.idle_s, t.total_s, t.body_read_s
         )
     return CompiledRoute(
         name=r.name,
@@ -174,7 +170,7 @@ def _compile_route(r: Route, p: Policy, backends: dict[str, Backend]) -> Compile
         methods=frozenset(m.upper() for m in r.match.methods),
         headers=tuple((h.name.lower(), h.value) for h in r.match.headers),
         endpoints=tuple(static),
-        timeouts=route_timeouts(timeouts),
+        timeouts=timeouts,
         strip_prefix=r.strip_prefix,
         targets=tuple(targets),
         canary=r.canary,
