@@ -1,9 +1,12 @@
 """The HTTP/2 engine's codec settings (`gateway.adapters.h2.codec`): h2's options read as plain
 attributes keep the values given, header blocks sent without Huffman coding decode to the
-same fields with a stock decoder (and a stock h2 client), and the compiled Huffman decoder
+same fields with a stock decoder (and a stock h2 client), the decoder that keeps the lists of
+blocks seen again answers (and fails) as hpack's own does, and the compiled Huffman decoder
 (`gateway.adapters.h2.huffman`) answers and fails as hpack's own does."""
 
 from __future__ import annotations
+
+import random
 
 import hpack.hpack
 import pytest
@@ -12,11 +15,18 @@ from h2.connection import H2Connection
 from h2.events import ResponseReceived
 from hpack import Decoder, Encoder, HPACKDecodingError, NeverIndexedHeaderTuple
 from hpack import huffman_table as stock_huffman
+from hpack.exceptions import InvalidTableSizeError, OversizedHeaderListError
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
 from gateway.adapters.h2 import huffman
-from gateway.adapters.h2.codec import Config, PlainEncoder
+from gateway.adapters.h2.codec import (
+    KEPT_BLOCK_BYTES,
+    KEPT_BLOCKS,
+    Config,
+    ListDecoder,
+    PlainEncoder,
+)
 from gateway.adapters.h2.guard import server_h2, start_h2
 from gateway.policy.base import Http2Limits
 
@@ -48,6 +58,8 @@ def test_an_answer_through_the_engine_state_reaches_a_stock_client() -> None:
     limits = Http2Limits()
     srv = server_h2(limits)
     assert isinstance(srv.encoder, PlainEncoder) and isinstance(srv.config, Config)
+    assert isinstance(srv.decoder, ListDecoder)
+    assert srv.decoder.max_header_list_size == limits.max_header_list_bytes
     start_h2(srv, limits)
     cli = H2Connection(H2Configuration(client_side=True, header_encoding=None))
     cli.initiate_connection()
@@ -61,6 +73,123 @@ def test_an_answer_through_the_engine_state_reaches_a_stock_client() -> None:
     events = cli.receive_data(srv.data_to_send())
     got = [e for e in events if isinstance(e, ResponseReceived)]
     assert got and list(got[0].headers or []) == headers
+
+
+REQUEST = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":authority", b"127.0.0.1:8443"),
+    (b":path", b"/sluice.inference.v1.Inference/Infer"),
+    (b"content-type", b"application/grpc"),
+    (b"te", b"trailers"),
+]
+
+
+def _decoded(decoder: Decoder, block: bytes) -> list[tuple[bytes, bytes]] | str:
+    """What `decoder` makes of `block` (h2 asks for raw bytes), or its error's class."""
+    try:
+        return [tuple(f) for f in decoder.decode(block, raw=True)]  # type: ignore[misc]
+    except HPACKDecodingError as e:
+        return type(e).__name__
+
+
+def test_a_block_seen_again_is_answered_from_its_list() -> None:
+    enc, ours = Encoder(), ListDecoder(65536)
+    first = enc.encode(REQUEST)  # literals with indexing: the table changes, nothing kept
+    assert ours.decode(first, raw=True) == REQUEST and not ours.kept
+    again = enc.encode(REQUEST)  # all indexed now
+    assert len(again) == len(REQUEST)
+    got = ours.decode(again, raw=True)
+    assert got == REQUEST and list(ours.kept) == [again]
+    got.append((b"x-mine", b"1"))  # a caller's list is its own
+    assert ours.decode(again, raw=True) == REQUEST
+
+
+def test_a_block_seen_again_after_the_table_changed_reads_the_new_table() -> None:
+    enc, ours, stock = Encoder(), ListDecoder(65536), Decoder()
+    for block in (enc.encode([(b"x-a", b"1")]), enc.encode([(b"x-a", b"1")])):
+        assert _decoded(ours, block) == _decoded(stock, block)
+    indexed = enc.encode([(b"x-a", b"1")])  # one byte: the dynamic table's first entry
+    assert _decoded(ours, indexed) == [(b"x-a", b"1")] and ours.kept
+    moved = enc.encode([(b"x-b", b"2")])  # now the first entry; x-a second
+    assert _decoded(ours, moved) == _decoded(stock, moved) and not ours.kept
+    assert _decoded(ours, indexed) == _decoded(stock, indexed) == [(b"x-b", b"2")]
+
+
+def test_a_table_size_update_forgets_the_kept_lists() -> None:
+    enc, ours, stock = Encoder(), ListDecoder(65536), Decoder()
+    for block in (enc.encode([(b"x-a", b"1")]), b"\xbe"):  # x-a, then the table's first entry
+        assert _decoded(ours, block) == _decoded(stock, block) == [(b"x-a", b"1")]
+    assert list(ours.kept) == [b"\xbe"]
+    emptied = b"\x20\x82"  # a size update to 0 (the table empties), then `:method: GET`
+    assert _decoded(ours, emptied) == _decoded(stock, emptied) == [(b":method", b"GET")]
+    assert not ours.kept
+    assert _decoded(ours, b"\xbe") == _decoded(stock, b"\xbe") == "InvalidTableIndex"
+
+
+def test_the_kept_lists_stay_bounded_and_short() -> None:
+    ours = ListDecoder(1 << 20)
+    enc = Encoder()
+    for i in range(5 * KEPT_BLOCKS):  # literals never indexed: the table never changes
+        block = enc.encode([NeverIndexedHeaderTuple(b"x-n", str(i).encode())])
+        assert _decoded(ours, block) == [(b"x-n", str(i).encode())]
+        assert len(ours.kept) <= KEPT_BLOCKS
+    assert len(ours.kept) == KEPT_BLOCKS
+    assert NeverIndexedHeaderTuple(b"x-n", str(5 * KEPT_BLOCKS - 1).encode()) in [
+        f for fields in ours.kept.values() for f in fields
+    ]  # the newest kept, the oldest gone
+    long = enc.encode([NeverIndexedHeaderTuple(b"x-long", b"v" * KEPT_BLOCK_BYTES)], huffman=False)
+    assert len(long) > KEPT_BLOCK_BYTES
+    assert _decoded(ours, long) == [(b"x-long", b"v" * KEPT_BLOCK_BYTES)]
+    assert long not in ours.kept
+
+
+def test_a_kept_block_still_meets_the_limits_set_since() -> None:
+    enc = Encoder()
+    enc.encode(REQUEST)
+    again = enc.encode(REQUEST)
+    ours = ListDecoder(65536)
+    ours.decode(Encoder().encode(REQUEST), raw=True)  # the same table as `enc`'s
+    assert _decoded(ours, again) == REQUEST and ours.kept
+    ours.max_header_list_size = 64  # as h2 sets it at a SETTINGS ack
+    with pytest.raises(OversizedHeaderListError):
+        ours.decode(again, raw=True)
+    ours.max_header_list_size = 65536
+    assert _decoded(ours, again) == REQUEST and ours.kept
+    ours.max_allowed_table_size = 100  # our SETTINGS shrank the table; the peer did not
+    with pytest.raises(InvalidTableSizeError):
+        ours.decode(again, raw=True)
+
+
+def test_the_list_decoder_answers_as_hpacks_own_at_random() -> None:
+    rng = random.Random(7)
+    names = [b"x-a", b"x-b", b"authorization", b"content-type", b"user-agent"]
+    values = [b"1", b"2", b"Bearer " + b"t" * 200, b"application/grpc", b"v" * 3000]
+
+    def fields() -> list[tuple[bytes, bytes]]:
+        out = []
+        for _ in range(rng.randint(1, 6)):
+            field = (rng.choice(names), rng.choice(values))
+            out.append(NeverIndexedHeaderTuple(*field) if rng.random() < 0.3 else field)
+        return out
+
+    requests = [fields() for _ in range(6)]  # what clients repeat; now and then a new one
+    enc, ours, stock = Encoder(), ListDecoder(16384), Decoder(16384)
+    hits = 0
+    for _ in range(3000):
+        if rng.random() < 0.01:
+            enc.header_table_size = rng.choice((0, 256, 4096))
+        sent = fields() if rng.random() < 0.1 else rng.choice(requests)
+        block = enc.encode(sent, huffman=rng.random() < 0.8)
+        hits += block in ours.kept
+        assert _decoded(ours, block) == _decoded(stock, block)
+        if rng.random() < 0.01:  # a block from elsewhere: both fail, or both read the same
+            junk = bytes(rng.randrange(256) for _ in range(rng.randint(1, 12)))
+            mine, theirs = _decoded(ours, junk), _decoded(stock, junk)
+            assert mine == theirs
+            if isinstance(mine, str):  # the tables may differ after an error: start again
+                enc, ours, stock = Encoder(), ListDecoder(16384), Decoder(16384)
+    assert hits > 100  # blocks did repeat, and were answered from their lists
 
 
 def _stock(data: bytes) -> bytes | str:

@@ -30,7 +30,7 @@ from h2.utilities import CONNECTION_HEADERS
 from hpack.exceptions import HPACKError
 from hyperframe.frame import Frame, RstStreamFrame
 
-from gateway.adapters.h2.codec import QUIET, Config, PlainEncoder
+from gateway.adapters.h2.codec import QUIET, Config, ListDecoder, PlainEncoder
 from gateway.policy.base import Http2Limits
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -439,7 +439,7 @@ def server_h2(limits: Http2Limits) -> ServerH2:
     are checked per stream (`request_headers`) rather than by h2. Outbound headers come from
     the lifecycle already checked (`forward.headers`: values, hop-by-hop names dropped) and
     lower-cased by the exchange: h2's second pass over them is skipped. The configuration and
-    the header encoder are `codec`'s (the same frames, less CPU)."""
+    the header encoder and decoder are `codec`'s (the same frames and fields, less CPU)."""
     h2c = ServerH2(
         Config(
             client_side=False,
@@ -462,7 +462,7 @@ def server_h2(limits: Http2Limits) -> ServerH2:
     )
     h2c.encoder = PlainEncoder()  # before any SETTINGS could size its table
     h2c.max_inbound_frame_size = limits.max_frame_bytes
-    h2c.decoder.max_header_list_size = limits.max_header_list_bytes
+    h2c.decoder = ListDecoder(limits.max_header_list_bytes)
     return h2c
 
 
