@@ -3,7 +3,7 @@
     python -m tests.bench.profile_hot_path [--duration 10] [--engine native|aiohttp]
         [--policy-extra sections.yaml] [--filters a,b,c] [--full [--without FEATURE]] [--top 25]
         [--rate 250] [--get]
-        [--native] [--h2c [--h2-connections 4]]
+        [--native] [--h2c [--h2-connections 4] | --close]
 
 Starts an nginx backend (serving `/v1/models` and `/v1/chat/completions` itself) on the load
 core, `sluice serve` with the bench policy (`gateway.bench`: the same policy, `--filters`,
@@ -20,6 +20,8 @@ called it, unless `--native` asks py-spy for C frames too (it then stops the pro
 sample, which slows it: read shares, not the CPU figure). `--h2c`: the same gateway driven over
 HTTP/2 (h2c, prior knowledge) by h2load with `sluice bench`'s HTTP/2 command (`--connections`
 requests in flight as streams over `--h2-connections` connections), the native engine's h2c path.
+`--close`: HTTP/1.1 with a connection per request (wrk with `Connection: close`): accepting,
+the request, the answer and the close.
 
 `--callgrind` counts instead of sampling: the gateway runs under valgrind's callgrind, its
 counters are zeroed after the warm-up and dumped after `--duration` seconds of load, and the
@@ -132,7 +134,8 @@ def count_instructions(
     totals = {tt: summary_of(f) for tt, f in threads.items()}
     total, loop = sum(totals.values()), totals.get("01", 0)
     chain_name = "full" if a.full else a.filters or "default"
-    print(f"{a.engine} engine, chain {chain_name}, {'h2c' if a.h2c else 'HTTP/1.1'}: "
+    how = "h2c" if a.h2c else "HTTP/1.1, a connection per request" if a.close else "HTTP/1.1"
+    print(f"{a.engine} engine, chain {chain_name}, {how}: "
           f"{row.requests} requests, {total / row.requests / 1000:.1f} k instructions per "
           f"request; the event loop's thread {loop / row.requests / 1000:.1f} k (the other "
           f"threads' periodic work weighs ~50x under valgrind)\n"
@@ -234,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-cpus", default="1")
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--h2c", action="store_true", help="HTTP/2 (h2c) with h2load instead of wrk")
+    ap.add_argument("--close", action="store_true", help="a connection per request (HTTP/1.1)")
     ap.add_argument("--h2-connections", type=int, default=4, help="h2load -c with --h2c")
     ap.add_argument(
         "--callgrind", action="store_true", help="instructions per request (valgrind's callgrind)"
@@ -270,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                 streams = max(1, a.connections // a.h2_connections)
                 make, parse = s.h2load("h2", url, s.headers(variant), a.h2_connections, streams)
             else:
-                make, parse = s.wrk(url, s.headers(variant)), parse_wrk
+                close = ["-H", "Connection: close"] if a.close else []
+                make, parse = s.wrk(url, [*s.headers(variant), *close]), parse_wrk
             subprocess.run(make(2), capture_output=True, timeout=30, check=False)  # warm up
             if a.callgrind:
                 return count_instructions(a, gw.pid, make, parse, row, dump)
@@ -295,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             what = "GET /v1/models" if a.get else "POST (JSON, ~200 B)"
             chain_name = "full" if a.full else a.filters or "default"
             over = f", h2c ({a.h2_connections} connections)" if a.h2c else ""
+            over += ", a connection per request" if a.close else ""
             print(f"{a.engine} engine, chain {chain_name}, {what}{over}")
             if row.requests:
                 print(f"{row.requests / a.duration:,.0f} req/s, gateway CPU (sampled) "
