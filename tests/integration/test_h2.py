@@ -246,9 +246,10 @@ def test_slow_stream_does_not_stall_its_connection(gw: H2Gateway) -> None:
 
 
 def test_values_new_in_each_answer_stay_out_of_the_hpack_table(gw: H2Gateway) -> None:
-    """The request id and Sluice's overhead, new in every answer, are sent as literals never
-    indexed: on a connection of many streams the client's HPACK table keeps the fields that
-    repeat (content-type, server), not one entry per answer that pushes those out."""
+    """The request id, Sluice's overhead and the body's length, new in every answer, are sent
+    as literals never indexed: on a connection of many streams the client's HPACK table keeps
+    the fields that repeat (content-type, server), not one entry per answer that pushes those
+    out."""
     import socket
 
     sock = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
@@ -259,15 +260,16 @@ def test_values_new_in_each_answer_stay_out_of_the_hpack_table(gw: H2Gateway) ->
     sock.sendall(conn.data_to_send())
     base = [(":scheme", "http"), (":authority", "127.0.0.1"), ("content-type", "application/json")]
     head = [(":method", "POST"), (":path", "/v1/chat/completions"), *base]
-    body = json.dumps(CHAT).encode()
-    answers = [exchange(sock, conn, sid, head, body)[0] for sid in range(1, 40, 2)]
+    bodies = [json.dumps({**CHAT, "max_tokens": n}).encode() for n in range(1, 21)]  # 20 lengths
+    answers = [exchange(sock, conn, 2 * n + 1, head, b)[0] for n, b in enumerate(bodies)]
     sock.close()
     assert len(answers) == 20 and all(a[":status"] == "200" for a in answers)
     assert len({a["x-request-id"] for a in answers}) == 20
+    assert len({a["content-length"] for a in answers}) > 10
     assert all(float(a["x-sluice-overhead-ms"]) >= 0 for a in answers)
     table = {n for n, _ in conn.decoder.header_table.dynamic_entries}
     assert b"content-type" in table  # the table is in use
-    assert not table & {b"x-request-id", b"x-sluice-overhead-ms"}
+    assert not table & {b"x-request-id", b"x-sluice-overhead-ms", b"content-length"}
 
 
 def test_drain_sends_two_goaways_and_finishes_streams(backend: Backend, tmp_path: Path) -> None:

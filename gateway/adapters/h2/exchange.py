@@ -122,7 +122,7 @@ class H2Exchange:
     async def send_head(self, status: int, lines: bytes, length: int | None, date: bool) -> None:
         headers = _headers(status, lines, date)
         if length is not None:
-            headers.append((b"content-length", b"%d" % length))
+            headers.append(_length(length))
         self.head_sent = True
         self.conn.send_headers(self.stream, headers, False)
 
@@ -138,9 +138,9 @@ class H2Exchange:
     ) -> None:
         headers = _headers(status, lines, date)
         if length is not None:
-            headers.append((b"content-length", b"%d" % length))
+            headers.append(_length(length))
         elif status >= 200 and status != 204:
-            headers.append((b"content-length", b"%d" % len(body)))
+            headers.append(_length(len(body)))
         self.head_sent = True
         if body:
             self.conn.send_headers(self.stream, headers, False)
@@ -187,6 +187,13 @@ class H2BodyChunks:
         if self.total > self.limit:
             raise BodyTooLarge()
         return chunk
+
+
+def _length(n: int) -> NeverIndexedHeaderTuple:
+    """`content-length`, new in (nearly) every answer (`codec.UNIQUE`): a literal never
+    indexed. (Typed as its class: compiled, a `tuple[bytes, bytes]` would come back a plain
+    tuple.)"""
+    return NeverIndexedHeaderTuple(b"content-length", b"%d" % n)
 
 
 def _headers(status: int, lines: bytes, date: bool) -> list[tuple[bytes, bytes]]:
