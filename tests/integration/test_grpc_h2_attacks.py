@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.integration
 pb2, pb2_grpc = load()
 CLOSE_WITHIN_S = 2.0
 COLLECT = "/sluice.inference.v1.Inference/Collect"
+INFER = "/sluice.inference.v1.Inference/Infer"
 GRPC_HEADERS = [("content-type", "application/grpc"), ("te", "trailers")]
 
 
@@ -235,3 +237,61 @@ def test_memory_after_the_table_is_bounded(gw: H2Gateway) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as ch:
         reply = pb2_grpc.InferenceStub(ch).Infer(pb2.InferRequest(prompt="x"), timeout=5)
         assert reply.usage.total_tokens > 0
+
+
+def _part(sid: int, data: bytes, end: bool) -> bytes:
+    f = DataFrame(sid)
+    f.data = data
+    f.flags = {"END_STREAM"} if end else set()  # type: ignore[assignment]
+    return f.serialize()
+
+
+def test_a_unary_message_not_in_within_body_read_s_is_deadline_exceeded(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A unary call whose message does not all come within `timeouts.body_read_s` (0.5 s here)
+    is answered DEADLINE_EXCEEDED and never forwarded; one whose message comes in two parts
+    within it, on the same connection, is served."""
+    port, admin = free_port(), free_port()
+    path = tmp_path / "policy.yaml"
+    text = policy_text(backend, "h2", port, admin)
+    slow = text.replace(
+        "timeouts: {first_byte_s: 5,", "timeouts: {body_read_s: 0.5, first_byte_s: 5,"
+    )
+    assert slow != text
+    path.write_text(slow)
+    proc = Proc(
+        ["serve", "--policy", str(path)], tmp_path / "gateway.log", env={SECRET_ENV: "s" * 32}
+    )
+    wait_ready(admin, proc)
+    try:
+        infers = lambda: int(backend.stats()["requests"].get("grpc Infer", 0))  # noqa: E731
+        before = infers()
+        msg = pb2.InferRequest(prompt="in two parts").SerializeToString()
+        framed = b"\x00" + len(msg).to_bytes(4, "big") + msg
+        conn = RawH2(port)
+        extra = [*GRPC_HEADERS, ("x-rl-tenant", "body-read")]
+        t0 = time.monotonic()
+        conn.send(conn.headers(1, "POST", INFER, False, extra=extra) + _part(1, framed[:7], False))
+        conn.send(conn.headers(3, "POST", INFER, False, extra=extra) + _part(3, framed[:7], False))
+        time.sleep(0.2)
+        conn.send(_part(3, framed[7:], True))  # the rest of call 3's message, in time
+        dec = Decoder()
+        answers: dict[int, dict[bytes, bytes]] = {}
+        for f in conn.frames(5.0):
+            if isinstance(f, HeadersFrame):
+                fields = dict(dec.decode(f.data, raw=True))  # every block: the table in step
+                if "END_STREAM" in f.flags:
+                    answers[f.stream_id] = fields
+                    if f.stream_id == 1:
+                        elapsed = time.monotonic() - t0
+            if len(answers) == 2:
+                break
+        conn.close()
+        assert answers[3][b"grpc-status"] == b"0", answers[3]
+        assert answers[1][b"grpc-status"] == b"4", answers[1]  # DEADLINE_EXCEEDED
+        assert answers[1][b"grpc-message"] == b"request message not received in time"
+        assert 0.45 <= elapsed < 2.0, elapsed
+        assert infers() == before + 1  # call 3 only
+    finally:
+        assert proc.stop() == 0, proc.output()

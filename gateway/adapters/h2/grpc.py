@@ -367,19 +367,28 @@ class H2GrpcHandler:
 
     async def _unary_request(self, ex: H2GrpcExchange) -> bytes:
         """The one request message of a unary call, read to the client's half-close within
-        `timeouts.body_read_s`. Raises MessageRefused when it cannot be had."""
-        try:
-            if ex.stream.body_done:  # all of it came with the head: nothing to wait for
+        `timeouts.body_read_s` (on the forward's coarse deadlines, as an HTTP body's read: an
+        `asyncio.timeout` costs a timer and ~5 Python calls a call). Raises MessageRefused when
+        it cannot be had."""
+        if ex.stream.body_done:  # all of it came with the head: nothing to wait for
+            request = await ex.message()
+            extra = await ex.message() if request is not None else None
+        else:
+            deadlines = self.forward.deadlines
+            task = ex.stream.task
+            assert task is not None  # (this coroutine is its task)
+            deadlines.start(task, self.body_read_s)
+            try:
                 request = await ex.message()
                 extra = await ex.message() if request is not None else None
-            else:
-                async with asyncio.timeout(self.body_read_s):
-                    request = await ex.message()
-                    extra = await ex.message() if request is not None else None
-        except TimeoutError:
-            raise MessageRefused(
-                GRPC_DEADLINE_EXCEEDED, "request message not received in time"
-            ) from None
+            except asyncio.CancelledError:
+                if deadlines.expired(task) is None:  # the client's reset or deadline
+                    raise
+                raise MessageRefused(
+                    GRPC_DEADLINE_EXCEEDED, "request message not received in time"
+                ) from None
+            finally:
+                deadlines.stop(task)
         if request is None or extra is not None:
             raise MessageRefused(
                 GRPC_UNIMPLEMENTED, "a unary call takes exactly one request message"
