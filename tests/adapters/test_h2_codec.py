@@ -21,8 +21,9 @@ from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
 from gateway.adapters.h2 import huffman
 from gateway.adapters.h2.codec import (
-    KEPT_BLOCK_BYTES,
+    FIELD_COST,
     KEPT_BLOCKS,
+    KEPT_BYTES,
     Config,
     ListDecoder,
     PlainEncoder,
@@ -127,7 +128,7 @@ def test_a_table_size_update_forgets_the_kept_lists() -> None:
     assert _decoded(ours, b"\xbe") == _decoded(stock, b"\xbe") == "InvalidTableIndex"
 
 
-def test_the_kept_lists_stay_bounded_and_short() -> None:
+def test_the_kept_lists_stay_bounded() -> None:
     ours = ListDecoder(1 << 20)
     enc = Encoder()
     for i in range(5 * KEPT_BLOCKS):  # literals never indexed: the table never changes
@@ -135,13 +136,24 @@ def test_the_kept_lists_stay_bounded_and_short() -> None:
         assert _decoded(ours, block) == [(b"x-n", str(i).encode())]
         assert len(ours.kept) <= KEPT_BLOCKS
     assert len(ours.kept) == KEPT_BLOCKS
-    assert NeverIndexedHeaderTuple(b"x-n", str(5 * KEPT_BLOCKS - 1).encode()) in [
-        f for fields in ours.kept.values() for f in fields
-    ]  # the newest kept, the oldest gone
-    long = enc.encode([NeverIndexedHeaderTuple(b"x-long", b"v" * KEPT_BLOCK_BYTES)], huffman=False)
-    assert len(long) > KEPT_BLOCK_BYTES
-    assert _decoded(ours, long) == [(b"x-long", b"v" * KEPT_BLOCK_BYTES)]
+    newest = NeverIndexedHeaderTuple(b"x-n", str(5 * KEPT_BLOCKS - 1).encode())
+    assert newest in [f for fields, _ in ours.kept.values() for f in fields]  # the oldest gone
+    assert ours.kept_cost == sum(cost for _, cost in ours.kept.values()) <= KEPT_BYTES
+    # A block of one-byte indexed fields decodes to a field object a byte: counted by its
+    # fields, it is too dear to keep, and one just within the budget pushes the others out.
+    many = b"\x82" * 200  # `:method: GET`, 200 times
+    assert len(_decoded(ours, many)) == 200
+    assert many not in ours.kept and len(ours.kept) == KEPT_BLOCKS
+    fit = (KEPT_BYTES - FIELD_COST) // (FIELD_COST + 1)
+    assert _decoded(ours, b"\x82" * fit) == [(b":method", b"GET")] * fit
+    assert list(ours.kept) == [b"\x82" * fit] and ours.kept_cost <= KEPT_BYTES
+    long = enc.encode([NeverIndexedHeaderTuple(b"x-long", b"v" * KEPT_BYTES)], huffman=False)
+    assert _decoded(ours, long) == [(b"x-long", b"v" * KEPT_BYTES)]
     assert long not in ours.kept
+    for i in range(50):  # and a busy connection's many blocks stay within both bounds
+        block = enc.encode([NeverIndexedHeaderTuple(b"x-v", b"w" * (i * 40))], huffman=False)
+        _decoded(ours, block)
+        assert len(ours.kept) <= KEPT_BLOCKS and ours.kept_cost <= KEPT_BYTES
 
 
 def test_a_kept_block_still_meets_the_limits_set_since() -> None:

@@ -20,9 +20,9 @@ meaning: its configuration read as plain attributes, and header strings encoded 
   header block again, byte for byte, once its fields are in the dynamic table (indexed fields,
   and literals that are not indexed, as a bearer token). A block's meaning depends only on its
   bytes and the dynamic table, so the decoder keeps the lists of the last few blocks that did
-  not change the table, and forgets them all whenever the table changes (a literal with
-  indexing, a size update) or the header-list limit does: a block seen again meanwhile is
-  answered from its list (~0.3 µs).
+  not change the table (a few KiB at most), and forgets them all whenever the table changes (a
+  literal with indexing, a size update) or the header-list limit does: a block seen again
+  meanwhile is answered from its list (~0.3 µs).
 - hpack's logging: its decoder logs every field it decodes at DEBUG, the value in clear (a
   client's bearer token: `--log-level DEBUG` would write it to the log), and its encoder and
   decoder make ~30 `log.debug` calls a request even when DEBUG is off (two Python calls and a
@@ -104,10 +104,15 @@ class PlainEncoder(Encoder):
         return super().encode(headers, huffman=False)
 
 
-# What a connection's `ListDecoder` keeps: the lists of this many blocks, each of at most this
-# many bytes (a block's list holds the table's own name and value objects, and its literals).
+# What a connection's `ListDecoder` keeps: the lists of at most this many blocks, costing at most
+# this many bytes in all, a block counted as its coded bytes and FIELD_COST a field of its list.
+# (The header-list limit lets a 2 KiB block of one-byte indexed fields decode to hundreds of
+# field objects: the count of fields, not the block's bytes, is what weighs.) Its literal values
+# are at most 8/5 of the coded bytes (Huffman), so a connection's kept lists hold ~10 KiB at
+# worst, beside the ~15 KiB of its h2 state.
 KEPT_BLOCKS: Final = 8
-KEPT_BLOCK_BYTES: Final = 2048
+KEPT_BYTES: Final = 4096
+FIELD_COST: Final = 64
 
 
 class ListDecoder(Decoder):
@@ -116,7 +121,8 @@ class ListDecoder(Decoder):
 
     def __init__(self, max_header_list_size: int) -> None:
         super().__init__(max_header_list_size)
-        self.kept: dict[bytes, tuple[Any, ...]] = {}
+        self.kept: dict[bytes, tuple[tuple[Any, ...], int]] = {}  # block → (its fields, cost)
+        self.kept_cost = 0
         self.kept_limit = max_header_list_size  # the header-list limit the lists were read under
         self.changed = False  # the block being decoded changed the dynamic table
 
@@ -124,26 +130,34 @@ class ListDecoder(Decoder):
         kept = self.kept
         if self.max_header_list_size != self.kept_limit:  # h2 sets it at a SETTINGS ack
             self.kept_limit = self.max_header_list_size
-            kept.clear()
+            self.forget()
         if raw and type(data) is bytes:
-            fields = kept.get(data)
-            if fields is not None:
+            hit = kept.get(data)
+            if hit is not None:
                 self._assert_valid_table_size()  # its maximum moves at a SETTINGS ack
-                return list(fields)
+                return list(hit[0])
         self.changed = False
         headers = super().decode(data, raw)
-        if raw and not self.changed and type(data) is bytes and len(data) <= KEPT_BLOCK_BYTES:
-            if len(kept) >= KEPT_BLOCKS:
-                del kept[next(iter(kept))]  # the oldest
-            kept[data] = tuple(headers)
+        if raw and not self.changed and type(data) is bytes:
+            fields = tuple(headers)
+            cost = len(data) + FIELD_COST * len(fields)
+            if cost <= KEPT_BYTES:
+                while kept and (len(kept) >= KEPT_BLOCKS or self.kept_cost + cost > KEPT_BYTES):
+                    self.kept_cost -= kept.pop(next(iter(kept)))[1]  # the oldest
+                kept[data] = (fields, cost)
+                self.kept_cost += cost
         return headers
+
+    def forget(self) -> None:
+        self.kept.clear()
+        self.kept_cost = 0
 
     def _decode_literal_index(self, data: bytes | memoryview) -> Any:
         self.changed = True
-        self.kept.clear()
+        self.forget()
         return super()._decode_literal_index(data)
 
     def _update_encoding_context(self, data: bytes | memoryview) -> int:
         self.changed = True
-        self.kept.clear()
+        self.forget()
         return super()._update_encoding_context(data)
