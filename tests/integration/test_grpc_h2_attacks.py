@@ -157,10 +157,20 @@ def test_calls_past_the_limit_are_refused_one_by_one(gw: H2Gateway) -> None:
 
 def _message(sid: int, prompt: str) -> bytes:
     """One request message on `sid`, with the client's half-close."""
+    return _part(sid, _framed(prompt), True)
+
+
+def _framed(prompt: str) -> bytes:
+    """A request message with its gRPC prefix (uncompressed, its length)."""
     msg = pb2.InferRequest(prompt=prompt).SerializeToString()
+    return b"\x00" + len(msg).to_bytes(4, "big") + msg
+
+
+def _part(sid: int, data: bytes, end: bool) -> bytes:
+    """A DATA frame of `data` on `sid`, with the client's half-close when `end`."""
     f = DataFrame(sid)
-    f.data = b"\x00" + len(msg).to_bytes(4, "big") + msg
-    f.flags = {"END_STREAM"}  # type: ignore[assignment]
+    f.data = data
+    f.flags = {"END_STREAM"} if end else set()  # type: ignore[assignment]
     return f.serialize()
 
 
@@ -239,13 +249,6 @@ def test_memory_after_the_table_is_bounded(gw: H2Gateway) -> None:
         assert reply.usage.total_tokens > 0
 
 
-def _part(sid: int, data: bytes, end: bool) -> bytes:
-    f = DataFrame(sid)
-    f.data = data
-    f.flags = {"END_STREAM"} if end else set()  # type: ignore[assignment]
-    return f.serialize()
-
-
 def test_a_unary_message_not_in_within_body_read_s_is_deadline_exceeded(
     backend: Backend, tmp_path: Path
 ) -> None:
@@ -265,10 +268,12 @@ def test_a_unary_message_not_in_within_body_read_s_is_deadline_exceeded(
     )
     wait_ready(admin, proc)
     try:
-        infers = lambda: int(backend.stats()["requests"].get("grpc Infer", 0))  # noqa: E731
+
+        def infers() -> int:
+            return int(backend.stats()["requests"].get("grpc Infer", 0))
+
         before = infers()
-        msg = pb2.InferRequest(prompt="in two parts").SerializeToString()
-        framed = b"\x00" + len(msg).to_bytes(4, "big") + msg
+        framed = _framed("in two parts")
         conn = RawH2(port)
         extra = [*GRPC_HEADERS, ("x-rl-tenant", "body-read")]
         t0 = time.monotonic()
