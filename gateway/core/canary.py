@@ -16,10 +16,10 @@ change to the route's canary or weights) brings the canary back.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Final
 
+from gateway.core.histogram import index_left
 from gateway.core.window import SlidingCounts
 
 # Latency bucket upper bounds (seconds): 1 ms to ~2 min, 10 % apart; p95 is interpolated inside
@@ -82,7 +82,7 @@ class CanaryGuard:
         counts = self._canary if canary else self._stable
         row = counts.advance(now)
         sums = counts.sums
-        k = _OFFSET + bisect.bisect_left(BOUNDS, latency_s)
+        k = _OFFSET + index_left(BOUNDS, latency_s)
         row[0] += 1
         sums[0] += 1
         row[k] += 1

@@ -72,6 +72,8 @@ _MAX_SEEN_NAME: Final = 64
 # A client's field names as sent → lowercased, learned the same way (clients send the same few
 # names in the same case): the lowercased name comes with its hash made, for the set lookups.
 _LOWER_SEEN: Final[dict[bytes, bytes]] = {}
+# A client's field names as sent → the lowercased str key of the request's header dict.
+_KEY_SEEN: Final[dict[bytes, str]] = {}
 # The filters' header names (a policy's few: the request id, traceparent, the auth filter's claim
 # headers) as bytes, learned by the name: encoded once, their hash made once, for the set of
 # names the client's copies are dropped by.
@@ -89,7 +91,35 @@ def _learn(seen: dict[_K, _V], name: _K, value: _V) -> _V:
     return value
 
 
+def lower_name(name: bytes) -> bytes:
+    """A field name lowercased, learned (`_LOWER_SEEN`): the same object for the same name, its
+    hash made once, for the engines' and this module's set lookups."""
+    ln = _LOWER_SEEN.get(name)
+    if ln is None:
+        ln = _learn(_LOWER_SEEN, name, name.lower())
+    return ln
+
+
+def header_key(name: bytes) -> str:
+    """A field name as the key of a request's header dict (latin-1, lowercased), learned as
+    `lower_name` is."""
+    k = _KEY_SEEN.get(name)
+    if k is None:
+        k = _learn(_KEY_SEEN, name, name.decode("latin-1").lower())
+    return k
+
+
+def header_value(value: bytes) -> str:
+    """A field value as a str: UTF-8, bytes that are not kept as surrogates (so nothing is
+    lost); decoded strictly first, which is the cheaper call and the same text for valid UTF-8."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value.decode("utf-8", "surrogateescape")
+
+
 JSON = "application/json"  # content type of `error_body`
+_THOUSANDTHS: Final = tuple(f"{i:03d}" for i in range(1000))  # a fraction's three digits
 
 
 _PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close"})
@@ -138,9 +168,7 @@ def request_headers(
     xff = b""
     out: list[tuple[bytes, bytes]] = [(b"host", endpoint.address.encode())]
     for n, v in raw:
-        ln = _LOWER_SEEN.get(n)
-        if ln is None:
-            ln = _learn(_LOWER_SEEN, n, n.lower())
+        ln = lower_name(n)
         if ln in drop:
             if ln == b"connection":  # `keep-alive` / `close` name nothing left to drop
                 listed = connection_listed(v) - drop
@@ -239,7 +267,8 @@ def overhead_line(ctx: RequestContext) -> bytes:
     heads excluded (as LiteLLM's `x-litellm-overhead-duration-ms`); kept for the metric."""
     s = ctx.overhead_s = max(0.0, _monotonic() - ctx.started - ctx.upstream_s)
     us = int(s * 1_000_000.0 + 0.5)  # as "%.3f" of the milliseconds, without a float format
-    return b"x-sluice-overhead-ms: %d.%03d\r\n" % (us // 1000, us % 1000)
+    # An f-string is built in one step; `bytes %` parses its format every time (~4x the cost).
+    return f"x-sluice-overhead-ms: {us // 1000}.{_THOUSANDTHS[us % 1000]}\r\n".encode()
 
 
 def response_lines(

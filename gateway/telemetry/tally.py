@@ -3,12 +3,13 @@ batches.
 
 A Prometheus child update costs a lock and, for a histogram, a Python loop over the buckets
 (~0.5 µs a counter, ~0.7 µs an observation here; a request makes four or more). The request path
-instead adds to a `CountTally` / `HistTally` (an integer, or a bucket index found by bisect), and
-`flush()` moves what accumulated into the children: before every scrape of this process
-(`/metrics`, the status page), and every `FLUSH_S` from the server's ticker, so a `--workers`
-scrape (which reads every worker's values through the multiprocess files) is at most that far
-behind, and on shutdown. Exemplars are rare (kept traces): those observations go to the child at
-once, so the exemplar and its count arrive together.
+instead adds to a `CountTally` / `HistTally` (an integer, or a bucket index found by
+`gateway.core.histogram.index_left`), and `flush()` moves what accumulated into the
+children: before every scrape of this process (`/metrics`, the status page), and every
+`FLUSH_S` from the server's ticker, so a `--workers` scrape (which reads every worker's values
+through the multiprocess files) is at most that far behind, and on shutdown. Exemplars are
+rare (kept traces): those observations go to the child at once, so the exemplar and its count
+arrive together.
 
 The children's buckets and sum are reached through prometheus_client's `Histogram` attributes
 `_upper_bounds`, `_buckets` and `_sum` (stable since 0.4; `tests/telemetry/test_tally.py` checks
@@ -17,8 +18,9 @@ the exposition against direct observations, so an upgrade that moves them fails 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Any, Final
+
+from gateway.core.histogram import index_left
 
 FLUSH_S = 1.0
 
@@ -65,7 +67,7 @@ class HistTally:
             self.child.observe(amount, exemplar)
             return
         # The child's own rule: the first bucket whose upper bound is >= the amount.
-        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.counts[index_left(self.bounds, amount)] += 1
         self.sum += amount
         if not self.queued:
             self.queued = True

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
 
 import pytest
 
 from gateway.core.histogram import (
+    LAT_BOUNDS,
     LAT_BUCKETS,
+    index_left,
+    index_right,
     latency_between,
     latency_bucket,
     latency_lower,
@@ -25,6 +30,25 @@ def test_latency_bucket_contains_the_value(x: float) -> None:
     i = latency_bucket(x)
     assert 0 <= i < LAT_BUCKETS
     assert latency_lower(i) <= x < latency_upper(i)
+
+
+def test_the_compiled_bisection_answers_as_bisect() -> None:
+    """`index_left` / `index_right` replace `bisect_left` / `bisect_right` on the request path:
+    the same index for every value, on the bounds themselves, just beside them, and for what
+    bisect's comparisons make of NaN and the infinities, on tuples of every length up to 9 and
+    with repeated bounds."""
+    rng = random.Random(7)
+    tuples: list[tuple[float, ...]] = [LAT_BOUNDS, (1.0, 1.0, 2.0, 2.0, 2.0, math.inf)]
+    tuples += [tuple(sorted(rng.uniform(-5, 5) for _ in range(k))) for k in range(10)]
+    for bounds in tuples:
+        probes = [math.nan, math.inf, -math.inf, 0.0, -0.0, 0, 3, -7]
+        for b in bounds:
+            probes += [b, math.nextafter(b, -math.inf), math.nextafter(b, math.inf)]
+        probes += [rng.uniform(-6, 6) for _ in range(200)]
+        probes += [rng.uniform(0, 120) for _ in range(200)]
+        for x in probes:
+            assert index_left(bounds, x) == bisect.bisect_left(bounds, x), (bounds, x)
+            assert index_right(bounds, x) == bisect.bisect_right(bounds, x), (bounds, x)
 
 
 @pytest.mark.parametrize(("n", "bucket"), [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (1023, 10)])

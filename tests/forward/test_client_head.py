@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from gateway.context import RequestContext
-from gateway.forward.headers import BadUpstreamHead, client_head
+from gateway.forward.headers import BadUpstreamHead, client_head, overhead_line
 from tests.forward.heads import SPELLINGS, request_context
 
 
@@ -55,6 +55,23 @@ def test_dropped_noted_and_passed_in_any_case(case: Callable[[str], str]) -> Non
         ]
         assert got[-2] == b"x-request-id: rid-1"
         assert re.fullmatch(rb"x-sluice-overhead-ms: \d+\.\d{3}", got[-1])
+
+
+@pytest.mark.parametrize(
+    ("ago", "upstream"), [(-5.0, 0.0), (0.0004, 0.0), (0.0123, 0.01), (7.5, 2.0)]
+)
+def test_the_overhead_is_milliseconds_with_three_decimals(ago: float, upstream: float) -> None:
+    """`x-sluice-overhead-ms`: the overhead kept on the context, in milliseconds with exactly
+    three decimals (leading zeros kept), never negative."""
+    c = ctx()
+    c.started, c.upstream_s = time.monotonic() - ago, upstream
+    line = overhead_line(c)
+    assert c.overhead_s >= 0.0
+    us = int(c.overhead_s * 1_000_000.0 + 0.5)
+    assert line == b"x-sluice-overhead-ms: %d.%03d\r\n" % (us // 1000, us % 1000)
+    assert abs(float(line[22:-2]) - max(0.0, ago - upstream) * 1000) < 50  # (a slow machine)
+    if ago < 0:
+        assert line == b"x-sluice-overhead-ms: 0.000\r\n"
 
 
 def test_an_upstream_request_id_is_kept_and_chunked_wins_over_a_length() -> None:

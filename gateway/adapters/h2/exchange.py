@@ -23,7 +23,7 @@ from gateway.adapters.h2.codec import UNIQUE
 from gateway.adapters.h2.stream import H2Stream, StreamConn
 from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
-from gateway.forward.headers import error_body
+from gateway.forward.headers import error_body, header_value
 from gateway.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -67,11 +67,11 @@ class H2Exchange:
         headers: dict[str, str] = {}
         for n, v in raw:  # names are lower-case (h2 checked); repeated names are joined
             k = n.decode("latin-1")
-            s = v.decode("utf-8", "surrogateescape")
+            s = header_value(v)
             headers[k] = s if k not in headers else headers[k] + ", " + s
         if authority and "host" not in headers:
             headers["host"] = authority.decode("latin-1")
-        target = path.decode("utf-8", "surrogateescape")
+        target = header_value(path)
         p, _, self.query = target.partition("?")
         cl_raw = headers.get("content-length")
         cl = int(cl_raw) if cl_raw is not None and cl_raw.isdigit() else None

@@ -64,6 +64,7 @@ from gateway.adapters.native.messages import (
     absolute,
     simple_response,
 )
+from gateway.forward.headers import lower_name
 from gateway.telemetry import metrics
 from gateway.tls.material import identity
 
@@ -286,11 +287,10 @@ class H1Conn(asyncio.Protocol):
             raise self.refusal(TOO_LARGE)
         # llhttp drops the whitespace before a value, not after (RFC 9110 §5.5: neither is part
         # of the value).
-        stripped = value.rstrip(b" \t")
-        if stripped is not value:  # (rstrip returns the value itself when nothing goes)
-            value = stripped
+        if value and value[-1] in (32, 9):  # (rare: no method call for the others)
+            value = value.rstrip(b" \t")
             size = len(name) + len(value)
-        ln = name.lower()
+        ln = lower_name(name)
         if ln in SINGLETONS:
             if ln in self.seen:
                 raise self.refusal(BAD)

@@ -17,6 +17,7 @@ from gateway.adapters.common import DEFER_MAX, REASONS, date_value
 from gateway.adapters.native.messages import CONTINUE, HIGH_WATER, Req
 from gateway.core.request import RequestInfo, Wire
 from gateway.forward.exchange import BodyTooLarge
+from gateway.forward.headers import header_key, header_value
 
 if TYPE_CHECKING:
     # The connection's class itself, not a Protocol: compiled code reads a compiled class's
@@ -41,10 +42,10 @@ class H1Exchange:
         raw = req.headers
         headers: dict[str, str] = {}
         for n, v in raw:  # repeated names: join them, as RFC 9110 §5.3 allows
-            k = n.decode("latin-1").lower()
-            s = v.decode("utf-8", "surrogateescape")
+            k = header_key(n)
+            s = header_value(v)
             headers[k] = s if k not in headers else headers[k] + ", " + s
-        path, _, self.query = req.target.decode("utf-8", "surrogateescape").partition("?")
+        path, _, self.query = header_value(req.target).partition("?")
         cl_raw = headers.get("content-length")
         cl = int(cl_raw) if cl_raw is not None else None  # digits only: llhttp checked them
         self.info = RequestInfo(
