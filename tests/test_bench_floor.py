@@ -2,21 +2,27 @@
 is that of a working proxy: the HTTP/1.1 floor (`gateway.bench.floor`), both variants (a task per
 request, and the callbacks-only reference), keep-alive POSTs and GETs; the HTTP/2 floor
 (`gateway.bench.h2floor`), h2c streams in parallel on one connection, bodies larger than the
-flow-control windows both ways."""
+flow-control windows both ways; the TLS floor of the handshake storm (`tests.bench.tls_floor`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import ssl
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.bench.procs import MODELS_JSON
 from tests.support import ROOT, free_port, wait_for_port
+from tests.tls_support import TestCA
 
 
 class _Echo(BaseHTTPRequestHandler):
@@ -98,6 +104,38 @@ def test_the_h2_floor_proxy_forwards_h2c_streams(upstream: int) -> None:
     try:
         wait_for_port(port)
         asyncio.run(run())
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_tls_floor_answers_over_sluices_tls_context(tmp_path: Path) -> None:
+    """`tests.bench.tls_floor` (the handshake storm's third server) answers a request head over
+    TLS 1.3 with the context Sluice's listener builds, then closes the connection."""
+    ca = TestCA(tmp_path / "ca")
+    cert = ca.server()
+    port = free_port()
+    cmd = [sys.executable, "-m", "tests.bench.tls_floor", "--listen", f"127.0.0.1:{port}",
+           "--cert", str(cert.cert), "--key", str(cert.key)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    try:
+        wait_for_port(port)
+        ctx = ssl.create_default_context(cafile=str(ca.path))
+        ctx.set_alpn_protocols(["http/1.1"])
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            assert tls.version() == "TLSv1.3"
+            assert tls.selected_alpn_protocol() == "http/1.1"  # Sluice's ALPN list
+            tls.sendall(b"GET /v1/models HTTP/1.0\r\nHost: x\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(4096):  # ends when the server closes
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert json.loads(body) == json.loads(MODELS_JSON)
         assert proc.poll() is None
     finally:
         proc.terminate()

@@ -21,6 +21,12 @@ s_time marks each connection new or reused; the row prints both counts, so a res
 does not happen shows. wrk cannot make either row: it keeps the session of its last connection
 (SSL_clear) and resumes whenever the server issued a ticket.
 
+A third server takes the same storms: the TLS floor (`tests.bench.tls_floor`), uvloop's TLS
+transport with the context Sluice's listener builds, answering each request from memory and
+closing. It is what the TLS stack Sluice stands on (OpenSSL through Python's `ssl` over memory
+BIOs) costs a connection before any HTTP work: `floor ÷ nginx` is the most any server on that
+stack can reach against nginx here, and `Sluice ÷ floor` what Sluice's own work leaves of it.
+
 Per row: connections per second, server CPU µs per connection (handshake + request + close,
 from /proc utime+stime), and what one core of the server would do at that cost (1e6 ÷ µs). On
 a 2-core machine the clients (OpenSSL client handshakes cost more than server ones) cannot keep
@@ -121,6 +127,15 @@ def negotiated(port: int, ca: Path) -> str:
         return f"{tls.version()} {cipher[0] if cipher else '?'}"
 
 
+def answers(port: int, ca: Path) -> bool:
+    """127.0.0.1:`port` completes a TLS handshake (a server starting up)."""
+    try:
+        negotiated(port, ca)
+    except OSError:  # ssl.SSLError is one
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
     seconds = int(argv[0]) if argv else 5
     conns = int(argv[1]) if len(argv) > 1 else 16
@@ -180,7 +195,16 @@ def main(argv: list[str]) -> int:
                 print("openssl not found: no handshake rows")
                 return 0
             nginx, nport = start_nginx(procs, "nginx-tls", "", backend, (cert.cert, cert.key))
-            servers = {"Sluice": (gateways["tls"][0], tls_port), "nginx": (nginx.pid, nport)}
+            fport = free_port()
+            floor = procs.start("tls-floor", [sys.executable, "-m", "tests.bench.tls_floor",
+                                              "--listen", f"127.0.0.1:{fport}", "--cert",
+                                              str(cert.cert), "--key", str(cert.key)])  # fmt: skip
+            wait_ready("tls floor", lambda: answers(fport, ca.path), [floor])
+            servers = {
+                "Sluice": (gateways["tls"][0], tls_port),
+                "nginx": (nginx.pid, nport),
+                "floor": (floor.pid, fport),
+            }
             seen = {name: negotiated(port, ca.path) for name, (_, port) in servers.items()}
             for name, what in seen.items():
                 print(f"{name:>6} negotiates {what} (ECDSA P-256 certificate)")
@@ -192,11 +216,15 @@ def main(argv: list[str]) -> int:
                     storm(pid, port, mode, 1, clients)  # warm-up
                     r = storm(pid, port, mode, seconds, clients)
                     per_core[name] = 1e6 / r.us
-                    ratio = (
-                        f"  Sluice ÷ nginx {per_core['Sluice'] / per_core['nginx']:.2f}"
-                        if name == "nginx"
-                        else ""
-                    )
+                    ratio = ""
+                    if name == "nginx":
+                        ratio = f"  Sluice ÷ nginx {per_core['Sluice'] / per_core['nginx']:.2f}"
+                    elif name == "floor":
+                        floor_ = per_core["floor"]
+                        ratio = (
+                            f"  floor ÷ nginx {floor_ / per_core['nginx']:.2f}, "
+                            f"Sluice ÷ floor {per_core['Sluice'] / floor_:.2f}"
+                        )
                     print(f"{name:>6} {label:>7}: {r.rate:6.0f} conn/s  {r.us:6.0f} µs CPU/conn  "
                           f"→ {per_core[name]:5.0f}/s on one core  (full {r.new}, resumed "
                           f"{r.reused}){ratio}")  # fmt: skip
