@@ -77,8 +77,6 @@ IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE
 
 Body = AsyncIterator[bytes] | bytes | None
 
-_CRLF: Final = b"\r\n"
-
 
 class UpstreamHost:
     """Connections to one endpoint: a LIFO idle list, a count, and requests waiting for one."""
@@ -324,23 +322,21 @@ class UpstreamPool:
         if self.closed:
             raise UpstreamConnectError("pool closed")
         key = endpoint.upstream_key
-        head = encode_head(method, path, headers)
         stream: ReplayStream | None = None
         chunked = False
         if body is None:
-            if method in ("POST", "PUT", "PATCH"):
-                head += b"content-length: 0\r\n"
+            framing = b"content-length: 0\r\n" if method in ("POST", "PUT", "PATCH") else b""
             body = b""
         elif isinstance(body, bytes | bytearray | memoryview):
-            head += b"content-length: %d\r\n" % len(body)
+            framing = b"content-length: %d\r\n" % len(body)
         else:
             stream = ReplayStream(body)
             if content_length is not None:
-                head += b"content-length: %d\r\n" % content_length
+                framing = b"content-length: %d\r\n" % content_length
             else:
-                head += b"transfer-encoding: chunked\r\n"
+                framing = b"transfer-encoding: chunked\r\n"
                 chunked = True
-        head += _CRLF
+        head = encode_head(method, path, headers, framing)
         max_head = self.limits.max_response_header_bytes
         retried = False
         while True:

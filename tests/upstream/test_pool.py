@@ -507,7 +507,8 @@ async def test_small_requests_are_written_in_one_batch_and_a_lost_one_is_not(
         assert got == [b"ok", b"ok"] and sorted(seen) == [b"[2]", b'{"a": 1}']
         # A connection lost between the batch and its write: nothing goes out on it.
         conn = await UpstreamHost(pool, ep(up.port)).acquire(1.0, 65536)
-        await send_bytes(conn, bytearray(b"POST /x HTTP/1.1\r\nhost: u\r\n"), b"{}", T, pool.writes)
+        head = b"POST /x HTTP/1.1\r\nhost: u\r\ncontent-length: 2\r\n\r\n"
+        await send_bytes(conn, head, b"{}", T, pool.writes)
         assert pool.writes.pending and not conn.sent_all  # batched, not yet written
         conn.abort()
         await until(lambda: not pool.writes.pending, interval=0.01, what="the batch dropped")

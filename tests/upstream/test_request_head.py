@@ -8,10 +8,17 @@ import pytest
 from gateway.upstream.request import encode_head
 
 
-def test_the_head_is_the_request_line_and_one_line_per_header() -> None:
-    head = encode_head("POST", "/v1/chat", [(b"host", b"b:1"), (b"x-sluice-user", b"alice")])
-    assert bytes(head) == b"POST /v1/chat HTTP/1.1\r\nhost: b:1\r\nx-sluice-user: alice\r\n"
-    assert bytes(encode_head("GET", "/", [])) == b"GET / HTTP/1.1\r\n"
+def test_the_head_is_the_request_line_one_line_per_header_the_framing_and_a_blank_line() -> None:
+    headers = [(b"host", b"b:1"), (b"x-sluice-user", b"alice")]
+    head = encode_head("POST", "/v1/chat", headers, b"content-length: 2\r\n")
+    assert type(head) is bytes  # written as is (no copy), and never changed once made
+    assert head == (
+        b"POST /v1/chat HTTP/1.1\r\nhost: b:1\r\nx-sluice-user: alice\r\ncontent-length: 2\r\n\r\n"
+    )
+    assert encode_head("GET", "/", []) == b"GET / HTTP/1.1\r\n\r\n"
+    assert encode_head("GET", "/?q=1", [(b"host", b"b:1")]) == (
+        b"GET /?q=1 HTTP/1.1\r\nhost: b:1\r\n\r\n"
+    )
 
 
 @pytest.mark.parametrize(

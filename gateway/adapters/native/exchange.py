@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 log: Final = logging.getLogger(__name__)
 
 _LAST_CHUNK: Final = b"0\r\n\r\n"
+# Each status line made once (a `%` format a response before).
+_STATUS_LINES: Final = {
+    s: b"HTTP/1.1 %d %b\r\n" % (s, REASONS.get(s, b"")) for s in range(100, 600)
+}
 
 
 class H1Exchange:
@@ -117,35 +121,33 @@ class H1Exchange:
 
     # --- response ---
 
-    def _finish_head(self, head: bytearray, close: bool = False) -> None:
+    def _finish(self, close: bool = False) -> bytes:
+        """The head's last lines (Connection, then the blank line); the request is answered."""
         conn, req = self.conn, self.req
         close = close or not req.keep_alive or self.draining or not req.body_done or conn.stopping
-        if close:
-            head += b"connection: close\r\n\r\n"
-        elif req.http10:
-            head += b"connection: keep-alive\r\n\r\n"
-        else:
-            head += b"\r\n"
         req.close = close
         req.responded = True
         self.head_sent = True
+        if close:
+            return b"connection: close\r\n\r\n"
+        return b"connection: keep-alive\r\n\r\n" if req.http10 else b"\r\n"
 
     async def send_head(self, status: int, lines: bytes, length: int | None, date: bool) -> None:
         req = self.req
-        head = _head(status, lines, date)
         if length is not None:
-            head += b"content-length: %d\r\n" % length
+            framing = b"content-length: %d\r\n" % length
         elif not req.http10:
-            head += b"transfer-encoding: chunked\r\n"
+            framing = b"transfer-encoding: chunked\r\n"
             self.framed = True
         else:
+            framing = b""
             req.keep_alive = False  # HTTP/1.0: the end of the body is the close
-        self._finish_head(head)
+        end = self._finish()
         conn = self.conn
         transport = conn.transport
         if transport is not None and not conn.closed:
             conn.flush_out()
-            transport.write(bytes(head))
+            transport.write(b"".join((_status_line(status), lines, _date(date), framing, end)))
 
     async def write(self, chunk: bytes) -> None:
         conn = self.conn
@@ -164,15 +166,17 @@ class H1Exchange:
     def respond(
         self, status: int, lines: bytes, body: bytes, date: bool, length: int | None = None
     ) -> None:  # written (or deferred to the loop turn's batch) here: nothing to await
-        head = _head(status, lines, date)
         if length is not None:
-            head += b"content-length: %d\r\n" % length
+            framing = b"content-length: %d\r\n" % length
         elif status >= 200 and status != 204:
-            head += b"content-length: %d\r\n" % len(body)
-        self._finish_head(head, self.close_after)
+            framing = b"content-length: %d\r\n" % len(body)
+        else:
+            framing = b""
+        end = self._finish(self.close_after)
         conn = self.conn
         if conn.transport is not None and not conn.closed:
-            data = bytes(head) + body if body else bytes(head)
+            # One join, one copy: the head is not grown in a buffer and copied out again.
+            data = b"".join((_status_line(status), lines, _date(date), framing, end, body))
             if self.req.close or len(data) >= DEFER_MAX or conn.write_paused:
                 conn.flush_out()
                 conn.transport.write(data)
@@ -185,13 +189,15 @@ class H1Exchange:
             self.conn.transport.abort()
 
 
-def _head(status: int, lines: bytes, date: bool) -> bytearray:
-    """Status line from the code (never an upstream reason phrase), the lines, a Date."""
-    head = bytearray(b"HTTP/1.1 %d %b\r\n" % (status, REASONS.get(status, b"")))
-    head += lines
-    if not date:
-        head += b"date: %b\r\n" % date_value()
-    return head
+def _status_line(status: int) -> bytes:
+    """The status line from the code (never an upstream reason phrase)."""
+    line = _STATUS_LINES.get(status)
+    return line if line is not None else b"HTTP/1.1 %d \r\n" % status
+
+
+def _date(date: bool) -> bytes:
+    """A Date line, unless the answer's lines carry one (`date`)."""
+    return b"" if date else b"date: %b\r\n" % date_value()
 
 
 class H1Handler:
