@@ -20,11 +20,13 @@ import uvloop
 
 from gateway.bench.procs import MODELS_JSON
 from gateway.policy.base import ListenerTls
+from gateway.tls.listener import ALPN
 from gateway.tls.material import build_context
 
+_BODY = MODELS_JSON.encode()
 ANSWER = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"connection: close\r\n\r\n%b" % (len(MODELS_JSON.encode()), MODELS_JSON.encode())
+    b"connection: close\r\n\r\n%b" % (len(_BODY), _BODY)
 )
 
 
@@ -47,7 +49,7 @@ class _Conn(asyncio.Protocol):
 
 
 async def _serve(host: str, port: int, cert: str, key: str) -> None:
-    ctx = build_context(ListenerTls(cert=cert, key=key), ["h2", "http/1.1"])
+    ctx = build_context(ListenerTls(cert=cert, key=key), ALPN["http"])  # the HTTP listener's
     server = await asyncio.get_running_loop().create_server(
         _Conn, host, port, ssl=ctx, backlog=1024
     )
