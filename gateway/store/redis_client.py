@@ -42,11 +42,22 @@ Key = tuple[str, bool]
 
 
 def redact(url: str) -> str:
-    """`redis://user:secret@host:6379/0` → `redis://host:6379/0`."""
+    """The URL as it may be shown: `redis://alice:secret@host:6379/0` →
+    `redis://alice:***@host:6379/0`. The password never shows, nor the query (it may carry
+    one). The ACL user name does, so that two clients for different users (a credential
+    rotated to a new user) can be told apart; a user name without a password is masked too
+    (`redis://TOKEN@host` puts the secret there)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
     port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    who = ""
+    if parts.password is not None:
+        who = f"{parts.username or ''}:***@"
+    elif parts.username:
+        who = "***@"
+    return f"{parts.scheme}://{who}{host}{port}{parts.path}"
 
 
 class RedisClients:

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.services import Services
 from gateway.store import redis_client
-from gateway.store.redis_client import REDIS, RedisClients, redis_for, release_redis
+from gateway.store.redis_client import REDIS, RedisClients, redact, redis_for, release_redis
 from tests.redis_support import RedisServer
 from tests.support import until
 
@@ -51,6 +51,21 @@ def users_connected(admin: Any) -> set[str]:
     return {c["user"] for c in admin.client_list() if c["user"].startswith("rot-")}
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://alice:s3cr%40t@h.example:6380/2", "redis://alice:***@h.example:6380/2"),
+        ("redis://:pw@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
+        ("rediss://TOKEN@h.example/0?ssl_cert_reqs=none", "rediss://***@h.example/0"),
+        ("redis://bob:pw@[::1]:6379/0", "redis://bob:***@[::1]:6379/0"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+    ],
+)
+def test_urls_are_shown_with_their_users_never_their_secrets(url: str, shown: str) -> None:
+    assert redact(url) == shown
+
+
 async def test_a_client_nobody_holds_is_closed_after_its_grace(
     admin: Any, redis_server: RedisServer
 ) -> None:
@@ -65,14 +80,16 @@ async def test_a_client_nobody_holds_is_closed_after_its_grace(
         c1 = clients.get(url1, holder=a)  # a moves on; b still holds url0
         assert await c1.ping()
         clients.release(b)  # nobody holds url0 now
-        unused = f"redis://127.0.0.1:{redis_server.port}/0 (unused)"
-        assert unused in clients.readiness()["clients"]
+        # Shown with their users, never their passwords: the two rotations tell apart.
+        shown = f"rot-{{}}:***@127.0.0.1:{redis_server.port}/0"
+        assert clients.readiness()["clients"] == [
+            f"redis://{shown.format(0)} (unused)",
+            f"redis://{shown.format(1)}",
+        ]
+        assert "pw-" not in repr(clients.readiness())
         assert await c0.ping()  # a call still in flight when its holder moved on completes
         await until(lambda: users_connected(admin), 5, ok=lambda u: u == {"rot-1"})
-        assert clients.readiness() == {
-            "clients": [f"redis://127.0.0.1:{redis_server.port}/0"],
-            "retired": 1,
-        }
+        assert clients.readiness() == {"clients": [f"redis://{shown.format(1)}"], "retired": 1}
         assert clients.get(url1, holder=b) is c1
     finally:
         await clients.aclose()
