@@ -46,18 +46,18 @@ def redact(url: str) -> str:
     `redis://alice:***@host:6379/0`. The password never shows, nor the query (it may carry
     one). The ACL user name does, so that two clients for different users (a credential
     rotated to a new user) can be told apart; a user name without a password is masked too
-    (`redis://TOKEN@host` puts the secret there)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
+    (`redis://TOKEN@host` puts the secret there). Host and port are shown as written, never
+    parsed: this never raises, whatever the URL."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket: nothing of it is shown
+        return f"{url.partition('://')[0]}://(unreadable URL)"
+    userinfo, at, hostport = parts.netloc.rpartition("@")
     who = ""
-    if parts.password is not None:
-        who = f"{parts.username or ''}:***@"
-    elif parts.username:
-        who = "***@"
-    return f"{parts.scheme}://{who}{host}{port}{parts.path}"
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        who = f"{user}:***@" if colon else "***@"
+    return f"{parts.scheme}://{who}{hostport}{parts.path}"
 
 
 class RedisClients:

@@ -60,6 +60,10 @@ def users_connected(admin: Any) -> set[str]:
         ("redis://bob:pw@[::1]:6379/0", "redis://bob:***@[::1]:6379/0"),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
         ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+        ("redis://u:p@ss@h:6379/0", "redis://u:***@h:6379/0"),  # an @ left unencoded
+        ("redis://u:pw@h:notaport/0", "redis://u:***@h:notaport/0"),  # shown, not parsed
+        ("redis://h:99999/0", "redis://h:99999/0"),
+        ("redis://u:pw@[::1:6379/0", "redis://(unreadable URL)"),
     ],
 )
 def test_urls_are_shown_with_their_users_never_their_secrets(url: str, shown: str) -> None:
