@@ -19,7 +19,8 @@ max(deadline_ms, sync_interval_ms)); a request never waits on a reconnect.
 The owner announces this replica once a second (a sorted set of replica ids, scored by Redis
 `TIME`; a replica silent for `replica_ttl_s` no longer counts), and leaves it at stop. A reload
 that changes the URL, cluster flag or key prefix switches to the new store (fallback until it
-connects); other options apply at once. The client itself belongs to the services' Redis owner
+connects) and leaves the old store's replica set, so that the replicas still there re-size at
+once; other options apply at once. The client itself belongs to the services' Redis owner
 (`gateway.store.redis_client`).
 """
 
@@ -36,6 +37,7 @@ import time
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from gateway.errors import StoreUnavailable
 from gateway.policy.ratelimits import RedisStoreOptions
@@ -126,6 +128,14 @@ class FleetStore:
         if not same or self.client is None:
             from gateway.store.redis_client import redis_for
 
+            if (
+                old is not None
+                and self.client is not None
+                and self.mode == "shared"
+                and (_place(old.url), old.cluster, old.key_prefix)
+                != (_place(cfg.url), cfg.cluster, cfg.key_prefix)
+            ):  # another replica set (not a credential rotated on the same store)
+                self._leave_previous(self.client, old.key_prefix)
             self.client = redis_for(self.services, cfg.url, cluster=cfg.cluster, holder=self)
             self._set_mode("fallback", "not connected yet")
             self.wake.set()
@@ -290,8 +300,33 @@ class FleetStore:
         return [self._replicas_key(), f"{self.prefix}:fleet-born:{{{self.prefix}}}"]
 
     def _replicas_key(self) -> str:
-        # The key the rate limits' store has always announced to (one replica set per prefix).
-        return f"{self.prefix}:replicas:{{{self.prefix}}}"
+        return _replicas_key(self.prefix)
+
+    def _leave_previous(self, client: Any, prefix: str) -> None:
+        """Leave the replica set of the store this replica moves away from (another URL,
+        Cluster flag or key prefix), in the background and bounded by the deadline: the
+        replicas still there count one less at their next announce instead of after
+        `replica_ttl_s`. Best effort: the old client stays open for its grace meanwhile
+        (`gateway.store.redis_client`), and a store that does not answer drops this replica
+        by the TTL as before."""
+        key, rid, deadline = _replicas_key(prefix), self.replica_id, self.deadline_s
+
+        async def leave() -> None:
+            try:
+                async with asyncio.timeout(deadline):
+                    await client.eval(LEAVE.source, 1, key, rid)
+            except Exception as exc:  # down, late, retired: the TTL removes it there
+                log.info(
+                    "fleet store: could not leave the previous store's replica set (%s); it "
+                    "stops counting this replica after replica_ttl_s",
+                    type(exc).__name__,
+                )
+
+        coro = leave()
+        try:
+            self.services.spawn(coro, "sluice-fleet-leave")
+        except RuntimeError:  # no running loop (a policy compiled offline): nothing to leave
+            coro.close()
 
     def _replicas(self, n: int) -> None:
         n = max(1, n)
@@ -364,6 +399,21 @@ class FleetStore:
             await self.run(LEAVE, [self._replicas_key()], [self.replica_id])
         except StoreUnavailable as exc:
             log.info("fleet store: could not leave the replica set at stop: %s", exc)
+
+
+def _place(url: str) -> tuple[str, ...]:
+    """Where a store URL points, its credentials left out: a URL that differs only in them (a
+    rotated credential) names the same store."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return (url,)
+    return parts.scheme, parts.netloc.rpartition("@")[2], parts.path
+
+
+def _replicas_key(prefix: str) -> str:
+    # The key the rate limits' store has always announced to (one replica set per prefix).
+    return f"{prefix}:replicas:{{{prefix}}}"
 
 
 async def _pipeline(client: Any, sha: str, cmds: list[tuple[list[str], list[Any]]]) -> list[Any]:

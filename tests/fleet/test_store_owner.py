@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,74 @@ async def test_two_replicas_share_and_count_each_other(redis_server: RedisServer
     await b.aclose()
     await until(lambda: fa.replicas == 1, 5)
     await a.aclose()
+
+
+async def test_a_replica_that_moves_leaves_the_old_stores_set(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A reload that names another Redis, then another key prefix: the replica leaves the set
+    it announced to, so the replicas still there count one less at their next announce, not
+    after `replica_ttl_s` (a minute here). A credential rotated on the same store is no move:
+    it never leaves."""
+    from redis import Redis
+
+    other = RedisServer(tmp_path / "other").start()
+    a, b = Services(), Services()
+    fa, fb = fleet_for(a), fleet_for(b)
+    old = Redis.from_url(redis_server.url, decode_responses=True, socket_timeout=5)
+    key = "sluice:replicas:{sluice}"  # the set every replica announces to
+    # Every removal from the set, seen as Redis publishes it (keyspace events).
+    old.config_set("notify-keyspace-events", "Kz")
+    events = old.pubsub(ignore_subscribe_messages=True)
+    events.subscribe(f"__keyspace@0__:{key}")
+
+    def removals() -> int:
+        n = 0
+        while (m := events.get_message(timeout=0)) is not None:
+            n += m["data"] == "zrem"
+        return n
+
+    try:
+        fa.configure(options(redis_server, replica_ttl_s=60))
+        fb.configure(options(redis_server, replica_ttl_s=60))
+        await until(lambda: fa.replicas == 2 and fb.replicas == 2, 10)
+        both = {fa.replica_id, fb.replica_id}
+        assert set(old.zrange(key, 0, -1)) == both and removals() == 0
+        # A credential rotated on the same store (the default user takes any password): the
+        # same set, which it never leaves, so the others never count one less.
+        fb.configure(options(redis_server, replica_ttl_s=60).model_copy(
+            update={"url": f"redis://default:rotated@127.0.0.1:{redis_server.port}/0"}
+        ))  # fmt: skip
+        seen: list[tuple[int, set[str]]] = []
+        for _ in range(25):  # 2.5 s: two of a's announces and b's reconnect
+            seen.append((fa.replicas, set(old.zrange(key, 0, -1))))
+            await asyncio.sleep(0.1)
+        assert all(n == 2 and ids == both for n, ids in seen), seen
+        assert fb.shared and removals() == 0
+        fb.configure(options(other, replica_ttl_s=60))  # another Redis
+        await until(lambda: old.zrange(key, 0, -1), 5, ok=lambda ids: ids == [fa.replica_id])
+        assert removals() == 1
+        await until(lambda: fa.replicas, 5, ok=lambda n: n == 1)  # its next announce
+        await until(lambda: fb.shared and fb.replicas == 1, 10)
+        assert fb.state()["store"] == other.url
+        # Back to the first Redis, then to another prefix on it: it leaves that set too.
+        fb.configure(options(redis_server, replica_ttl_s=60))
+        await until(lambda: fa.replicas, 5, ok=lambda n: n == 2)
+        fb.configure(
+            RedisStoreOptions(
+                url=redis_server.url, connect_timeout_ms=2000, deadline_ms=500,
+                replica_ttl_s=60, key_prefix="elsewhere",
+            )
+        )  # fmt: skip
+        await until(lambda: old.zrange(key, 0, -1), 5, ok=lambda ids: ids == [fa.replica_id])
+        await until(lambda: fb.shared, 10)
+        assert old.zrange("elsewhere:replicas:{elsewhere}", 0, -1) == [fb.replica_id]
+    finally:
+        await b.aclose()
+        await a.aclose()
+        events.close()
+        old.close()
+        other.stop()
 
 
 async def test_losing_redis_falls_back_and_recovers_by_itself(redis_server: RedisServer) -> None:

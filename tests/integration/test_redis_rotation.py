@@ -2,7 +2,8 @@
 gateway processes share a private redis-server, each rotation is a new ACL user in the store's
 URL, and after every one both share their limits through it again. The clients of the old
 credentials are closed (Redis sees their connections go) and no password reaches a log. Then a
-replica is killed (SIGKILL) and Redis restarted mid-run, and the survivor rotates once more."""
+replica is killed (SIGKILL) and Redis restarted mid-run, and the survivor rotates once more.
+A reload that moves a replica to another Redis, by contrast, leaves the old replica set."""
 
 from __future__ import annotations
 
@@ -119,3 +120,37 @@ def test_rotating_credentials_past_the_client_bound(
     assert codes[0] == 0, gws[0].proc.output()
     for g in gws:
         assert "secret-" not in g.proc.output()
+
+
+def test_a_replica_moved_to_another_redis_leaves_the_old_replica_set(
+    backend: Backend, tmp_path: Path, redis: tuple[RedisServer, Any]
+) -> None:
+    """Two gateway processes on one Redis; a reload moves one to another Redis. The one left
+    behind counts itself alone within a few seconds (its next announces), not after the
+    replica TTL (a minute here): the mover left the old replica set as it switched."""
+    server, admin = redis
+    other = RedisServer(tmp_path / "other").start()
+
+    def store(url: str) -> str:
+        return tail(url).replace("replica_ttl_s: 3", "replica_ttl_s: 60")
+
+    gws: list[Gateway] = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            gws.append(start_gateway(backend, tmp_path / name, tail=store(server.url)))
+        wait_mode(gws, "redis", replicas=2)
+        a, b = gws
+        b.policy.write_text(b.policy.read_text().split("rate_limits:")[0] + store(other.url))
+        req = urllib.request.Request(f"{b.admin}/admin/policy/reload", method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.loads(r.read())["last_reload"]["ok"]
+        wait_mode([a], "redis", replicas=1, timeout=10)  # the TTL would take 60 s
+        wait_mode([b], "redis", replicas=1)
+        assert admin.zrange("sluice:replicas:{sluice}", 0, -1) == [
+            admin_json(a, "/admin/state")["fleet"]["replica"]
+        ]
+    finally:
+        codes = [g.proc.stop() for g in gws]
+        other.stop()
+    assert codes == [0, 0], [g.proc.output() for g in gws]
