@@ -48,10 +48,13 @@ def redact(url: str) -> str:
     rotated to a new user) can be told apart; a user name without a password is masked too
     (`redis://TOKEN@host` puts the secret there). Host and port are shown as written, never
     parsed: this never raises, whatever the URL."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or not scheme.isalnum():  # not a URL (the policy's pattern lets none through)
+        return "(unreadable URL)"
     try:
         parts = urlsplit(url)
     except ValueError:  # e.g. an unclosed IPv6 bracket: nothing of it is shown
-        return f"{url.partition('://')[0]}://(unreadable URL)"
+        return f"{scheme}://(unreadable URL)"
     userinfo, at, hostport = parts.netloc.rpartition("@")
     who = ""
     if at:

@@ -64,6 +64,8 @@ def users_connected(admin: Any) -> set[str]:
         ("redis://u:pw@h:notaport/0", "redis://u:***@h:notaport/0"),  # shown, not parsed
         ("redis://h:99999/0", "redis://h:99999/0"),
         ("redis://u:pw@[::1:6379/0", "redis://(unreadable URL)"),
+        ("u:pw@h:6379/0", "(unreadable URL)"),  # no scheme: nothing of it is shown
+        ("re dis://u:pw@h/0", "(unreadable URL)"),
     ],
 )
 def test_urls_are_shown_with_their_users_never_their_secrets(url: str, shown: str) -> None:
