@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from gateway.errors import StoreUnavailable
 from gateway.policy.ratelimits import RedisStoreOptions
@@ -126,14 +125,14 @@ class FleetStore:
             cfg.url, cfg.cluster, cfg.key_prefix,
         )  # fmt: skip
         if not same or self.client is None:
-            from gateway.store.redis_client import redis_for
+            from gateway.store.redis_client import redis_for, store_address
 
             if (
                 old is not None
                 and self.client is not None
                 and self.mode == "shared"
-                and (_place(old.url), old.cluster, old.key_prefix)
-                != (_place(cfg.url), cfg.cluster, cfg.key_prefix)
+                and (store_address(old.url), old.cluster, old.key_prefix)
+                != (store_address(cfg.url), cfg.cluster, cfg.key_prefix)
             ):  # another replica set (not a credential rotated on the same store)
                 self._leave_previous(self.client, old.key_prefix)
             self.client = redis_for(self.services, cfg.url, cluster=cfg.cluster, holder=self)
@@ -399,16 +398,6 @@ class FleetStore:
             await self.run(LEAVE, [self._replicas_key()], [self.replica_id])
         except StoreUnavailable as exc:
             log.info("fleet store: could not leave the replica set at stop: %s", exc)
-
-
-def _place(url: str) -> tuple[str, ...]:
-    """Where a store URL points, its credentials left out: a URL that differs only in them (a
-    rotated credential) names the same store."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return (url,)
-    return parts.scheme, parts.netloc.rpartition("@")[2], parts.path
 
 
 def _replicas_key(prefix: str) -> str:

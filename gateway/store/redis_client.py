@@ -41,6 +41,17 @@ RETIRE_AFTER_S = 30.0
 Key = tuple[str, bool]
 
 
+def _split(url: str) -> tuple[str, str | None, str]:
+    """(scheme, the credentials or None when there are none, host:port and path as written);
+    ValueError when it is no readable URL (the policy's pattern lets none through)."""
+    scheme, sep, _ = url.partition("://")
+    if not sep or not scheme.isalnum():
+        raise ValueError("no URL")
+    parts = urlsplit(url)  # ValueError too: e.g. an unclosed IPv6 bracket
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    return parts.scheme, userinfo if at else None, hostport + parts.path
+
+
 def redact(url: str) -> str:
     """The URL as it may be shown: `redis://alice:secret@host:6379/0` →
     `redis://alice:***@host:6379/0`. The password never shows, nor the query (it may carry
@@ -48,19 +59,27 @@ def redact(url: str) -> str:
     rotated to a new user) can be told apart; a user name without a password is masked too
     (`redis://TOKEN@host` puts the secret there). Host and port are shown as written, never
     parsed: this never raises, whatever the URL."""
-    scheme, sep, _ = url.partition("://")
-    if not sep or not scheme.isalnum():  # not a URL (the policy's pattern lets none through)
-        return "(unreadable URL)"
     try:
-        parts = urlsplit(url)
-    except ValueError:  # e.g. an unclosed IPv6 bracket: nothing of it is shown
-        return f"{scheme}://(unreadable URL)"
-    userinfo, at, hostport = parts.netloc.rpartition("@")
+        scheme, userinfo, rest = _split(url)
+    except ValueError:  # nothing of it is shown
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}://(unreadable URL)" if sep and scheme.isalnum() else "(unreadable URL)"
     who = ""
-    if at:
+    if userinfo is not None:
         user, colon, _ = userinfo.partition(":")
         who = f"{user}:***@" if colon else "***@"
-    return f"{parts.scheme}://{who}{hostport}{parts.path}"
+    return f"{scheme}://{who}{rest}"
+
+
+def store_address(url: str) -> str:
+    """Where a URL points, its credentials left out: two URLs that differ only in them (a
+    rotated credential) name the same store. An unreadable URL is its own address (this is
+    for comparing, never for showing: `redact` is)."""
+    try:
+        scheme, _, rest = _split(url)
+    except ValueError:
+        return url
+    return f"{scheme}://{rest}"
 
 
 class RedisClients:

@@ -13,7 +13,14 @@ import pytest
 
 from gateway.services import Services
 from gateway.store import redis_client
-from gateway.store.redis_client import REDIS, RedisClients, redact, redis_for, release_redis
+from gateway.store.redis_client import (
+    REDIS,
+    RedisClients,
+    redact,
+    redis_for,
+    release_redis,
+    store_address,
+)
 from tests.redis_support import RedisServer
 from tests.support import until
 
@@ -70,6 +77,14 @@ def users_connected(admin: Any) -> set[str]:
 )
 def test_urls_are_shown_with_their_users_never_their_secrets(url: str, shown: str) -> None:
     assert redact(url) == shown
+
+
+def test_a_rotated_credential_names_the_same_store() -> None:
+    one = store_address("redis://rot-1:pw-1@h.example:6379/0")
+    assert one == store_address("redis://rot-2:pw-2@h.example:6379/0") == "redis://h.example:6379/0"
+    assert one != store_address("redis://rot-1:pw-1@h.example:6379/1")  # another database
+    assert one != store_address("redis://rot-1:pw-1@other.example:6379/0")
+    assert store_address("redis://u:pw@[::1:6379/0") == "redis://u:pw@[::1:6379/0"  # unreadable
 
 
 async def test_a_client_nobody_holds_is_closed_after_its_grace(
